@@ -1,0 +1,37 @@
+# Set-up and entry points. `make demo` and `make test` work from a fresh clone: they create .venv,
+# install torch (pinned to the wheels this project is tested with), the package and its dev extras.
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+DEMO_RUN := checkpoints/quickstart_clip
+TINY_CLIP := checkpoints/models/tiny-clip
+
+.PHONY: demo test install benchmark clean
+
+install: $(STAMP)
+
+$(STAMP): setup.cfg setup.py
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet torch==2.14.1 torchvision==0.29.1
+	$(BIN)/python -m pip install --quiet -e '.[dev]'
+	touch $(STAMP)
+
+$(TINY_CLIP)/open_clip_config.json: | $(STAMP)
+	$(BIN)/clova-train tiny-model clip $(TINY_CLIP)
+
+demo: $(STAMP) $(TINY_CLIP)/open_clip_config.json
+	$(BIN)/clova-train fit --config configs/quickstart/clip_prompt.yaml --model.init_args.on_existing_pool=overwrite
+	$(BIN)/clova-train export $(DEMO_RUN) --output $(DEMO_RUN)/export
+	$(BIN)/python -m clova_train.demo $(DEMO_RUN)/export
+
+test: $(STAMP)
+	$(BIN)/python -m pytest -q
+
+benchmark: $(STAMP)
+	$(BIN)/python benchmarks/pool_retrieval.py
+	$(BIN)/python benchmarks/prompt_tuning.py
+
+clean:
+	rm -rf $(VENV) checkpoints/quickstart_clip checkpoints/models checkpoints/data

@@ -1,0 +1,101 @@
+"""The ``clova-train`` command.
+
+* ``clova-train fit|validate|test|predict --config <yaml> [--config <yaml> ...] [--a.b=value ...]`` is
+  LightningCLI: the model and data are chosen by ``class_path`` (``ClipPromptTuning``,
+  ``ConceptFolderDataModule``, ...), ``--print_config`` shows the resolved config, ``--help`` documents
+  every argument, and fits resume with ``--ckpt_path last``.
+* ``clova-train export`` writes a self-describing serving directory from a finished run or a checkpoint.
+* ``clova-train tiny-model clip <dir>`` writes a tiny random-weight model of a real architecture (for
+  quickstarts and tests on machines without a model hub).
+
+Errors about user input (bad config, missing file, mismatched pool, ...) print one line naming the culprit
+and exit with status 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+
+from lightning import LightningDataModule, LightningModule
+from lightning.pytorch.cli import LightningCLI
+
+import clova_train.datamodules  # noqa: F401  (registers the data classes for class_path short names)
+import clova_train.models  # noqa: F401  (registers the model classes for class_path short names)
+from clova_train.errors import ClovaTrainError
+
+EXTRA_COMMANDS = ("export", "tiny-model")
+
+
+class ClovaCLI(LightningCLI):
+    """LightningCLI with clova-train's defaults: any LightningModule / DataModule chosen by class_path."""
+
+
+def run_lightning(args: Sequence[str]) -> None:
+    ClovaCLI(
+        LightningModule,
+        LightningDataModule,
+        subclass_mode_model=True,
+        subclass_mode_data=True,
+        auto_configure_optimizers=False,
+        save_config_kwargs={"overwrite": True},
+        args=list(args),
+        parser_kwargs={
+            "description": "clova-train: train tool prompts, tool-using LLMs and controllers. Also: "
+            + ", ".join(f"'clova-train {c} --help'" for c in EXTRA_COMMANDS),
+        },
+    )
+
+
+def run_export(args: Sequence[str]) -> None:
+    from clova_train.export import export_prompt_run
+
+    parser = argparse.ArgumentParser(
+        prog="clova-train export",
+        description="Write a serving directory (prompt pool, tool description, resolved config, versions) "
+        "from a finished run directory or a Lightning checkpoint.",
+    )
+    parser.add_argument("source", help="run directory (holds pool.safetensors) or a .ckpt checkpoint")
+    parser.add_argument("--output", "-o", required=True, help="export directory to write (replaced atomically)")
+    parsed = parser.parse_args(list(args))
+    out = export_prompt_run(parsed.source, parsed.output)
+    print(f"exported to {out}")
+
+
+def run_tiny_model(args: Sequence[str]) -> None:
+    from clova_train.tiny_models import make_tiny_clip
+
+    parser = argparse.ArgumentParser(
+        prog="clova-train tiny-model",
+        description="Write a tiny random-weight model of a real architecture, loadable by the normal loading code.",
+    )
+    parser.add_argument("tool", choices=["clip"], help="which tool's architecture")
+    parser.add_argument("output", help="directory to write")
+    parser.add_argument("--seed", type=int, default=0, help="weight initialisation and pretraining seed")
+    parser.add_argument(
+        "--pretrain-steps", type=int, default=200,
+        help="contrastive pretraining steps on synthetic shapes (0 keeps random weights)",
+    )
+    parsed = parser.parse_args(list(args))
+    out = make_tiny_clip(parsed.output, seed=parsed.seed, pretrain_steps=parsed.pretrain_steps)
+    print(f"tiny {parsed.tool} model written to {out} (use model_name: local-dir:{out})")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = list(sys.argv[1:] if argv is None else argv)
+    try:
+        if args and args[0] == "export":
+            run_export(args[1:])
+        elif args and args[0] == "tiny-model":
+            run_tiny_model(args[1:])
+        else:
+            run_lightning(args)
+    except ClovaTrainError as err:
+        print(f"clova-train: error: {err}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,140 @@
+"""``clova-train export``: a self-describing serving directory from a prompt-tuning run or checkpoint.
+
+Export layout (``export.json`` describes it)::
+
+    pool.safetensors   prompt pool (safetensors, JSON metadata in the header)
+    tool.json          how to rebuild the frozen tool (model source, prompt layout, identity)
+    summary.json       tried / accepted / rejected counts and reasons (when the run wrote one)
+    config.yaml        the resolved LightningCLI config of the run (when found)
+    versions.json      python, torch, open_clip, lightning and clova-train versions
+    export.json        format version, source, file list
+
+The frozen weights are referenced by ``tool.json`` (hub name or local directory), not copied; the
+serving loader checks their identity against the one the prompts were trained on.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import shutil
+import tempfile
+from datetime import datetime, timezone
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from clova_train.atomic import write_json_atomic
+from clova_train.errors import ExportError
+from clova_train.pool import PoolSpec, PromptPool
+
+EXPORT_FORMAT_VERSION = 1
+
+
+def package_versions() -> dict[str, str]:
+    versions = {"python": platform.python_version()}
+    for name in ("clova-train", "torch", "lightning", "open_clip_torch", "transformers", "safetensors"):
+        try:
+            versions[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            pass
+    return versions
+
+
+def _find_config(run_dir: Path) -> Path | None:
+    candidates = sorted(run_dir.rglob("config.yaml"), key=lambda p: p.stat().st_mtime)
+    return candidates[-1] if candidates else None
+
+
+def _from_run_dir(run_dir: Path, staging: Path) -> dict[str, Any]:
+    pool_file, tool_file = run_dir / "pool.safetensors", run_dir / "tool.json"
+    if not pool_file.is_file() or not tool_file.is_file():
+        summary = run_dir / "summary.json"
+        hint = ""
+        if summary.is_file() and not json.loads(summary.read_text()).get("complete", True):
+            hint = " (the run did not finish: resume it with --ckpt_path last, or export its checkpoint)"
+        raise ExportError(f"{run_dir} holds no finished prompt-tuning run: pool.safetensors/tool.json missing{hint}")
+    tool = json.loads(tool_file.read_text())
+    pool = PromptPool.load(pool_file, expected=PoolSpec.from_tool_description(tool))
+    pool.save(staging / "pool.safetensors")
+    shutil.copy2(tool_file, staging / "tool.json")
+    if (run_dir / "summary.json").is_file():
+        shutil.copy2(run_dir / "summary.json", staging / "summary.json")
+    config = _find_config(run_dir)
+    if config is not None:
+        shutil.copy2(config, staging / "config.yaml")
+    return {"kind": "run_dir", "path": str(run_dir.resolve())}
+
+
+def _from_checkpoint(ckpt: Path, staging: Path) -> dict[str, Any]:
+    from clova_train.models.prompt_tuning import CHECKPOINT_KEY, pool_from_records
+
+    try:
+        checkpoint = torch.load(ckpt, map_location="cpu", weights_only=False)
+    except Exception as err:  # torch raises many types for a truncated or foreign file
+        raise ExportError(f"cannot read checkpoint {ckpt}: {err}") from err
+    state = checkpoint.get(CHECKPOINT_KEY) if isinstance(checkpoint, dict) else None
+    if state is None:
+        raise ExportError(f"checkpoint {ckpt} holds no prompt-tuning state")
+    tool = state["tool"]
+    pool = pool_from_records(PoolSpec.from_tool_description(tool), state["records"])
+    pool.save(staging / "pool.safetensors")
+    write_json_atomic(staging / "tool.json", tool)
+    records = state["records"].values()
+    write_json_atomic(
+        staging / "summary.json",
+        {
+            "complete": None,
+            "tried": len(records),
+            "accepted": sum(r["accepted"] for r in records),
+            "rejected": sum(not r["accepted"] for r in records),
+        },
+    )
+    hparams = checkpoint.get("hyper_parameters")
+    if hparams:
+        write_json_atomic(staging / "hparams.json", {k: v for k, v in hparams.items() if not k.startswith("_")})
+    return {"kind": "checkpoint", "path": str(ckpt.resolve()), "global_step": checkpoint.get("global_step")}
+
+
+def export_prompt_run(source: str | os.PathLike[str], output: str | os.PathLike[str]) -> Path:
+    """Export a prompt-tuning run directory or checkpoint to ``output`` (replaced atomically)."""
+    source, output = Path(source), Path(output)
+    if not source.exists():
+        raise ExportError(f"export source not found: {source}")
+    output.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{output.name}.", dir=output.parent))
+    try:
+        if source.is_dir():
+            origin = _from_run_dir(source, staging)
+        else:
+            origin = _from_checkpoint(source, staging)
+        write_json_atomic(staging / "versions.json", package_versions())
+        write_json_atomic(
+            staging / "export.json",
+            {
+                "format_version": EXPORT_FORMAT_VERSION,
+                "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+                "source": origin,
+                "files": sorted(p.name for p in staging.iterdir()) + ["export.json"],
+            },
+        )
+        _replace_dir(staging, output)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    return output
+
+
+def _replace_dir(staging: Path, output: Path) -> None:
+    """Move ``staging`` to ``output``; an existing ``output`` is swapped out, then removed."""
+    if output.exists():
+        old = output.with_name(f".{output.name}.old")
+        shutil.rmtree(old, ignore_errors=True)
+        os.replace(output, old)
+        os.replace(staging, output)
+        shutil.rmtree(old, ignore_errors=True)
+    else:
+        os.replace(staging, output)

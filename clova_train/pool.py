@@ -1,0 +1,319 @@
+"""The prompt pool of a tool and its prompt-ensemble retrieval (CLOVA Sec. 3.4).
+
+A pool holds, per visual concept, the features ``f_1..f_n`` of the training instances whose prompts passed
+validation and the prompts ``p_1..p_n`` themselves:  ``P = {concept: ([f_1..f_n], [p_1..p_n])}``.
+
+Retrieval for a query feature ``f_x`` (the prompt ensemble):
+
+* concept not in the pool -> ``None``: the caller runs the unmodified tool (no prompt tokens at all);
+* otherwise ``p' = sum_i w_i p_i / sum_i w_i`` with ``w_i = cos(f_x, f_i)``, over all stored prompts of
+  the concept, or over the ``top_k`` most similar ones when ``top_k`` is set;
+* if the weights sum to zero or less (the query is dissimilar to every stored instance) the ensemble is
+  undefined and the plain mean of the candidate prompts is returned instead.
+
+Over all prompts the ensemble is linear in the normalised query, so the pool precomputes, per concept,
+``M = F^T P`` and ``s = F^T 1`` (``F``: normalised features) when that is cheaper than touching every
+prompt; one query then costs ``O(d * prompt_size)`` whatever the number of stored prompts.
+
+On disk a pool is a single safetensors file whose header carries the JSON metadata (format version,
+tool, model identity, prompt shape, feature dim, concepts and instance ids). Writes are atomic; loading
+checks the file and, when given the expected spec, the tool, model identity and shapes.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from safetensors import SafetensorError, safe_open
+from safetensors.torch import save_file
+
+from clova_train.atomic import write_atomic
+from clova_train.errors import PoolError
+
+POOL_FORMAT_VERSION = 1
+_METADATA_KEY = "clova_train.pool"
+
+
+@dataclass(frozen=True)
+class PoolSpec:
+    """What a pool's prompts fit: the tool, the exact frozen model, and the tensor shapes.
+
+    Args:
+        tool: tool name, e.g. ``"clip"``.
+        model_identity: a string that identifies the frozen network (architecture and weights).
+        prompt_shape: shape of one prompt, e.g. ``(3, 100, 768)`` for CLIP deep VPT.
+        feature_dim: dimension of the per-instance retrieval feature.
+    """
+
+    tool: str
+    model_identity: str
+    prompt_shape: tuple[int, ...]
+    feature_dim: int
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "prompt_shape", tuple(int(s) for s in self.prompt_shape))
+        object.__setattr__(self, "feature_dim", int(self.feature_dim))
+
+    @classmethod
+    def from_tool_description(cls, description: dict) -> PoolSpec:
+        """The spec of a tool's ``describe()`` output (keys tool, identity, prompt_shape, feature_dim)."""
+        try:
+            return cls(
+                description["tool"], description["identity"], tuple(description["prompt_shape"]),
+                description["feature_dim"],
+            )
+        except KeyError as err:
+            raise PoolError(f"tool description lacks {err}") from err
+
+    def mismatches(self, other: PoolSpec) -> list[str]:
+        """Human-readable differences between this spec (found) and ``other`` (expected)."""
+        problems = []
+        for name in ("tool", "model_identity", "prompt_shape", "feature_dim"):
+            found, expected = getattr(self, name), getattr(other, name)
+            if found != expected:
+                problems.append(f"{name} is {found!r} in the pool but {expected!r} for this model")
+        return problems
+
+
+@dataclass
+class _ConceptEntry:
+    features: torch.Tensor  # [n, d]
+    prompts: torch.Tensor  # [n, *prompt_shape]
+    instance_ids: list[str]
+    _normalised: torch.Tensor | None = field(default=None, repr=False)
+    _factored: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = field(default=None, repr=False)
+
+    def normalised_features(self) -> torch.Tensor:
+        if self._normalised is None:
+            self._normalised = F.normalize(self.features, dim=-1)
+        return self._normalised
+
+    def factored(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(F^T P [d, numel], F^T 1 [d], mean prompt [numel]) for the all-prompts ensemble."""
+        if self._factored is None:
+            feats = self.normalised_features()
+            flat = self.prompts.reshape(len(self.prompts), -1)
+            self._factored = (feats.T @ flat, feats.sum(0), flat.mean(0))
+        return self._factored
+
+
+class PromptPool:
+    """Per-concept store of (feature, prompt) pairs for one tool, with prompt-ensemble retrieval.
+
+    Args:
+        spec: the tool, model identity and shapes every stored prompt must match.
+    """
+
+    def __init__(self, spec: PoolSpec) -> None:
+        self.spec = spec
+        self._entries: dict[str, _ConceptEntry] = {}
+
+    # ------------------------------------------------------------------ contents
+    @property
+    def concepts(self) -> list[str]:
+        return sorted(self._entries)
+
+    def __contains__(self, concept: object) -> bool:
+        return concept in self._entries
+
+    def __len__(self) -> int:
+        return sum(len(e.instance_ids) for e in self._entries.values())
+
+    def num_prompts(self, concept: str) -> int:
+        entry = self._entries.get(concept)
+        return 0 if entry is None else len(entry.instance_ids)
+
+    def entry(self, concept: str) -> tuple[torch.Tensor, torch.Tensor, list[str]]:
+        """(features [n, d], prompts [n, *shape], instance ids) stored for ``concept``."""
+        e = self._entries[concept]
+        return e.features, e.prompts, list(e.instance_ids)
+
+    def add(
+        self,
+        concept: str,
+        features: torch.Tensor,
+        prompts: torch.Tensor,
+        instance_ids: list[str] | None = None,
+    ) -> int:
+        """Add prompts for ``concept``; instances already stored (same id) are skipped.
+
+        Returns the number of prompts actually added.
+        """
+        features = torch.as_tensor(features).detach().to("cpu", torch.float32)
+        prompts = torch.as_tensor(prompts).detach().to("cpu", torch.float32)
+        if features.ndim == 1:
+            features, prompts = features[None], prompts[None]
+        n = features.shape[0]
+        if features.shape != (n, self.spec.feature_dim):
+            raise PoolError(
+                f"features for concept {concept!r} have shape {tuple(features.shape)}, "
+                f"expected (n, {self.spec.feature_dim})"
+            )
+        if tuple(prompts.shape) != (n, *self.spec.prompt_shape):
+            raise PoolError(
+                f"prompts for concept {concept!r} have shape {tuple(prompts.shape)}, "
+                f"expected ({n}, {', '.join(map(str, self.spec.prompt_shape))})"
+            )
+        if instance_ids is None:
+            start = self.num_prompts(concept)
+            instance_ids = [f"{concept}#{start + i}" for i in range(n)]
+        if len(instance_ids) != n:
+            raise PoolError(f"{len(instance_ids)} instance ids given for {n} prompts of concept {concept!r}")
+
+        old = self._entries.get(concept)
+        seen = set(old.instance_ids) if old else set()
+        keep = []
+        for i, iid in enumerate(instance_ids):
+            if iid not in seen:
+                seen.add(iid)
+                keep.append(i)
+        if not keep:
+            return 0
+        index = torch.tensor(keep)
+        new_ids = [instance_ids[i] for i in keep]
+        if old is None:
+            self._entries[concept] = _ConceptEntry(features[index].clone(), prompts[index].clone(), new_ids)
+        else:
+            self._entries[concept] = _ConceptEntry(
+                torch.cat([old.features, features[index]]),
+                torch.cat([old.prompts, prompts[index]]),
+                old.instance_ids + new_ids,
+            )
+        return len(keep)
+
+    def merge(self, other: PromptPool) -> int:
+        """Add every prompt of ``other`` (a pool of the same spec, e.g. from another run).
+
+        Returns the number of prompts added; instances both pools hold are kept once.
+        """
+        problems = other.spec.mismatches(self.spec)
+        if problems:
+            raise PoolError("cannot merge pools: " + "; ".join(problems))
+        added = 0
+        for concept in other.concepts:
+            feats, prompts, ids = other.entry(concept)
+            added += self.add(concept, feats, prompts, ids)
+        return added
+
+    # ------------------------------------------------------------------ retrieval
+    def retrieve(
+        self, concept: str, query_features: torch.Tensor, top_k: int | None = None
+    ) -> torch.Tensor | None:
+        """Ensembled prompt for each query, or ``None`` when ``concept`` has no prompts.
+
+        Args:
+            concept: the visual concept the tool is asked about.
+            query_features: ``[d]`` or ``[q, d]`` features of the query inputs.
+            top_k: ensemble only the ``top_k`` most similar stored instances (all when ``None``).
+
+        Returns:
+            ``[*prompt_shape]`` (or ``[q, *prompt_shape]`` for batched queries) on the query's device,
+            or ``None`` (use the unmodified tool).
+        """
+        entry = self._entries.get(concept)
+        if entry is None:
+            return None
+        single = query_features.ndim == 1
+        query = query_features[None] if single else query_features
+        if query.shape[-1] != self.spec.feature_dim:
+            raise PoolError(
+                f"query feature dim {query.shape[-1]} does not match the pool's {self.spec.feature_dim}"
+            )
+        query = F.normalize(query.detach().to("cpu", torch.float32), dim=-1)
+        n = len(entry.instance_ids)
+        numel = entry.prompts[0].numel()
+        if top_k is not None and top_k < n:
+            weights = query @ entry.normalised_features().T  # [q, n]
+            weights, index = weights.topk(top_k, dim=-1)
+            candidates = entry.prompts.reshape(n, numel)[index]  # [q, k, numel]
+            numer = torch.einsum("qk,qkp->qp", weights, candidates)
+            fallback = candidates.mean(1)
+        elif n > entry.features.shape[1]:
+            weighted_sum, weight_sum_vector, mean = entry.factored()
+            numer = query @ weighted_sum
+            weights = (query @ weight_sum_vector)[:, None]
+            fallback = mean.expand_as(numer)
+        else:
+            weights = query @ entry.normalised_features().T
+            flat = entry.prompts.reshape(n, numel)
+            numer = weights @ flat
+            fallback = flat.mean(0).expand_as(numer)
+        denom = weights.sum(-1, keepdim=True)
+        positive = denom > 1e-6
+        result = torch.where(positive, numer / denom.clamp_min(1e-6), fallback)
+        result = result.reshape(len(query), *self.spec.prompt_shape).to(query_features.device)
+        return result[0] if single else result
+
+    # ------------------------------------------------------------------ persistence
+    def metadata(self) -> dict:
+        return {
+            "format_version": POOL_FORMAT_VERSION,
+            **asdict(self.spec),
+            "prompt_shape": list(self.spec.prompt_shape),
+            "concepts": [
+                {"name": c, "num_prompts": self.num_prompts(c), "instance_ids": self._entries[c].instance_ids}
+                for c in self.concepts
+            ],
+        }
+
+    def save(self, path: str | os.PathLike[str]) -> Path:
+        """Write the pool to ``path`` (a ``.safetensors`` file) atomically."""
+        path = Path(path)
+        tensors: dict[str, torch.Tensor] = {}
+        for j, concept in enumerate(self.concepts):
+            e = self._entries[concept]
+            tensors[f"concept.{j}.features"] = e.features.contiguous()
+            tensors[f"concept.{j}.prompts"] = e.prompts.contiguous()
+        header = {_METADATA_KEY: json.dumps(self.metadata())}
+        write_atomic(path, lambda tmp: save_file(tensors, str(tmp), metadata=header))
+        return path
+
+    @classmethod
+    def load(cls, path: str | os.PathLike[str], expected: PoolSpec | None = None) -> PromptPool:
+        """Read a pool written by :meth:`save`.
+
+        Raises:
+            PoolError: the file is missing, not a pool, corrupted, or (with ``expected``) made for another
+                tool, model or prompt shape; the message names the file and what differs.
+        """
+        path = Path(path)
+        if not path.is_file():
+            raise PoolError(f"prompt pool file not found: {path}")
+        try:
+            with safe_open(str(path), framework="pt") as handle:
+                header = handle.metadata() or {}
+                if _METADATA_KEY not in header:
+                    raise PoolError(f"{path} is a safetensors file but not a clova-train prompt pool")
+                meta = json.loads(header[_METADATA_KEY])
+                tensors = {key: handle.get_tensor(key) for key in handle.keys()}
+        except (SafetensorError, OSError, ValueError, RuntimeError) as err:
+            raise PoolError(f"prompt pool file {path} is corrupted or unreadable: {err}") from err
+        if meta.get("format_version") != POOL_FORMAT_VERSION:
+            raise PoolError(
+                f"prompt pool {path} has format version {meta.get('format_version')!r}; "
+                f"this clova-train reads version {POOL_FORMAT_VERSION}"
+            )
+        try:
+            spec = PoolSpec(meta["tool"], meta["model_identity"], tuple(meta["prompt_shape"]), meta["feature_dim"])
+        except (KeyError, TypeError) as err:
+            raise PoolError(f"prompt pool {path} has incomplete metadata: missing {err}") from err
+        if expected is not None:
+            problems = spec.mismatches(expected)
+            if problems:
+                raise PoolError(f"prompt pool {path} does not fit this model: " + "; ".join(problems))
+        pool = cls(spec)
+        for j, info in enumerate(meta["concepts"]):
+            try:
+                feats, prompts = tensors[f"concept.{j}.features"], tensors[f"concept.{j}.prompts"]
+            except KeyError as err:
+                raise PoolError(f"prompt pool {path} is missing tensor {err} of concept {info['name']!r}") from err
+            try:
+                pool.add(info["name"], feats, prompts, info["instance_ids"])
+            except PoolError as err:
+                raise PoolError(f"prompt pool {path}: {err}") from err
+        return pool

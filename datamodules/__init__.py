@@ -1,0 +1,6 @@
+"""LightningDataModules and data generators of clova-train (installed as ``clova_train.datamodules``)."""
+
+from clova_train.datamodules.chunks import PendingChunks
+from clova_train.datamodules.concept_folders import ConceptFolderDataModule, SyntheticConceptDataModule
+
+__all__ = ["ConceptFolderDataModule", "PendingChunks", "SyntheticConceptDataModule"]

@@ -1,0 +1,303 @@
+"""Concept image folders for the CLIP SELECT / CLASSIFY prompt tuner.
+
+Layout: ``root/<concept>/*.png|jpg|jpeg|webp``. The folder name is the concept (``red_circle`` is the
+text "red circle"). Which images validate is explicit and they are never trained on:
+
+* if ``root/<concept>/train/`` and ``root/<concept>/val/`` exist, they are the splits;
+* otherwise the files are sorted by name and the first ``val_per_concept`` validate (the paper uses the
+  first of 7 crawled images), the rest train.
+
+Every training image of a learned concept is one instance with its own prompt. An instance's item is a
+dict with:
+
+``instance_id`` (``"<concept>/<file name>"``), ``concept``, ``candidates`` (the concept and its distinct
+negative concepts, the texts the image is classified over), ``images`` ``[1 + K, 3, S, S]`` (the positive
+image then ``K`` negative training images), ``labels`` (the concept of each image), ``val_images`` /
+``val_labels`` / ``val_files`` (the held-out positives of the concept and held-out negatives).
+
+Negative concepts are the other concepts under ``root`` plus, when given, the concepts under
+``negatives_root`` (same layout; those are never learned).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import random
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from lightning import LightningDataModule
+from PIL import Image, UnidentifiedImageError
+from torch.utils.data import DataLoader
+
+from clova_train.datamodules.chunks import PendingChunks, keep_chunk
+from clova_train.errors import DataError
+
+IMAGE_SUFFIXES = {".png", ".jpg", ".jpeg", ".webp", ".bmp"}
+
+
+def list_images(folder: Path) -> list[Path]:
+    return sorted(p for p in folder.iterdir() if p.is_file() and p.suffix.lower() in IMAGE_SUFFIXES)
+
+
+def check_image(path: Path) -> None:
+    """Raise :class:`DataError` naming ``path`` if it is not a readable image."""
+    try:
+        with Image.open(path) as img:
+            img.verify()
+    except (UnidentifiedImageError, OSError, SyntaxError, ValueError) as err:
+        raise DataError(f"unreadable image {path}: {err}") from err
+
+
+def load_image(path: Path, size: int) -> torch.Tensor:
+    """``[3, size, size]`` float tensor in [0, 1]."""
+    try:
+        with Image.open(path) as img:
+            rgb = img.convert("RGB").resize((size, size), Image.BICUBIC)
+    except (UnidentifiedImageError, OSError, SyntaxError, ValueError) as err:
+        raise DataError(f"unreadable image {path}: {err}") from err
+    data = torch.frombuffer(bytearray(rgb.tobytes()), dtype=torch.uint8)
+    return data.view(size, size, 3).permute(2, 0, 1).float() / 255.0
+
+
+@dataclass(frozen=True)
+class ConceptSplit:
+    """The train and validation images of one concept."""
+
+    concept: str
+    train: tuple[Path, ...]
+    val: tuple[Path, ...]
+
+
+def split_concept(folder: Path, val_per_concept: int) -> ConceptSplit:
+    """Split one concept folder (see module docstring)."""
+    if not folder.is_dir():
+        raise DataError(f"concept folder not found: {folder}")
+    train_dir, val_dir = folder / "train", folder / "val"
+    if train_dir.is_dir() and val_dir.is_dir():
+        train, val = list_images(train_dir), list_images(val_dir)
+    else:
+        files = list_images(folder)
+        if not files:
+            raise DataError(f"concept folder {folder} holds no images ({', '.join(sorted(IMAGE_SUFFIXES))})")
+        if len(files) <= val_per_concept:
+            raise DataError(
+                f"concept folder {folder} has {len(files)} image(s); val_per_concept={val_per_concept} "
+                "leaves none to train on"
+            )
+        val, train = files[:val_per_concept], files[val_per_concept:]
+    if not train or not val:
+        raise DataError(f"concept folder {folder} needs at least one training and one validation image")
+    return ConceptSplit(folder.name, tuple(train), tuple(val))
+
+
+def _instance_rng(seed: int, instance_id: str) -> random.Random:
+    digest = hashlib.sha256(f"{seed}:{instance_id}".encode()).digest()
+    return random.Random(int.from_bytes(digest[:8], "little"))
+
+
+class ConceptInstances:
+    """Map-style dataset: one item per training image of the learned concepts (see module docstring)."""
+
+    def __init__(
+        self,
+        learned: list[ConceptSplit],
+        negatives: list[ConceptSplit],
+        image_size: int,
+        negatives_per_instance: int,
+        val_negatives_per_instance: int,
+        max_negative_concepts: int | None,
+        seed: int,
+    ) -> None:
+        self.image_size = image_size
+        self.items: list[dict[str, Any]] = []
+        by_name = {s.concept: s for s in learned + negatives}
+        for split in learned:
+            others = sorted(name for name in by_name if name != split.concept)
+            for path in split.train:
+                instance_id = f"{split.concept}/{path.name}"
+                rng = _instance_rng(seed, instance_id)
+                neg_concepts = others
+                if max_negative_concepts is not None and len(others) > max_negative_concepts:
+                    neg_concepts = sorted(rng.sample(others, max_negative_concepts))
+                train_pool = [(p, c) for c in neg_concepts for p in by_name[c].train]
+                val_pool = [(p, c) for c in neg_concepts for p in by_name[c].val]
+                train_negs = rng.sample(train_pool, min(negatives_per_instance, len(train_pool)))
+                val_negs = rng.sample(val_pool, min(val_negatives_per_instance, len(val_pool)))
+                self.items.append(
+                    {
+                        "instance_id": instance_id,
+                        "concept": split.concept,
+                        "candidates": [split.concept, *neg_concepts],
+                        "image_files": [path, *(p for p, _ in train_negs)],
+                        "labels": [split.concept, *(c for _, c in train_negs)],
+                        "val_files": [*split.val, *(p for p, _ in val_negs)],
+                        "val_labels": [split.concept] * len(split.val) + [c for _, c in val_negs],
+                    }
+                )
+        self.instance_ids = [item["instance_id"] for item in self.items]
+
+    def __len__(self) -> int:
+        return len(self.items)
+
+    def __getitem__(self, index: int) -> dict[str, Any]:
+        item = self.items[index]
+        return {
+            "instance_id": item["instance_id"],
+            "concept": item["concept"],
+            "candidates": list(item["candidates"]),
+            "images": torch.stack([load_image(p, self.image_size) for p in item["image_files"]]),
+            "labels": list(item["labels"]),
+            "val_images": torch.stack([load_image(p, self.image_size) for p in item["val_files"]]),
+            "val_labels": list(item["val_labels"]),
+            "val_files": [str(p) for p in item["val_files"]],
+        }
+
+
+class ConceptFolderDataModule(LightningDataModule):
+    """Concept image folders -> per-instance chunks for CLIP prompt tuning.
+
+    Args:
+        root: folder with one sub-folder of images per concept.
+        concepts: concepts to learn (default: every sub-folder of ``root``); the others act as negatives.
+        negatives_root: optional folder of negative-only concepts, same layout.
+        val_per_concept: held-out images per concept when there is no explicit train/ and val/ split.
+        negatives_per_instance: negative training images tuned with each instance's prompt.
+        val_negatives_per_instance: held-out negative images in each instance's validation gate.
+        max_negative_concepts: cap on the negative concept texts per instance (default: all).
+        image_size: side length images are resized to when loaded.
+        chunk_size: instances tuned together in one training step (results do not depend on it).
+        num_workers: DataLoader worker processes.
+        seed: seed for the per-instance choice of negatives.
+    """
+
+    def __init__(
+        self,
+        root: str,
+        concepts: list[str] | None = None,
+        negatives_root: str | None = None,
+        val_per_concept: int = 1,
+        negatives_per_instance: int = 3,
+        val_negatives_per_instance: int = 3,
+        max_negative_concepts: int | None = None,
+        image_size: int = 224,
+        chunk_size: int = 32,
+        num_workers: int = 0,
+        seed: int = 0,
+    ) -> None:
+        super().__init__()
+        self.save_hyperparameters()
+        self.root = Path(root)
+        self.concepts = concepts
+        self.negatives_root = Path(negatives_root) if negatives_root else None
+        self.val_per_concept = val_per_concept
+        self.negatives_per_instance = negatives_per_instance
+        self.val_negatives_per_instance = val_negatives_per_instance
+        self.max_negative_concepts = max_negative_concepts
+        self.image_size = image_size
+        self.chunk_size = chunk_size
+        self.num_workers = num_workers
+        self.seed = seed
+        self.instances: ConceptInstances | None = None
+
+    def _splits(self, root: Path, names: list[str] | None, what: str) -> list[ConceptSplit]:
+        if not root.is_dir():
+            raise DataError(f"{what} folder not found: {root}")
+        if names is None:
+            names = sorted(p.name for p in root.iterdir() if p.is_dir())
+            if not names:
+                raise DataError(f"{what} folder {root} has no concept sub-folders")
+        splits = [split_concept(root / name, self.val_per_concept) for name in names]
+        for split in splits:
+            for path in (*split.train, *split.val):
+                check_image(path)
+        return splits
+
+    def setup(self, stage: str | None = None) -> None:
+        if self.instances is not None:
+            return
+        learned = self._splits(self.root, self.concepts, "concept root")
+        learned_names = {s.concept for s in learned}
+        negatives = []
+        if self.concepts is not None:
+            others = sorted(p.name for p in self.root.iterdir() if p.is_dir() and p.name not in learned_names)
+            negatives += self._splits(self.root, others, "concept root") if others else []
+        if self.negatives_root is not None:
+            negatives += self._splits(self.negatives_root, None, "negatives root")
+        if len({s.concept for s in learned + negatives}) < 2:
+            raise DataError(
+                f"{self.root}: prompt tuning needs at least one negative concept besides "
+                f"{sorted(learned_names)} (add another concept folder or a negatives_root)"
+            )
+        self.instances = ConceptInstances(
+            learned,
+            negatives,
+            self.image_size,
+            self.negatives_per_instance,
+            self.val_negatives_per_instance,
+            self.max_negative_concepts,
+            self.seed,
+        )
+
+    def _finished_ids(self) -> set[str]:
+        module = self.trainer.lightning_module if self.trainer is not None else None
+        return set(getattr(module, "finished_instance_ids", ()))
+
+    def train_dataloader(self) -> DataLoader:
+        assert self.instances is not None, "call setup() first"
+        rank = self.trainer.global_rank if self.trainer is not None else 0
+        world = self.trainer.world_size if self.trainer is not None else 1
+        chunks = PendingChunks(self.instances, self.chunk_size, self._finished_ids, rank, world)
+        return DataLoader(chunks, batch_size=None, collate_fn=keep_chunk, num_workers=self.num_workers)
+
+
+class SyntheticConceptDataModule(ConceptFolderDataModule):
+    """:class:`ConceptFolderDataModule` over rendered shapes, written to ``root`` if it is missing.
+
+    Args:
+        root: where the synthetic concept folders are (or will be) written.
+        synthetic_concepts: concepts to render, ``"<colour>"`` or ``"<colour>_<shape>"``.
+        images_per_concept: images rendered per concept.
+        render_size: side of the rendered images.
+        render_seed: seed of the renderer.
+        **kwargs: the arguments of :class:`ConceptFolderDataModule`.
+    """
+
+    def __init__(
+        self,
+        root: str = "checkpoints/data/synthetic_concepts",
+        synthetic_concepts: list[str] = ["red", "green", "blue", "yellow"],  # noqa: B006 (shown in --help)
+        images_per_concept: int = 7,
+        render_size: int = 64,
+        render_seed: int = 0,
+        concepts: list[str] | None = None,
+        negatives_root: str | None = None,
+        val_per_concept: int = 1,
+        negatives_per_instance: int = 3,
+        val_negatives_per_instance: int = 3,
+        max_negative_concepts: int | None = None,
+        image_size: int = 224,
+        chunk_size: int = 32,
+        num_workers: int = 0,
+        seed: int = 0,
+    ) -> None:
+        super().__init__(
+            root, concepts, negatives_root, val_per_concept, negatives_per_instance, val_negatives_per_instance,
+            max_negative_concepts, image_size, chunk_size, num_workers, seed,
+        )
+        self.synthetic_concepts = list(synthetic_concepts)
+        self.images_per_concept = images_per_concept
+        self.render_size = render_size
+        self.render_seed = render_seed
+
+    def prepare_data(self) -> None:
+        from clova_train.datamodules.synthetic import write_concept_folders
+
+        missing = [c for c in self.synthetic_concepts if not (self.root / c).is_dir()]
+        if missing:
+            write_concept_folders(
+                self.root, missing, self.images_per_concept, self.render_size,
+                seed=self.render_seed,
+            )

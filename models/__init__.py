@@ -1,0 +1,6 @@
+"""LightningModules of clova-train (installed as ``clova_train.models``)."""
+
+from clova_train.models.clip_prompt import ClipPromptTuning
+from clova_train.models.prompt_tuning import GateResult, PerInstancePromptTuning
+
+__all__ = ["ClipPromptTuning", "GateResult", "PerInstancePromptTuning"]

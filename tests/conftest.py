@@ -1,0 +1,78 @@
+"""Shared fixtures: a tiny pretrained CLIP saved in open_clip's layout and synthetic concept folders."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from clova_train.cli import main
+from clova_train.datamodules.synthetic import write_concept_folders
+from clova_train.tiny_models import make_tiny_clip
+
+REPO = Path(__file__).resolve().parents[1]
+FAST_MODEL_ARGS = [
+    "--model.class_path=clova_train.models.ClipPromptTuning",
+    "--model.init_args.pretrained=null",
+    "--model.init_args.num_prompt_tokens=4",
+    "--model.init_args.steps=15",
+]
+
+
+@pytest.fixture(scope="session")
+def tiny_clip_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return make_tiny_clip(tmp_path_factory.mktemp("tiny-clip"), seed=0, pretrain_steps=150)
+
+
+@pytest.fixture(scope="session")
+def concept_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return write_concept_folders(
+        tmp_path_factory.mktemp("concepts"), ["red", "green", "blue", "purple"], images_per_concept=6, image_size=32
+    )
+
+
+def fit_args(tiny_clip_dir: Path, data_root: Path, run_dir: Path, *extra: str) -> list[str]:
+    """CLI arguments of a small CLIP prompt-tuning fit."""
+    return [
+        "fit",
+        "--seed_everything=0",
+        "--trainer.accelerator=cpu",
+        "--trainer.devices=1",
+        "--trainer.max_epochs=1",
+        "--trainer.logger=false",
+        "--trainer.enable_progress_bar=false",
+        "--trainer.enable_model_summary=false",
+        f"--trainer.default_root_dir={run_dir}",
+        *FAST_MODEL_ARGS,
+        f"--model.init_args.model_name=local-dir:{tiny_clip_dir}",
+        "--data.class_path=clova_train.datamodules.ConceptFolderDataModule",
+        f"--data.init_args.root={data_root}",
+        "--data.init_args.image_size=32",
+        "--data.init_args.val_per_concept=2",
+        "--data.init_args.chunk_size=4",
+        *extra,
+    ]
+
+
+def run_fit(*args: str) -> int:
+    """Run the CLI in this process; returns its exit status."""
+    saved_argv = sys.argv
+    sys.argv = ["clova-train"]  # LightningCLI warns when pytest's own arguments are on sys.argv
+    try:
+        return main(list(args))
+    except SystemExit as stop:  # argument errors exit through jsonargparse
+        return int(stop.code or 0)
+    finally:
+        sys.argv = saved_argv
+
+
+def run_cli_subprocess(args: list[str], timeout: float = 300, **kwargs) -> subprocess.CompletedProcess:
+    """Run ``python -m clova_train`` in a subprocess (the only way to test multi-process DDP)."""
+    env = {**os.environ, "PYTHONPATH": str(REPO / "tests"), "PYTHONWARNINGS": "ignore"}
+    return subprocess.run(
+        [sys.executable, "-m", "clova_train", *args],
+        capture_output=True, text=True, timeout=timeout, env=env, cwd=REPO, **kwargs,
+    )

@@ -1,0 +1,88 @@
+"""Multi-process paths, tested for real: DDP on CPU (gloo) and a run killed with SIGKILL then resumed."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+
+from clova_train.models.prompt_tuning import PerInstancePromptTuning
+from clova_train.tiny_models import make_tiny_clip
+from conftest import fit_args, run_cli_subprocess, run_fit
+from test_prompt_tuning import assert_same_pools, load_run
+
+
+@pytest.fixture(scope="module")
+def reference_run(tiny_clip_dir: Path, concept_root: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """An uninterrupted single-process run."""
+    run_dir = tmp_path_factory.mktemp("reference")
+    assert run_fit(*fit_args(tiny_clip_dir, concept_root, run_dir)) == 0
+    return run_dir
+
+
+def test_ddp_two_ranks_match_one_device(tiny_clip_dir: Path, concept_root: Path, reference_run: Path, tmp_path: Path) -> None:
+    args = fit_args(tiny_clip_dir, concept_root, tmp_path, "--trainer.devices=2", "--trainer.strategy=ddp")
+    result = run_cli_subprocess(args)
+    assert result.returncode == 0, result.stderr[-3000:]
+    pool, summary = load_run(tmp_path)
+    reference_pool, reference_summary = load_run(reference_run)
+    assert summary["tried"] == 16  # both ranks' instances reached rank 0
+    assert all(
+        (a["instance_id"], a["accepted"]) == (b["instance_id"], b["accepted"])
+        for a, b in zip(summary["instances"], reference_summary["instances"])
+    )
+    assert_same_pools(pool, reference_pool)
+    ids = [i for c in pool.concepts for i in pool.entry(c)[2]]
+    assert len(ids) == len(set(ids)) == summary["accepted"]
+    assert sorted(p.name for p in tmp_path.glob("*.safetensors")) == ["pool.safetensors"]
+    assert (result.stdout + result.stderr).count("Prompt pool:") == 1
+
+
+def test_killed_run_resumes_to_the_same_pool(
+    tiny_clip_dir: Path, concept_root: Path, reference_run: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    killer = '--trainer.callbacks=[{"class_path": "kill_helper.KillAtChunk", "init_args": {"chunk": 2}}]'
+    result = run_cli_subprocess(fit_args(tiny_clip_dir, concept_root, tmp_path, killer))
+    assert result.returncode == -9, result.stderr[-3000:]
+    assert not (tmp_path / "pool.safetensors").exists()  # no partial pool
+    checkpoint = tmp_path / "checkpoints" / "last.ckpt"
+    assert checkpoint.is_file()
+
+    tuned: list[str] = []
+    original = PerInstancePromptTuning.tune_chunk
+
+    def spy(self, chunk):
+        tuned.extend(item["instance_id"] for item in chunk)
+        return original(self, chunk)
+
+    monkeypatch.setattr(PerInstancePromptTuning, "tune_chunk", spy)
+    assert run_fit(*fit_args(tiny_clip_dir, concept_root, tmp_path, f"--ckpt_path={checkpoint}")) == 0
+    assert len(tuned) == 8, "the resumed run must tune only the 8 instances the killed run had not finished"
+    pool, summary = load_run(tmp_path)
+    reference_pool, reference_summary = load_run(reference_run)
+    assert summary["tried"] == 16
+    assert [(r["instance_id"], r["accepted"]) for r in summary["instances"]] == [
+        (r["instance_id"], r["accepted"]) for r in reference_summary["instances"]
+    ]
+    assert_same_pools(pool, reference_pool)
+
+
+def test_resume_refuses_checkpoint_of_other_weights(
+    tiny_clip_dir: Path, concept_root: Path, tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    """The weights behind a model path changed between the killed run and the resume: refuse, keep files."""
+    model_dir = tmp_path / "model"
+    shutil.copytree(tiny_clip_dir, model_dir)
+    run_dir = tmp_path / "run"
+    killer = '--trainer.callbacks=[{"class_path": "kill_helper.KillAtChunk", "init_args": {"chunk": 1}}]'
+    assert run_cli_subprocess(fit_args(model_dir, concept_root, run_dir, killer)).returncode == -9
+    checkpoint = run_dir / "checkpoints" / "last.ckpt"
+    saved = checkpoint.read_bytes()
+
+    make_tiny_clip(model_dir, seed=1, pretrain_steps=0)
+    assert run_fit(*fit_args(model_dir, concept_root, run_dir, f"--ckpt_path={checkpoint}")) == 2
+    err = capsys.readouterr().err
+    assert "clova-train: error: checkpoint was written for tool open_clip:" in err
+    assert not (run_dir / "pool.safetensors").exists()
+    assert checkpoint.read_bytes() == saved

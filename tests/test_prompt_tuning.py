@@ -1,0 +1,133 @@
+"""The per-instance prompt-tuning engine, run through the CLI on a tiny CLIP (single process)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+
+from clova_train.pool import PromptPool
+from conftest import fit_args, run_fit
+
+
+def load_run(run_dir: Path) -> tuple[PromptPool, dict]:
+    summary = json.loads((run_dir / "summary.json").read_text())
+    return PromptPool.load(run_dir / "pool.safetensors"), summary
+
+
+def assert_same_pools(a: PromptPool, b: PromptPool, atol: float = 1e-5) -> None:
+    assert a.concepts == b.concepts
+    for concept in a.concepts:
+        fa, pa, ia = a.entry(concept)
+        fb, pb, ib = b.entry(concept)
+        assert ia == ib
+        torch.testing.assert_close(fa, fb, atol=atol, rtol=0)
+        torch.testing.assert_close(pa, pb, atol=atol, rtol=0)
+
+
+def test_prompts_do_not_depend_on_chunk_size(tiny_clip_dir: Path, concept_root: Path, tmp_path: Path) -> None:
+    runs = {}
+    for size in (1, 8):
+        run_dir = tmp_path / f"chunk{size}"
+        assert run_fit(*fit_args(tiny_clip_dir, concept_root, run_dir, f"--data.init_args.chunk_size={size}")) == 0
+        runs[size] = load_run(run_dir)
+    (pool1, summary1), (pool8, summary8) = runs[1], runs[8]
+    assert summary1["tried"] == summary8["tried"] == 16
+    assert summary1["accepted"] > 0, "the test needs accepted prompts to compare"
+    assert_same_pools(pool1, pool8)
+    for x, y in zip(summary1["instances"], summary8["instances"]):
+        assert (x["instance_id"], x["accepted"], x["reason"]) == (y["instance_id"], y["accepted"], y["reason"])
+        assert x["loss"] == pytest.approx(y["loss"], abs=1e-5)
+
+
+def test_run_writes_pool_summary_and_tool(tiny_clip_dir: Path, concept_root: Path, tmp_path: Path) -> None:
+    assert run_fit(*fit_args(tiny_clip_dir, concept_root, tmp_path)) == 0
+    pool, summary = load_run(tmp_path)
+    tool = json.loads((tmp_path / "tool.json").read_text())
+    assert summary["complete"] and summary["tried"] == summary["accepted"] + summary["rejected"] == 16
+    assert len(pool) == summary["accepted"]
+    assert set(summary["per_concept"]) == {"red", "green", "blue", "purple"}
+    assert tool["prompt_shape"] == [3, 4, 64] and pool.spec.model_identity == tool["identity"]
+    for record in summary["instances"]:
+        assert record["accepted"] == (record["reason"] == "")
+    assert (tmp_path / "checkpoints" / "last.ckpt").is_file()
+
+
+def test_existing_pool_is_merged_not_lost(tiny_clip_dir: Path, concept_root: Path, tmp_path: Path) -> None:
+    first = tmp_path / "first"
+    assert run_fit(*fit_args(tiny_clip_dir, concept_root, first, "--data.init_args.concepts=[red, green]",
+                             "--data.init_args.negatives_root=null")) == 0
+    first_pool, _ = load_run(first)
+    pool_path = tmp_path / "shared" / "pool.safetensors"
+    pool_path.parent.mkdir()
+    shutil.copy(first / "pool.safetensors", pool_path)
+    second = tmp_path / "second"
+    assert run_fit(*fit_args(tiny_clip_dir, concept_root, second, "--data.init_args.concepts=[blue, purple]",
+                             f"--model.init_args.pool_path={pool_path}")) == 0
+    merged = PromptPool.load(pool_path)
+    assert set(first_pool.concepts) <= set(merged.concepts)
+    assert len(merged) == len(first_pool) + json.loads((pool_path.parent / "summary.json").read_text())["accepted"]
+
+
+def gate_fixture(root: Path, tmp: Path, mislabel: bool) -> Path:
+    """red/green/blue folders; optionally one green image placed (mislabelled) in red's training set."""
+    data = tmp / ("mislabelled" if mislabel else "clean")
+    shutil.copytree(root, data)
+    shutil.rmtree(data / "purple")
+    if mislabel:
+        for image in sorted((data / "red").glob("*.png"))[2:]:
+            image.unlink()
+        shutil.copy(sorted((data / "green").glob("*.png"))[3], data / "red" / "red_zz_mislabelled.png")
+    return data
+
+
+def test_gate_rejects_wrong_label_and_accepts_clean(tiny_clip_dir: Path, concept_root: Path, tmp_path: Path) -> None:
+    data = gate_fixture(concept_root, tmp_path, mislabel=True)
+    common = ("--data.init_args.concepts=[red]", "--data.init_args.val_negatives_per_instance=8",
+              "--model.init_args.steps=30")
+    run_dir = tmp_path / "mislabelled_run"
+    assert run_fit(*fit_args(tiny_clip_dir, data, run_dir, *common)) == 0
+    _, summary = load_run(run_dir)
+    (record,) = summary["instances"]
+    assert record["instance_id"] == "red/red_zz_mislabelled.png"
+    assert not record["accepted"]
+    assert "held-out" in record["reason"]
+
+    clean = gate_fixture(concept_root, tmp_path, mislabel=False)
+    run_dir = tmp_path / "clean_run"
+    assert run_fit(*fit_args(tiny_clip_dir, clean, run_dir, *common)) == 0
+    _, summary = load_run(run_dir)
+    assert summary["tried"] == 4 and summary["accepted"] >= 3
+
+
+def test_gate_negatives_catch_prompt_that_pulls_everything(tiny_clip_dir: Path, concept_root: Path, tmp_path: Path) -> None:
+    """Trained on positives only, a prompt maps every image to the concept: only the negative check sees it."""
+    common = ("--data.init_args.concepts=[purple]", "--data.init_args.negatives_per_instance=0",
+              "--data.init_args.val_negatives_per_instance=6", "--model.init_args.steps=40",
+              "--model.init_args.lr=0.05")
+    positives_only = tmp_path / "positives_only"
+    assert run_fit(*fit_args(tiny_clip_dir, concept_root, positives_only, *common,
+                             "--model.init_args.gate_negatives=false")) == 0
+    with_negatives = tmp_path / "with_negatives"
+    assert run_fit(*fit_args(tiny_clip_dir, concept_root, with_negatives, *common)) == 0
+    _, loose = load_run(positives_only)
+    _, strict = load_run(with_negatives)
+    assert loose["accepted"] == loose["tried"] == 4
+    assert strict["accepted"] < loose["accepted"]
+    assert strict["rejection_reasons"].get("held-out negative", 0) > 0
+
+
+def test_early_stop_freezes_passed_instances(tiny_clip_dir: Path, concept_root: Path, tmp_path: Path) -> None:
+    full, early = tmp_path / "full", tmp_path / "early"
+    assert run_fit(*fit_args(tiny_clip_dir, concept_root, full, "--data.init_args.concepts=[red]")) == 0
+    assert run_fit(*fit_args(tiny_clip_dir, concept_root, early, "--data.init_args.concepts=[red]",
+                             "--model.init_args.early_stop_every=5")) == 0
+    _, full_summary = load_run(full)
+    _, early_summary = load_run(early)
+    assert early_summary["accepted"] >= full_summary["accepted"] > 0
+    # Instances that passed after 5 steps keep their 5-step prompt, so they differ from the 15-step ones.
+    full_pool, early_pool = PromptPool.load(full / "pool.safetensors"), PromptPool.load(early / "pool.safetensors")
+    assert not torch.allclose(full_pool.entry("red")[1][0], early_pool.entry("red")[1][0])
