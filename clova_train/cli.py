@@ -82,6 +82,18 @@ def run_tiny_model(args: Sequence[str]) -> None:
     print(f"tiny {parsed.tool} model written to {out} (use model_name: local-dir:{out})")
 
 
+def user_error(exc: BaseException) -> ClovaTrainError | None:
+    """The clova-train error behind ``exc``, if any (jsonargparse wraps errors raised in constructors)."""
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        if isinstance(current, ClovaTrainError):
+            return current
+        seen.add(id(current))
+        current = current.__cause__ or current.__context__
+    return None
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
     try:
@@ -91,7 +103,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             run_tiny_model(args[1:])
         else:
             run_lightning(args)
-    except ClovaTrainError as err:
+    except Exception as exc:
+        err = user_error(exc)
+        if err is None:
+            raise
         print(f"clova-train: error: {err}", file=sys.stderr)
         return 2
     return 0

@@ -1,0 +1,134 @@
+"""The command line: configs, help, and one clear message for each kind of bad input."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+
+from clova_train.cli import main
+from conftest import REPO, fit_args, run_cli_subprocess, run_fit
+
+CONFIGS = sorted((REPO / "configs").rglob("*.yaml"))
+
+
+def test_configs_exist() -> None:
+    names = {p.relative_to(REPO / "configs").as_posix() for p in CONFIGS}
+    assert {"quickstart/clip_prompt.yaml", "paper/clip_prompt_vit_l14.yaml"} <= names
+
+
+@pytest.mark.parametrize("config", CONFIGS, ids=lambda p: p.relative_to(REPO / "configs").as_posix())
+def test_every_config_parses_against_the_signatures(config: Path, capsys: pytest.CaptureFixture) -> None:
+    assert run_fit("fit", "--config", str(config), "--print_config") == 0
+    printed = capsys.readouterr().out
+    assert "class_path: clova_train.models." in printed and "class_path: clova_train.datamodules." in printed
+
+
+def test_paper_config_keeps_paper_values(capsys: pytest.CaptureFixture) -> None:
+    import yaml
+
+    run_fit("fit", "--config", str(REPO / "configs/paper/clip_prompt_vit_l14.yaml"), "--print_config")
+    model = yaml.safe_load(capsys.readouterr().out)["model"]["init_args"]
+    assert (model["model_name"], model["pretrained"]) == ("ViT-L-14", "openai")
+    assert (model["num_prompt_tokens"], model["prompt_depth"], model["lr"], model["steps"]) == (100, 3, 0.01, 100)
+
+
+def test_help_documents_model_arguments(capsys: pytest.CaptureFixture) -> None:
+    assert run_fit("fit", "--model.help", "clova_train.models.ClipPromptTuning") == 0
+    text = capsys.readouterr().out
+    assert "prompt tokens in each prompted vision block" in text
+    assert "Adam learning rate" in text
+
+
+def test_repeated_config_and_dotted_override(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    override = tmp_path / "override.yaml"
+    override.write_text("model:\n  init_args:\n    steps: 7\n")
+    quickstart = str(REPO / "configs/quickstart/clip_prompt.yaml")
+    assert run_fit("fit", "--config", quickstart, "--config", str(override), "--model.init_args.lr=0.5",
+                   "--print_config") == 0
+    out = capsys.readouterr().out
+    assert "steps: 7" in out and "lr: 0.5" in out
+
+
+def test_unknown_config_key_names_it(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    bad = tmp_path / "bad.yaml"
+    bad.write_text((REPO / "configs/quickstart/clip_prompt.yaml").read_text().replace("steps: 40", "stepz: 40"))
+    assert run_fit("fit", "--config", str(bad)) == 2
+    assert "stepz" in capsys.readouterr().err
+
+
+def test_python_dash_m_entry_point() -> None:
+    result = run_cli_subprocess(["--help"], timeout=120)
+    assert result.returncode == 0 and "fit" in result.stdout and "export" in result.stdout
+
+
+def expect_failure(args: list[str], capsys: pytest.CaptureFixture, run_dir: Path) -> str:
+    assert run_fit(*args) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert not (run_dir / "pool.safetensors").exists(), "no partial pool"
+    return err[-1]
+
+
+def test_missing_concept_root(tiny_clip_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    message = expect_failure(fit_args(tiny_clip_dir, tmp_path / "nowhere", tmp_path), capsys, tmp_path)
+    assert message == f"clova-train: error: concept root folder not found: {tmp_path / 'nowhere'}"
+
+
+def test_missing_and_empty_concept_folder(tiny_clip_dir: Path, concept_root: Path, tmp_path: Path,
+                                          capsys: pytest.CaptureFixture) -> None:
+    message = expect_failure(fit_args(tiny_clip_dir, concept_root, tmp_path, "--data.init_args.concepts=[zebra]"),
+                             capsys, tmp_path)
+    assert message == f"clova-train: error: concept folder not found: {concept_root / 'zebra'}"
+    data = tmp_path / "data"
+    shutil.copytree(concept_root, data)
+    for image in (data / "blue").iterdir():
+        image.unlink()
+    message = expect_failure(fit_args(tiny_clip_dir, data, tmp_path), capsys, tmp_path)
+    assert message.startswith(f"clova-train: error: concept folder {data / 'blue'} holds no images")
+
+
+def test_unreadable_image(tiny_clip_dir: Path, concept_root: Path, tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    data = tmp_path / "data"
+    shutil.copytree(concept_root, data)
+    broken = data / "green" / "green_004.png"
+    broken.write_bytes(b"\x89PNG\r\n\x1a\n this is not really a png")
+    message = expect_failure(fit_args(tiny_clip_dir, data, tmp_path), capsys, tmp_path)
+    assert message.startswith(f"clova-train: error: unreadable image {broken}")
+
+
+def test_missing_model_directory(concept_root: Path, tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    message = expect_failure(fit_args(tmp_path / "no-model", concept_root, tmp_path), capsys, tmp_path)
+    assert message.startswith(f"clova-train: error: CLIP model directory not found: {tmp_path / 'no-model'}")
+
+
+def test_existing_pool_of_another_model_is_refused_and_kept(
+    tiny_clip_dir: Path, concept_root: Path, tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    from clova_train.pool import PoolSpec, PromptPool
+
+    pool_path = tmp_path / "pool.safetensors"
+    other = PromptPool(PoolSpec("clip", "open_clip:someothermodel", (3, 4, 64), 64))
+    other.add("red", torch.rand(1, 64), torch.rand(1, 3, 4, 64))
+    other.save(pool_path)
+    before = pool_path.read_bytes()
+    assert run_fit(*fit_args(tiny_clip_dir, concept_root, tmp_path)) == 2
+    err = capsys.readouterr().err
+    assert "does not fit this model: model_identity is 'open_clip:someothermodel'" in err
+    assert pool_path.read_bytes() == before
+
+
+def test_sharding_strategies_are_refused_with_reason(tiny_clip_dir: Path) -> None:
+    """FSDP needs a GPU, so the strategy check is exercised directly on the module."""
+    from types import SimpleNamespace
+
+    from lightning.pytorch.strategies import FSDPStrategy
+
+    from clova_train.errors import ModelError
+    from clova_train.models import ClipPromptTuning
+
+    module = ClipPromptTuning(f"local-dir:{tiny_clip_dir}", None, num_prompt_tokens=4)
+    module._trainer = SimpleNamespace(strategy=FSDPStrategy())
+    with pytest.raises(ModelError, match="not FSDPStrategy: sharding strategies would split and average"):
+        module._check_strategy()

@@ -1,0 +1,67 @@
+"""The prompted CLIP tool: unmodified without a prompt, per-image prompts, loading and identity."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from clova_train.errors import ModelError
+from clova_train.tiny_models import make_tiny_clip
+from clova_train.tools.clip import ClipSource, PromptConfig, PromptedClip
+
+
+@pytest.fixture(scope="module")
+def tool(tiny_clip_dir: Path) -> PromptedClip:
+    return PromptedClip(ClipSource(f"local-dir:{tiny_clip_dir}"), PromptConfig(num_prompt_tokens=5, prompt_depth=2))
+
+
+def test_no_prompt_is_the_unmodified_tool(tool: PromptedClip) -> None:
+    images = torch.rand(3, 3, 32, 32)
+    reference = F.normalize(tool.model.encode_image(tool.preprocess(images)), dim=-1)
+    assert torch.equal(tool.encode_image(images), reference)
+
+
+def test_each_image_sees_only_its_own_prompt(tool: PromptedClip) -> None:
+    images = torch.rand(3, 3, 32, 32)
+    prompts = (torch.randn(3, *tool.prompt_shape) * 0.5).requires_grad_()
+    features = tool.encode_image(images, prompts)
+    assert not torch.allclose(features, tool.encode_image(images))
+    features[1].sum().backward()
+    assert prompts.grad[1].abs().sum() > 0
+    assert prompts.grad[0].abs().sum() == 0 and prompts.grad[2].abs().sum() == 0
+
+
+def test_frozen_weights_get_no_gradients(tool: PromptedClip) -> None:
+    assert not any(p.requires_grad for p in tool.parameters())
+    assert not tool.model.training
+
+
+def test_prompt_layout_is_checked(tool: PromptedClip, tiny_clip_dir: Path) -> None:
+    with pytest.raises(ModelError, match=r"prompts have shape \(1, 2, 5, 64\), expected \(2, 2, 5, 64\)"):
+        tool.encode_image(torch.rand(2, 3, 32, 32), torch.zeros(1, *tool.prompt_shape))
+    with pytest.raises(ModelError, match="prompt_depth=9 but the CLIP image tower has 3 blocks"):
+        PromptedClip(ClipSource(f"local-dir:{tiny_clip_dir}"), PromptConfig(4, 9))
+
+
+def test_loading_errors_name_the_directory(tiny_clip_dir: Path, tmp_path: Path) -> None:
+    with pytest.raises(ModelError, match="CLIP model directory not found"):
+        PromptedClip(ClipSource(f"local-dir:{tmp_path / 'missing'}"))
+    no_weights = tmp_path / "no-weights"
+    no_weights.mkdir()
+    shutil.copy(tiny_clip_dir / "open_clip_config.json", no_weights)
+    with pytest.raises(ModelError, match=f"CLIP model directory {no_weights} has no weights"):
+        PromptedClip(ClipSource(f"local-dir:{no_weights}"))
+
+
+def test_identity_follows_the_weights(tool: PromptedClip, tiny_clip_dir: Path, tmp_path: Path) -> None:
+    same = PromptedClip(ClipSource(f"local-dir:{tiny_clip_dir}"), PromptConfig(5, 2))
+    other = PromptedClip(ClipSource(f"local-dir:{make_tiny_clip(tmp_path / 'other', seed=1, pretrain_steps=0)}"))
+    assert same.identity == tool.identity != other.identity
+    description = tool.describe()
+    description["identity"] = other.identity
+    with pytest.raises(ModelError, match="but the prompts were trained on"):
+        PromptedClip.from_description(description)

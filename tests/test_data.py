@@ -1,0 +1,118 @@
+"""Synthetic generator, concept-folder splits and the pending-chunk loader."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from clova_train.datamodules import ConceptFolderDataModule, PendingChunks, SyntheticConceptDataModule
+from clova_train.datamodules.synthetic import render_scene, write_concept_folders
+from clova_train.errors import DataError
+
+
+def test_scene_labels_boxes_and_masks_agree() -> None:
+    scene = render_scene([("red", "square"), ("blue", "circle")], size=64, rng=np.random.default_rng(0))
+    assert scene.image.shape == (64, 64, 3) and len(scene.objects) == 2
+    for obj in scene.objects:
+        x0, y0, x1, y1 = obj.box
+        ys, xs = np.nonzero(obj.mask)
+        assert xs.min() >= x0 and xs.max() <= x1 and ys.min() >= y0 and ys.max() <= y1
+        inside = scene.image[obj.mask].mean(0)
+        assert inside.argmax() == {"red": 0, "blue": 2}[obj.colour]
+    square = next(o for o in scene.objects if o.shape == "square")
+    assert square.mask.sum() == (square.box[2] - square.box[0] + 1) * (square.box[3] - square.box[1] + 1)
+    assert ("What colour is the square?", "red") in scene.qa_pairs and ("How many shapes are there?", "2") in scene.qa_pairs
+
+
+def test_concept_folders_are_deterministic(tmp_path: Path) -> None:
+    a = write_concept_folders(tmp_path / "a", ["red", "green_circle"], images_per_concept=3, image_size=16, seed=3)
+    b = write_concept_folders(tmp_path / "b", ["green_circle"], images_per_concept=3, image_size=16, seed=3)
+    assert sorted(p.name for p in (a / "red").iterdir()) == ["red_000.png", "red_001.png", "red_002.png"]
+    for name in ("green_circle_000.png", "green_circle_002.png"):
+        assert (a / "green_circle" / name).read_bytes() == (b / "green_circle" / name).read_bytes()
+    with pytest.raises(ValueError, match="synthetic concept 'pink'"):
+        write_concept_folders(tmp_path / "c", ["pink"])
+
+
+def test_validation_images_are_never_trained_on(concept_root: Path) -> None:
+    dm = ConceptFolderDataModule(str(concept_root), image_size=16, val_per_concept=2, negatives_per_instance=5)
+    dm.setup()
+    instances = dm.instances
+    assert len(instances) == 4 * 4  # 6 images per concept, 2 validate
+    val_files = {f for item in instances.items for f in item["val_files"]}
+    train_files = {f for item in instances.items for f in item["image_files"]}
+    assert not val_files & train_files
+    for item in instances.items:
+        assert item["candidates"][0] == item["concept"]
+        assert len(set(item["candidates"])) == len(item["candidates"])  # distinct negative texts
+        assert all(label != item["concept"] for label in item["labels"][1:])
+        assert item["val_labels"][:2] == [item["concept"]] * 2
+        assert [p.name for p in item["val_files"][:2]] == [f"{item['concept']}_000.png", f"{item['concept']}_001.png"]
+    sample = instances[0]
+    assert sample["images"].shape == (6, 3, 16, 16) and float(sample["images"].max()) <= 1.0
+
+
+def test_explicit_train_val_split(concept_root: Path, tmp_path: Path) -> None:
+    root = tmp_path / "data"
+    shutil.copytree(concept_root, root)
+    red = root / "red"
+    (red / "train").mkdir()
+    (red / "val").mkdir()
+    for image in sorted(red.glob("*.png")):
+        shutil.move(image, red / ("val" if image.name.endswith("005.png") else "train") / image.name)
+    dm = ConceptFolderDataModule(str(root), concepts=["red"], image_size=16, val_per_concept=2)
+    dm.setup()
+    assert [i["instance_id"] for i in dm.instances.items] == [f"red/red_00{k}.png" for k in range(5)]
+    assert dm.instances.items[0]["val_files"][0].name == "red_005.png"
+
+
+def test_negatives_root_supplies_negative_concepts(concept_root: Path, tmp_path: Path) -> None:
+    negatives = write_concept_folders(tmp_path / "neg", ["orange"], images_per_concept=3, image_size=16)
+    dm = ConceptFolderDataModule(str(concept_root), concepts=["red"], negatives_root=str(negatives), image_size=16)
+    dm.setup()
+    assert dm.instances.items[0]["candidates"] == ["red", "blue", "green", "orange", "purple"]
+    assert all(i["concept"] == "red" for i in dm.instances.items)
+
+
+def test_too_few_images_and_single_concept_are_explained(concept_root: Path, tmp_path: Path) -> None:
+    with pytest.raises(DataError, match="has 6 image\\(s\\); val_per_concept=6 leaves none to train on"):
+        ConceptFolderDataModule(str(concept_root), val_per_concept=6).setup()
+    lonely = tmp_path / "lonely"
+    shutil.copytree(concept_root / "red", lonely / "red")
+    with pytest.raises(DataError, match="needs at least one negative concept"):
+        ConceptFolderDataModule(str(lonely)).setup()
+
+
+def test_synthetic_datamodule_renders_once(tmp_path: Path) -> None:
+    dm = SyntheticConceptDataModule(str(tmp_path / "syn"), synthetic_concepts=["red", "blue"], images_per_concept=3,
+                                    render_size=16, image_size=16)
+    dm.prepare_data()
+    first = (tmp_path / "syn" / "red" / "red_000.png").stat().st_mtime_ns
+    dm.prepare_data()
+    assert (tmp_path / "syn" / "red" / "red_000.png").stat().st_mtime_ns == first
+    dm.setup()
+    assert len(dm.instances) == 4
+
+
+class FakeInstances:
+    def __init__(self, n: int) -> None:
+        self.instance_ids = [f"i{k}" for k in range(n)]
+
+    def __len__(self) -> int:
+        return len(self.instance_ids)
+
+    def __getitem__(self, index: int) -> dict:
+        return {"instance_id": self.instance_ids[index]}
+
+
+def test_pending_chunks_skip_finished_and_split_ranks_evenly() -> None:
+    data = FakeInstances(11)
+    finished = {"i0", "i1", "i5"}
+    per_rank = [list(PendingChunks(data, 3, lambda: finished, rank=r, world_size=2)) for r in range(2)]
+    assert len(per_rank[0]) == len(per_rank[1])  # equal step counts: the ranks meet in collectives
+    seen = [item["instance_id"] for chunks in per_rank for chunk in chunks for item in chunk]
+    assert sorted(seen) == sorted(set(data.instance_ids) - finished)
+    assert per_rank[1][-1] == []  # 3 chunks over 2 ranks: rank 1 pads with an empty chunk
