@@ -156,6 +156,36 @@ class ConceptInstances:
         }
 
 
+class LabelledImages:
+    """Map-style dataset of (image, concept) pairs, e.g. the held-out images of every concept."""
+
+    def __init__(self, files: list[tuple[Path, str]], image_size: int) -> None:
+        self.files = files
+        self.image_size = image_size
+        self.names = sorted({concept for _, concept in files})
+
+    def __len__(self) -> int:
+        return len(self.files)
+
+    def __getitem__(self, index: int) -> dict[str, Any]:
+        path, concept = self.files[index]
+        return {"image": load_image(path, self.image_size), "label": concept}
+
+
+class _WithNames:
+    """Collate labelled images into ``{"images", "labels", "names"}`` (names: every label of the dataset)."""
+
+    def __init__(self, names: list[str]) -> None:
+        self.names = names
+
+    def __call__(self, items: list[dict[str, Any]]) -> dict[str, Any]:
+        return {
+            "images": torch.stack([item["image"] for item in items]),
+            "labels": [item["label"] for item in items],
+            "names": list(self.names),
+        }
+
+
 class ConceptFolderDataModule(LightningDataModule):
     """Concept image folders -> per-instance chunks for CLIP prompt tuning.
 
@@ -171,6 +201,9 @@ class ConceptFolderDataModule(LightningDataModule):
         chunk_size: instances tuned together in one training step (results do not depend on it).
         num_workers: DataLoader worker processes.
         seed: seed for the per-instance choice of negatives.
+        eval_batch_size: images per batch in ``validate`` (the held-out split, which the gate also used)
+            and ``test`` (every image under ``test_root``).
+        test_root: optional concept folders of test images never used in training or gating.
     """
 
     def __init__(
@@ -186,9 +219,14 @@ class ConceptFolderDataModule(LightningDataModule):
         chunk_size: int = 32,
         num_workers: int = 0,
         seed: int = 0,
+        eval_batch_size: int = 64,
+        test_root: str | None = None,
     ) -> None:
         super().__init__()
         self.save_hyperparameters()
+        self.eval_batch_size = eval_batch_size
+        self.test_root = Path(test_root) if test_root else None
+        self.splits: list[ConceptSplit] = []
         self.root = Path(root)
         self.concepts = concepts
         self.negatives_root = Path(negatives_root) if negatives_root else None
@@ -231,6 +269,7 @@ class ConceptFolderDataModule(LightningDataModule):
                 f"{self.root}: prompt tuning needs at least one negative concept besides "
                 f"{sorted(learned_names)} (add another concept folder or a negatives_root)"
             )
+        self.splits = learned + negatives
         self.instances = ConceptInstances(
             learned,
             negatives,
@@ -240,6 +279,31 @@ class ConceptFolderDataModule(LightningDataModule):
             self.max_negative_concepts,
             self.seed,
         )
+
+    def _eval_loader(self, dataset: LabelledImages) -> DataLoader:
+        return DataLoader(
+            dataset, batch_size=self.eval_batch_size, num_workers=self.num_workers, collate_fn=_WithNames(dataset.names)
+        )
+
+    def val_dataloader(self) -> DataLoader:
+        assert self.instances is not None, "call setup() first"
+        return self._eval_loader(
+            LabelledImages([(p, s.concept) for s in self.splits for p in s.val], self.image_size)
+        )
+
+    def test_dataloader(self) -> DataLoader:
+        if self.test_root is None:
+            raise DataError("clova-train test needs data.init_args.test_root (concept folders of test images)")
+        if not self.test_root.is_dir():
+            raise DataError(f"test root folder not found: {self.test_root}")
+        files = []
+        for folder in sorted(p for p in self.test_root.iterdir() if p.is_dir()):
+            for path in list_images(folder):
+                check_image(path)
+                files.append((path, folder.name))
+        if not files:
+            raise DataError(f"test root {self.test_root} holds no images")
+        return self._eval_loader(LabelledImages(files, self.image_size))
 
     def _finished_ids(self) -> set[str]:
         module = self.trainer.lightning_module if self.trainer is not None else None
@@ -282,10 +346,12 @@ class SyntheticConceptDataModule(ConceptFolderDataModule):
         chunk_size: int = 32,
         num_workers: int = 0,
         seed: int = 0,
+        eval_batch_size: int = 64,
+        test_root: str | None = None,
     ) -> None:
         super().__init__(
             root, concepts, negatives_root, val_per_concept, negatives_per_instance, val_negatives_per_instance,
-            max_negative_concepts, image_size, chunk_size, num_workers, seed,
+            max_negative_concepts, image_size, chunk_size, num_workers, seed, eval_batch_size, test_root,
         )
         self.synthetic_concepts = list(synthetic_concepts)
         self.images_per_concept = images_per_concept

@@ -9,6 +9,10 @@ the concept, and (unless ``gate_negatives`` is off) no held-out negative image m
 pulls every image to the concept passes a positives-only gate, so the negative check matters.
 
 Pool feature: the unprompted, normalised CLIP image embedding of the instance's positive image.
+
+Validate / test: CLASSIFY accuracy over all concept names of the data, without prompts and with the pool
+(the pool of this run's accepted prompts, or the pool file when the run holds none), computed with the
+serving code (:class:`clova_train.serving.ClipPromptServer`).
 """
 
 from __future__ import annotations
@@ -19,8 +23,11 @@ from typing import Any, Literal
 
 import torch
 import torch.nn.functional as F
+from torchmetrics import MeanMetric
 
 from clova_train.models.prompt_tuning import GateResult, PerInstancePromptTuning
+from clova_train.pool import PromptPool
+from clova_train.serving import ClipPromptServer
 from clova_train.tools.clip import ClipSource, PromptConfig, PromptedClip
 
 
@@ -59,6 +66,7 @@ class ClipPromptTuning(PerInstancePromptTuning):
         on_existing_pool: ``merge`` into, ``overwrite`` or ``error`` on an existing pool file.
         seed: seed of the per-instance prompt initialisation.
         max_chunk_size: prompt rows held at once when the datamodule sets no ``chunk_size``.
+        keep_rejected_prompts: keep rejected instances' prompts in records/checkpoints (never in the pool).
     """
 
     def __init__(
@@ -76,14 +84,20 @@ class ClipPromptTuning(PerInstancePromptTuning):
         on_existing_pool: Literal["merge", "overwrite", "error"] = "merge",
         seed: int = 0,
         max_chunk_size: int = 32,
+        keep_rejected_prompts: bool = False,
     ) -> None:
-        super().__init__(lr, steps, early_stop_every, pool_path, on_existing_pool, seed, max_chunk_size)
+        super().__init__(
+            lr, steps, early_stop_every, pool_path, on_existing_pool, seed, max_chunk_size, keep_rejected_prompts
+        )
         self.save_hyperparameters()
         self.tool = PromptedClip(
             ClipSource(model_name, pretrained), PromptConfig(num_prompt_tokens, prompt_depth), text_template
         )
         self.gate_negatives = gate_negatives
         self._text_cache: dict[str, torch.Tensor] = {}
+        self.accuracy_no_prompt = MeanMetric()
+        self.accuracy_pool = MeanMetric()
+        self._server: ClipPromptServer | None = None
 
     @property
     def prompt_shape(self) -> tuple[int, ...]:
@@ -155,3 +169,37 @@ class ClipPromptTuning(PerInstancePromptTuning):
 
     def pool_features(self, ctx: ClipChunk) -> torch.Tensor:
         return self.tool.encode_tokens(ctx.tokens[ctx.first_image], None)
+
+    # ------------------------------------------------------------------ evaluation
+    def evaluation_pool(self) -> PromptPool:
+        """This run's accepted prompts; else the pool file at ``pool_path``; else an empty pool."""
+        if any(r["accepted"] for r in self.records.values()):
+            return self.build_pool()
+        path = self.resolved_pool_path()
+        if path.is_file():
+            return PromptPool.load(path, expected=self.pool_spec())
+        return PromptPool(self.pool_spec())
+
+    def on_validation_epoch_start(self) -> None:
+        self._server = ClipPromptServer(self.tool, self.evaluation_pool())
+
+    on_test_epoch_start = on_validation_epoch_start
+
+    def _evaluate(self, batch: dict[str, Any], stage: str) -> None:
+        assert self._server is not None
+        names, labels = batch["names"], batch["labels"]
+        images = batch["images"].to(self.dtype)
+        with torch.no_grad():
+            base = (self.tool.encode_image(images) @ self.text_features(names).T).argmax(-1).tolist()
+            pooled, _ = self._server.classify(images, names)
+        n = len(labels)
+        self.accuracy_no_prompt.update(torch.tensor([names[i] == y for i, y in zip(base, labels)], dtype=torch.float))
+        self.accuracy_pool.update(torch.tensor([p == y for p, y in zip(pooled, labels)], dtype=torch.float))
+        self.log(f"{stage}/accuracy_no_prompt", self.accuracy_no_prompt, batch_size=n, prog_bar=True)
+        self.log(f"{stage}/accuracy_pool", self.accuracy_pool, batch_size=n, prog_bar=True)
+
+    def validation_step(self, batch: dict[str, Any], batch_idx: int) -> None:
+        self._evaluate(batch, "val")
+
+    def test_step(self, batch: dict[str, Any], batch_idx: int) -> None:
+        self._evaluate(batch, "test")

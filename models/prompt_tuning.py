@@ -70,6 +70,8 @@ class PerInstancePromptTuning(LightningModule):
             seed and its instance id).
         max_chunk_size: prompt rows held at once when the datamodule has no ``chunk_size`` attribute;
             larger chunks are tuned in pieces (with identical results).
+        keep_rejected_prompts: also keep the prompts and features of rejected instances in the run's
+            records and checkpoints, for analysis (they never enter the pool).
     """
 
     def __init__(
@@ -81,6 +83,7 @@ class PerInstancePromptTuning(LightningModule):
         on_existing_pool: Literal["merge", "overwrite", "error"] = "merge",
         seed: int = 0,
         max_chunk_size: int = 32,
+        keep_rejected_prompts: bool = False,
     ) -> None:
         super().__init__()
         if steps < 1:
@@ -94,6 +97,7 @@ class PerInstancePromptTuning(LightningModule):
         self.on_existing_pool = on_existing_pool
         self.seed = seed
         self.max_chunk_size = max_chunk_size
+        self.keep_rejected_prompts = keep_rejected_prompts
         self.records: dict[str, dict[str, Any]] = {}
         self.tool: nn.Module
 
@@ -249,6 +253,7 @@ class PerInstancePromptTuning(LightningModule):
         for i, item in enumerate(chunk):
             result = outcome[i]
             assert result is not None
+            keep = result.passed or self.keep_rejected_prompts
             records.append(
                 {
                     "instance_id": ids[i],
@@ -256,8 +261,8 @@ class PerInstancePromptTuning(LightningModule):
                     "accepted": bool(result.passed),
                     "reason": result.reason if not result.passed else "",
                     "loss": float(losses[i]),
-                    "feature": features[i].clone() if result.passed else None,
-                    "prompt": prompts[i].clone() if result.passed else None,
+                    "feature": features[i].clone() if keep else None,
+                    "prompt": prompts[i].clone() if keep else None,
                 }
             )
         return records

@@ -54,7 +54,7 @@ def test_repeated_config_and_dotted_override(tmp_path: Path, capsys: pytest.Capt
 
 def test_unknown_config_key_names_it(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     bad = tmp_path / "bad.yaml"
-    bad.write_text((REPO / "configs/quickstart/clip_prompt.yaml").read_text().replace("steps: 40", "stepz: 40"))
+    bad.write_text((REPO / "configs/quickstart/clip_prompt.yaml").read_text().replace("steps: 60", "stepz: 60"))
     assert run_fit("fit", "--config", str(bad)) == 2
     assert "stepz" in capsys.readouterr().err
 

@@ -131,3 +131,50 @@ def test_early_stop_freezes_passed_instances(tiny_clip_dir: Path, concept_root: 
     # Instances that passed after 5 steps keep their 5-step prompt, so they differ from the 15-step ones.
     full_pool, early_pool = PromptPool.load(full / "pool.safetensors"), PromptPool.load(early / "pool.safetensors")
     assert not torch.allclose(full_pool.entry("red")[1][0], early_pool.entry("red")[1][0])
+
+
+def test_validate_and_test_report_accuracy_with_and_without_pool(
+    tiny_clip_dir: Path, concept_root: Path, tmp_path: Path
+) -> None:
+    from lightning import Trainer
+
+    from clova_train.datamodules import ConceptFolderDataModule
+    from clova_train.datamodules.concept_folders import list_images, load_image
+    from clova_train.datamodules.synthetic import write_concept_folders
+    from clova_train.models import ClipPromptTuning
+    from clova_train.serving import ClipPromptServer
+
+    assert run_fit(*fit_args(tiny_clip_dir, concept_root, tmp_path, "--model.init_args.steps=30")) == 0
+    test_root = write_concept_folders(tmp_path / "test", ["red", "green", "blue", "purple"], 3, 32, seed=99)
+    module = ClipPromptTuning(f"local-dir:{tiny_clip_dir}", None, num_prompt_tokens=4, pool_path=str(tmp_path / "pool.safetensors"))
+    dm = ConceptFolderDataModule(str(concept_root), image_size=32, val_per_concept=2, test_root=str(test_root))
+    trainer = Trainer(accelerator="cpu", logger=False, enable_progress_bar=False, default_root_dir=str(tmp_path))
+    (val,) = trainer.validate(module, dm)
+    (test,) = trainer.test(module, dm)
+
+    server = ClipPromptServer.from_export(tmp_path)  # the run dir has pool.safetensors and tool.json
+    names = ["blue", "green", "purple", "red"]
+    for metrics, files in (
+        (val, [(p, c) for c in names for p in list_images(concept_root / c)[:2]]),
+        (test, [(p, c) for c in names for p in list_images(test_root / c)]),
+    ):
+        images = torch.stack([load_image(p, 32) for p, _ in files])
+        predicted, _ = server.classify(images, names)
+        expected = sum(p == c for p, (_, c) in zip(predicted, files)) / len(files)
+        stage = "val" if metrics is val else "test"
+        assert metrics[f"{stage}/accuracy_pool"] == pytest.approx(expected)
+        base = (server.tool.encode_image(images) @ server.tool.encode_text(names).T).argmax(-1)
+        base_expected = sum(names[i] == c for i, (_, c) in zip(base.tolist(), files)) / len(files)
+        assert metrics[f"{stage}/accuracy_no_prompt"] == pytest.approx(base_expected)
+
+
+def test_empty_pool_is_the_unmodified_tool(tiny_clip_dir: Path, concept_root: Path, tmp_path: Path) -> None:
+    from lightning import Trainer
+
+    from clova_train.datamodules import ConceptFolderDataModule
+    from clova_train.models import ClipPromptTuning
+
+    module = ClipPromptTuning(f"local-dir:{tiny_clip_dir}", None, num_prompt_tokens=4, pool_path=str(tmp_path / "none.safetensors"))
+    dm = ConceptFolderDataModule(str(concept_root), image_size=32, val_per_concept=2)
+    (val,) = Trainer(accelerator="cpu", logger=False, enable_progress_bar=False).validate(module, dm)
+    assert val["val/accuracy_pool"] == val["val/accuracy_no_prompt"]
