@@ -24,18 +24,15 @@ import argparse
 import statistics
 import sys
 import time
-from datetime import datetime, timezone
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from prompt_tuning import machine  # noqa: E402  (shared machine description)
+from results_file import append_result, machine, timestamp  # noqa: E402
 
 from clova_train.pool import PoolSpec, PromptPool  # noqa: E402
-
-RESULTS = Path(__file__).resolve().parent / "results" / "pool_retrieval.md"
 
 
 def direct(features: torch.Tensor, prompts: torch.Tensor, query: torch.Tensor) -> torch.Tensor:
@@ -98,7 +95,7 @@ def main() -> None:
         ("loop (reference implementation)", loop_ms, float((loop_out - reference_last).abs().max())),
     ]
     header = (
-        f"\n## {datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC, cpu: {machine()}, {torch.get_num_threads()} threads\n\n"
+        f"\n## {timestamp()}, cpu: {machine()}, {torch.get_num_threads()} threads\n\n"
         f"{args.prompts:,} prompts of shape {tuple(args.shape)} with {args.dim}-d features in one concept; "
         f"one query at a time; pool build (first query, once per concept): {build_ms:.0f} ms\n\n"
         "| method | ms per query | speed-up of pool (all) | max abs diff vs expected |\n| --- | --- | --- | --- |\n"
@@ -106,11 +103,7 @@ def main() -> None:
     table = header + "\n".join(f"| {name} | {ms:.2f} | {ms / pool_ms:.0f}x | {diff:.1e} |" for name, ms, diff in rows) + "\n"
     print(table)
     if not args.no_record:
-        RESULTS.parent.mkdir(parents=True, exist_ok=True)
-        if not RESULTS.exists():
-            RESULTS.write_text("# Pool retrieval benchmark results\n\nWritten by `python benchmarks/pool_retrieval.py`.\n")
-        with RESULTS.open("a") as handle:
-            handle.write(table)
+        append_result("pool_retrieval", "Pool retrieval benchmark results", table)
 
 
 if __name__ == "__main__":

@@ -27,19 +27,18 @@ from __future__ import annotations
 
 import argparse
 import multiprocessing as mp
-import os
-import platform
 import resource
 import sys
 import tempfile
 import time
-from datetime import datetime, timezone
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
-RESULTS = Path(__file__).resolve().parent / "results" / "prompt_tuning.md"
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from results_file import append_result, machine, timestamp  # noqa: E402
+
 
 # A small ViT-B-like CLIP that runs on a laptop CPU; --model picks a real open_clip architecture instead.
 BENCH_CLIP_CONFIG = {
@@ -211,20 +210,6 @@ def measure(kind: str, args: argparse.Namespace, model_name: str, data: Path, wo
     return result
 
 
-def machine() -> str:
-    if torch.cuda.is_available():
-        return f"{torch.cuda.get_device_name(0)}; torch {torch.__version__}"
-    cpu = platform.processor() or platform.machine()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    return f"{cpu}, {os.cpu_count()} cores; torch {torch.__version__}"
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--device", default="cpu")
@@ -261,7 +246,7 @@ def main() -> None:
         )
     model = args.model or "small ViT (width 256, 6 blocks, patch 8)"
     header = (
-        f"\n## {datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC, {args.device}: {machine()}\n\n"
+        f"\n## {timestamp()}, {args.device}: {machine()}\n\n"
         f"model {model}, image {args.image_size}px, {args.prompt_tokens} prompt tokens x 3 blocks, "
         f"{args.steps} steps, {args.instances} instances (1 positive + 3 negative images each), "
         f"engine chunk size {args.chunk_size}, {args.threads} threads, best of {args.repeats} runs per method\n\n"
@@ -271,11 +256,7 @@ def main() -> None:
     table = header + "\n".join(rows) + "\n"
     print(table)
     if not args.no_record:
-        RESULTS.parent.mkdir(parents=True, exist_ok=True)
-        if not RESULTS.exists():
-            RESULTS.write_text("# Prompt-tuning benchmark results\n\nWritten by `python benchmarks/prompt_tuning.py`.\n")
-        with RESULTS.open("a") as handle:
-            handle.write(table)
+        append_result("prompt_tuning", "Prompt-tuning benchmark results", table)
 
 
 if __name__ == "__main__":

@@ -32,7 +32,7 @@ class ClovaCLI(LightningCLI):
     """LightningCLI with clova-train's defaults: any LightningModule / DataModule chosen by class_path."""
 
 
-def run_lightning(args: Sequence[str]) -> None:
+def run_lightning(args: Sequence[str] | None) -> None:
     ClovaCLI(
         LightningModule,
         LightningDataModule,
@@ -40,7 +40,7 @@ def run_lightning(args: Sequence[str]) -> None:
         subclass_mode_data=True,
         auto_configure_optimizers=False,
         save_config_kwargs={"overwrite": True},
-        args=list(args),
+        args=None if args is None else list(args),
         parser_kwargs={
             "description": "clova-train: train tool prompts, tool-using LLMs and controllers. Also: "
             + ", ".join(f"'clova-train {c} --help'" for c in EXTRA_COMMANDS),
@@ -102,7 +102,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         elif args and args[0] == "tiny-model":
             run_tiny_model(args[1:])
         else:
-            run_lightning(args)
+            run_lightning(None if argv is None else args)  # None: LightningCLI reads sys.argv itself
     except Exception as exc:
         err = user_error(exc)
         if err is None:

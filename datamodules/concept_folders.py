@@ -22,6 +22,7 @@ Negative concepts are the other concepts under ``root`` plus, when given, the co
 from __future__ import annotations
 
 import hashlib
+import json
 import random
 from dataclasses import dataclass
 from pathlib import Path
@@ -336,34 +337,34 @@ class SyntheticConceptDataModule(ConceptFolderDataModule):
         images_per_concept: int = 7,
         render_size: int = 64,
         render_seed: int = 0,
-        concepts: list[str] | None = None,
-        negatives_root: str | None = None,
-        val_per_concept: int = 1,
-        negatives_per_instance: int = 3,
-        val_negatives_per_instance: int = 3,
-        max_negative_concepts: int | None = None,
-        image_size: int = 224,
-        chunk_size: int = 32,
-        num_workers: int = 0,
-        seed: int = 0,
-        eval_batch_size: int = 64,
-        test_root: str | None = None,
+        **kwargs: Any,
     ) -> None:
-        super().__init__(
-            root, concepts, negatives_root, val_per_concept, negatives_per_instance, val_negatives_per_instance,
-            max_negative_concepts, image_size, chunk_size, num_workers, seed, eval_batch_size, test_root,
-        )
+        super().__init__(root, **kwargs)
         self.synthetic_concepts = list(synthetic_concepts)
         self.images_per_concept = images_per_concept
         self.render_size = render_size
         self.render_seed = render_seed
 
+    def render_parameters(self) -> dict[str, Any]:
+        return {
+            "images_per_concept": self.images_per_concept,
+            "render_size": self.render_size,
+            "render_seed": self.render_seed,
+        }
+
     def prepare_data(self) -> None:
+        from clova_train.atomic import write_json_atomic
         from clova_train.datamodules.synthetic import write_concept_folders
 
+        record = self.root / "synthetic.json"
+        wanted = self.render_parameters()
+        if record.is_file():
+            found = json.loads(record.read_text())
+            if found != wanted:
+                raise DataError(
+                    f"{self.root} was rendered with {found}, not {wanted}: remove it or choose another data root"
+                )
         missing = [c for c in self.synthetic_concepts if not (self.root / c).is_dir()]
         if missing:
-            write_concept_folders(
-                self.root, missing, self.images_per_concept, self.render_size,
-                seed=self.render_seed,
-            )
+            write_concept_folders(self.root, missing, self.images_per_concept, self.render_size, seed=self.render_seed)
+        write_json_atomic(record, wanted)

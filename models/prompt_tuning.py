@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import warnings
 from abc import abstractmethod
 from collections import Counter
 from dataclasses import dataclass
@@ -42,6 +43,11 @@ from clova_train.errors import ModelError, PoolError
 from clova_train.pool import PoolSpec, PromptPool
 
 CHECKPOINT_KEY = "clova_train.prompt_tuning"
+
+# Two Lightning warnings that describe this design, not a mistake: the frozen tool is in eval mode on
+# purpose, and a per-chunk checkpoint taken after the optimizer steps is exactly the state to resume from.
+warnings.filterwarnings("ignore", message=r"Found \d+ module\(s\) in eval mode", category=UserWarning)
+warnings.filterwarnings("ignore", message="Using ModelCheckpoint with manual optimization", category=UserWarning)
 
 
 @dataclass

@@ -116,3 +116,11 @@ def test_pending_chunks_skip_finished_and_split_ranks_evenly() -> None:
     seen = [item["instance_id"] for chunks in per_rank for chunk in chunks for item in chunk]
     assert sorted(seen) == sorted(set(data.instance_ids) - finished)
     assert per_rank[1][-1] == []  # 3 chunks over 2 ranks: rank 1 pads with an empty chunk
+
+
+def test_synthetic_root_rendered_differently_is_refused(tmp_path: Path) -> None:
+    root = str(tmp_path / "syn")
+    SyntheticConceptDataModule(root, synthetic_concepts=["red", "blue"], images_per_concept=3, render_size=16).prepare_data()
+    other = SyntheticConceptDataModule(root, synthetic_concepts=["red", "blue"], images_per_concept=5, render_size=16)
+    with pytest.raises(DataError, match="'images_per_concept': 3.*not.*'images_per_concept': 5.*remove it or choose another"):
+        other.prepare_data()
