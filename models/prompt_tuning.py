@@ -316,10 +316,6 @@ class PerInstancePromptTuning(LightningModule):
         ids = getattr(dataset, "instance_ids", None)
         return 0 if ids is None else sum(1 for i in ids if i not in self.records)
 
-    @property
-    def run_dir(self) -> Path:
-        return Path(self.pool_path).parent if self.pool_path else Path(self.trainer.default_root_dir)
-
     def resolved_pool_path(self) -> Path:
         return Path(self.pool_path) if self.pool_path else Path(self.trainer.default_root_dir) / "pool.safetensors"
 
@@ -343,14 +339,20 @@ class PerInstancePromptTuning(LightningModule):
         return path, added
 
     def summary(self) -> dict[str, Any]:
-        """Counts of tried / accepted / rejected instances, per concept, and rejection reasons."""
+        """Counts of tried / accepted / rejected instances, per concept, and of rejections per reason."""
         records = list(self.records.values())
         per_concept: dict[str, dict[str, int]] = {}
         for r in records:
             entry = per_concept.setdefault(r["concept"], {"tried": 0, "accepted": 0, "rejected": 0})
             entry["tried"] += 1
             entry["accepted" if r["accepted"] else "rejected"] += 1
-        reasons = Counter(r["reason"].split(":")[0] for r in records if not r["accepted"])
+        # One count per failure kind per instance ("held-out positive", "held-out negative", ...).
+        reasons = Counter(
+            kind
+            for r in records
+            if not r["accepted"]
+            for kind in sorted({part.split(":")[0].strip() for part in r["reason"].split(";")})
+        )
         return {
             "tried": len(records),
             "accepted": sum(r["accepted"] for r in records),
