@@ -73,7 +73,7 @@ def _from_checkpoint(ckpt: Path, staging: Path) -> dict[str, Any]:
     from clova_train.models.prompt_tuning import CHECKPOINT_KEY, pool_from_records
 
     try:
-        checkpoint = torch.load(ckpt, map_location="cpu", weights_only=False)
+        checkpoint = torch.load(ckpt, map_location="cpu", weights_only=True)  # tensors and plain data only
     except Exception as err:  # torch raises many types for a truncated or foreign file
         raise ExportError(f"cannot read checkpoint {ckpt}: {err}") from err
     state = checkpoint.get(CHECKPOINT_KEY) if isinstance(checkpoint, dict) else None
