@@ -3,14 +3,16 @@
 Methods (same model, data, steps, learning rate, initial prompts and threads):
 
 * ``engine``: clova-train's ``ClipPromptTuning`` under a Lightning ``Trainer`` (chunks of instances in
-  lockstep, frozen weights, patch embeddings and text features computed once, a checkpoint per chunk).
+  lockstep, frozen weights, patch embeddings and text features computed once, only the class token
+  through the last block, a checkpoint per chunk).
 * ``reference``: the public CLOVA procedure (its ``CLASSIFY.train_prompt``): one instance at a time, the
   frozen model's weights still require gradients (their gradients are computed every step), the image
-  tower runs in full, the text features are recomputed every step, and after every step the prompted
+  tower runs in full (every token through every block), the text features are recomputed every step, and after every step the prompted
   tool is run on the validation images (the public code's early-stop check; here its result is ignored
   so that every method takes the same number of steps).
-* ``sequential``: a fair sequential loop: one instance at a time, but with frozen weights and the
-  prompt-independent work (patch embeddings, text features) done once per instance.
+* ``sequential``: a fair sequential loop: one instance at a time, but with frozen weights, the
+  prompt-independent work (patch embeddings, text features) done once per instance and the same
+  prompted forward as the engine.
 
 All methods run in float32. Each is timed ``--repeats`` times (fresh process each time) and the best
 run counts, which damps the noise of a shared machine.
@@ -135,6 +137,7 @@ def _fair_prompt(module, item: dict, device: str) -> torch.Tensor:
 def _reference_prompt(module, item: dict, device: str) -> torch.Tensor:
     tool = module.tool
     tool.model.requires_grad_(True)  # the public code never froze the tool
+    tool._class_token_only = False  # and ran every vision block in full for every token
     names = item["candidates"]
     labels = torch.tensor([names.index(c) for c in item["labels"]], device=device)
     texts = tool.tokenizer([tool.text_prompt(c) for c in names]).to(device)

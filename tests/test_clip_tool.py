@@ -65,3 +65,20 @@ def test_identity_follows_the_weights(tool: PromptedClip, tiny_clip_dir: Path, t
     description["identity"] = other.identity
     with pytest.raises(ModelError, match="but the prompts were trained on"):
         PromptedClip.from_description(description)
+
+
+def test_prompted_forward_matches_plain_deep_vpt(tool: PromptedClip) -> None:
+    """Against a direct implementation: insert the prompts, run every block in full, drop them, pool."""
+    images = torch.rand(2, 3, 32, 32)
+    prompts = torch.randn(2, *tool.prompt_shape) * 0.5
+    x = tool.embed_patches(images)
+    n = tool.prompt_config.num_prompt_tokens
+    for index, block in enumerate(tool.model.visual.transformer.resblocks):
+        if index < tool.prompt_config.prompt_depth:
+            x = torch.cat([x[:, :1], prompts[:, index], x[:, 1 if index == 0 else 1 + n :]], dim=1)
+        x = block(x)
+    x = torch.cat([x[:, :1], x[:, 1 + n :]], dim=1)
+    pooled, _ = tool.model.visual._pool(x)
+    expected = F.normalize(pooled @ tool.model.visual.proj, dim=-1)
+    assert tool._class_token_only  # the tiny CLIP pools the class token, so the shortcut is in use
+    torch.testing.assert_close(tool.encode_image(images, prompts), expected, rtol=1e-5, atol=1e-6)

@@ -137,6 +137,15 @@ class PromptedClip(nn.Module):
         self.register_buffer("std", torch.tensor(preprocess["std"]).view(1, 3, 1, 1), persistent=False)
         self.feature_dim = int(self.model.text_projection.shape[1]) if self.model.text_projection is not None else self.width
         self.identity = self._fingerprint()
+        # With class-token pooling only the class token of the last block is read, so the prompted forward
+        # computes that block's queries, attention output and MLP for the class token alone (exact).
+        self._class_token_only = (
+            visual.attn_pool is None
+            and getattr(visual, "pool_type", None) == "tok"
+            and visual.transformer.batch_first
+            and all(type(b) is open_clip.transformer.ResidualAttentionBlock for b in visual.transformer.resblocks)
+            and not hasattr(visual.transformer.resblocks[-1], "ln_1_kv")
+        )
 
     # ------------------------------------------------------------------ description
     @property
@@ -232,13 +241,19 @@ class PromptedClip(nn.Module):
             prompts = prompts.to(tokens.dtype)
             x = tokens if transformer.batch_first else tokens.transpose(0, 1)
             seq_dim = 1 if transformer.batch_first else 0
-            for index, block in enumerate(transformer.resblocks):
+            blocks = list(transformer.resblocks)
+            shortcut = self._class_token_only and self.prompt_config.prompt_depth < len(blocks)
+            for index, block in enumerate(blocks):
                 if index < self.prompt_config.prompt_depth:
                     layer_prompt = prompts[:, index] if transformer.batch_first else prompts[:, index].transpose(0, 1)
                     rest = x.narrow(seq_dim, 1 if index == 0 else 1 + n_prompt, x.shape[seq_dim] - (1 if index == 0 else 1 + n_prompt))
                     x = torch.cat([x.narrow(seq_dim, 0, 1), layer_prompt, rest], dim=seq_dim)
-                x = block(x)
-            x = torch.cat([x.narrow(seq_dim, 0, 1), x.narrow(seq_dim, 1 + n_prompt, x.shape[seq_dim] - 1 - n_prompt)], dim=seq_dim)
+                if shortcut and index == len(blocks) - 1:
+                    x = _class_token_output(block, x)
+                else:
+                    x = block(x)
+            if not shortcut:
+                x = torch.cat([x.narrow(seq_dim, 0, 1), x.narrow(seq_dim, 1 + n_prompt, x.shape[seq_dim] - 1 - n_prompt)], dim=seq_dim)
             if not transformer.batch_first:
                 x = x.transpose(0, 1)
         pooled, _ = visual._pool(x)
@@ -249,3 +264,10 @@ class PromptedClip(nn.Module):
     def encode_image(self, images: torch.Tensor, prompts: torch.Tensor | None = None) -> torch.Tensor:
         """Normalised image features of ``[N, 3, H, W]`` images in [0, 1], optionally prompted."""
         return self.encode_tokens(self.embed_patches(images), prompts)
+
+
+def _class_token_output(block: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """``block(x)[:, :1]`` for an open_clip ResidualAttentionBlock, computing only the class token's row."""
+    normed = block.ln_1(x)
+    h = x[:, :1] + block.ls_1(block.attention(q_x=normed[:, :1], k_x=normed, v_x=normed))
+    return h + block.ls_2(block.mlp(block.ln_2(h)))
