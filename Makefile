@@ -6,8 +6,9 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 DEMO_RUN := checkpoints/quickstart_clip
 TINY_CLIP := checkpoints/models/tiny-clip
+TINY_LLAMA := checkpoints/models/tiny-llama
 
-.PHONY: demo test install benchmark clean
+.PHONY: demo demo-llm test install benchmark clean
 
 install: $(STAMP)
 
@@ -25,6 +26,14 @@ demo: $(STAMP) $(TINY_CLIP)/open_clip_config.json
 	$(BIN)/clova-train fit --config configs/quickstart/clip_prompt.yaml --model.init_args.on_existing_pool=overwrite
 	$(BIN)/clova-train export $(DEMO_RUN) --output $(DEMO_RUN)/export
 	$(BIN)/python -m clova_train.demo $(DEMO_RUN)/export
+
+# The tool-using LLM quickstart (LoRA on a tiny Llama, synthetic GPT4Tools data, CPU).
+$(TINY_LLAMA)/config.json: | $(STAMP)
+	$(BIN)/clova-train tiny-model llama $(TINY_LLAMA) --pretrain-steps 300
+
+demo-llm: $(STAMP) $(TINY_LLAMA)/config.json
+	$(BIN)/clova-train fit --config configs/quickstart/tool_llm_lora.yaml
+	$(BIN)/clova-train export checkpoints/quickstart_llm --output checkpoints/quickstart_llm/export --merged
 
 test: $(STAMP)
 	$(BIN)/python -m pytest -q

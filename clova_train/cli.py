@@ -49,37 +49,44 @@ def run_lightning(args: Sequence[str] | None) -> None:
 
 
 def run_export(args: Sequence[str]) -> None:
-    from clova_train.export import export_prompt_run
+    from clova_train.export import export_run
 
     parser = argparse.ArgumentParser(
         prog="clova-train export",
-        description="Write a serving directory (prompt pool, tool description, resolved config, versions) "
-        "from a finished run directory or a Lightning checkpoint.",
+        description="Write a serving directory from a finished run directory or a Lightning checkpoint: "
+        "for tool prompts the pool, tool description, config and versions; for a LoRA run the PEFT adapter "
+        "(and with --merged the merged model) with its tokenizer, prompt template and stop strings.",
     )
-    parser.add_argument("source", help="run directory (holds pool.safetensors) or a .ckpt checkpoint")
+    parser.add_argument("source", help="run directory (pool.safetensors or adapter/) or a .ckpt checkpoint")
     parser.add_argument("--output", "-o", required=True, help="export directory to write (replaced atomically)")
+    parser.add_argument("--merged", action="store_true", help="LoRA runs: also write the merged model")
     parsed = parser.parse_args(list(args))
-    out = export_prompt_run(parsed.source, parsed.output)
+    out = export_run(parsed.source, parsed.output, parsed.merged)
     print(f"exported to {out}")
 
 
 def run_tiny_model(args: Sequence[str]) -> None:
-    from clova_train.tiny_models import make_tiny_clip
+    from clova_train.tiny_models import make_tiny_clip, make_tiny_llama, tool_corpus
 
     parser = argparse.ArgumentParser(
         prog="clova-train tiny-model",
         description="Write a tiny random-weight model of a real architecture, loadable by the normal loading code.",
     )
-    parser.add_argument("tool", choices=["clip"], help="which tool's architecture")
+    parser.add_argument("tool", choices=["clip", "llama"], help="CLIP (open_clip) or Llama (transformers)")
     parser.add_argument("output", help="directory to write")
     parser.add_argument("--seed", type=int, default=0, help="weight initialisation and pretraining seed")
     parser.add_argument(
         "--pretrain-steps", type=int, default=200,
-        help="contrastive pretraining steps on synthetic shapes (0 keeps random weights)",
+        help="pretraining steps (CLIP: contrastive, on synthetic shapes; Llama: next-token, on tool prompts "
+        "without responses); 0 keeps random weights",
     )
     parsed = parser.parse_args(list(args))
-    out = make_tiny_clip(parsed.output, seed=parsed.seed, pretrain_steps=parsed.pretrain_steps)
-    print(f"tiny {parsed.tool} model written to {out} (use model_name: local-dir:{out})")
+    if parsed.tool == "clip":
+        out = make_tiny_clip(parsed.output, seed=parsed.seed, pretrain_steps=parsed.pretrain_steps)
+    else:
+        texts, prompts = tool_corpus(parsed.seed)
+        out = make_tiny_llama(parsed.output, texts, prompts, parsed.pretrain_steps, seed=parsed.seed)
+    print(f"tiny {parsed.tool} model written to {out}")
 
 
 def user_error(exc: BaseException) -> ClovaTrainError | None:

@@ -36,7 +36,7 @@ EXPORT_FORMAT_VERSION = 1
 
 def package_versions() -> dict[str, str]:
     versions = {"python": platform.python_version()}
-    for name in ("clova-train", "torch", "lightning", "open_clip_torch", "transformers", "safetensors"):
+    for name in ("clova-train", "torch", "lightning", "open_clip_torch", "transformers", "peft", "safetensors"):
         try:
             versions[name] = metadata.version(name)
         except metadata.PackageNotFoundError:
@@ -99,15 +99,22 @@ def _from_checkpoint(ckpt: Path, staging: Path) -> dict[str, Any]:
     return {"kind": "checkpoint", "path": str(ckpt.resolve()), "global_step": checkpoint.get("global_step")}
 
 
-def export_prompt_run(source: str | os.PathLike[str], output: str | os.PathLike[str]) -> Path:
-    """Export a prompt-tuning run directory or checkpoint to ``output`` (replaced atomically)."""
+def export_run(source: str | os.PathLike[str], output: str | os.PathLike[str], merged: bool = False) -> Path:
+    """Export a prompt-tuning or LoRA run (directory or checkpoint) to ``output`` (replaced atomically).
+
+    ``merged`` (LoRA runs only) also writes the adapter merged into its base model.
+    """
     source, output = Path(source), Path(output)
     if not source.exists():
         raise ExportError(f"export source not found: {source}")
     output.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{output.name}.", dir=output.parent))
     try:
-        if source.is_dir():
+        from clova_train.export_lora import export_lora_run, is_lora_source
+
+        if is_lora_source(source):
+            origin = export_lora_run(source, staging, merged)
+        elif source.is_dir():
             origin = _from_run_dir(source, staging)
         else:
             origin = _from_checkpoint(source, staging)
@@ -119,6 +126,7 @@ def export_prompt_run(source: str | os.PathLike[str], output: str | os.PathLike[
                 "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
                 "source": origin,
                 "files": sorted(p.name for p in staging.iterdir()) + ["export.json"],
+                "merged": merged,
             },
         )
         _replace_dir(staging, output)

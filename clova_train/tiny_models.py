@@ -87,3 +87,96 @@ def make_tiny_clip(
     if pretrain_steps:
         pretrain_clip(model, pretrain_steps, seed=seed)
     return save_open_clip(model, config, directory)
+
+
+TINY_LLAMA_CONFIG: dict = {
+    "hidden_size": 128,
+    "intermediate_size": 256,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "max_position_embeddings": 2048,
+}
+
+
+def pretrain_causal_lm(model: torch.nn.Module, tokenizer: object, texts: list[str], steps: int, seed: int = 0) -> None:
+    """Full-model next-token training on ``texts`` (random 256-token windows, batch 8)."""
+    generator = torch.Generator().manual_seed(seed)
+    ids = [torch.tensor(tokenizer(t)["input_ids"]) for t in texts]
+    optimizer = torch.optim.AdamW(model.parameters(), lr=2e-3, weight_decay=0.0)
+    model.train()
+    for _ in range(steps):
+        rows = []
+        for k in torch.randint(len(ids), (8,), generator=generator).tolist():
+            start = int(torch.randint(max(1, len(ids[k]) - 256), (1,), generator=generator))
+            rows.append(ids[k][start : start + 256])
+        width = min(len(r) for r in rows)
+        batch = torch.stack([r[:width] for r in rows])
+        loss = model(input_ids=batch, labels=batch).loss
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+    model.eval()
+
+
+def make_tiny_llama(
+    directory: str | Path,
+    corpus: list[str],
+    pretrain_texts: list[str] | None = None,
+    pretrain_steps: int = 0,
+    vocab_size: int = 1024,
+    seed: int = 0,
+) -> Path:
+    """Write a tiny Llama and a byte-level BPE tokenizer trained on ``corpus`` to ``directory``.
+
+    With ``pretrain_steps`` the model is first trained on ``pretrain_texts`` (a stand-in for the
+    pretraining of a real LLM). Both load with ``AutoModelForCausalLM`` / ``AutoTokenizer.from_pretrained``.
+    """
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+
+    directory = Path(directory)
+    backend = Tokenizer(models.BPE(unk_token="<unk>"))
+    backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    backend.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=["<unk>", "<s>", "</s>", "<pad>"],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+    )
+    backend.train_from_iterator(corpus, trainer)
+    tokenizer = PreTrainedTokenizerFast(
+        tokenizer_object=backend, bos_token="<s>", eos_token="</s>", pad_token="<pad>", unk_token="<unk>"
+    )
+    torch.manual_seed(seed)
+    config = LlamaConfig(
+        vocab_size=len(tokenizer),
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+        **TINY_LLAMA_CONFIG,
+    )
+    model = LlamaForCausalLM(config)
+    if pretrain_steps and pretrain_texts:
+        pretrain_causal_lm(model, tokenizer, pretrain_texts, pretrain_steps, seed)
+    model.save_pretrained(directory)
+    tokenizer.save_pretrained(directory)
+    return directory
+
+
+def tool_corpus(seed: int = 0) -> tuple[list[str], list[str]]:
+    """Synthetic GPT4Tools text over all 31 tools: (prompt + response texts, prompts only).
+
+    The first trains the tiny tokenizer, the second pretrains the tiny model (so fine-tuning, not
+    pretraining, is what teaches it to answer in the ReAct format).
+    """
+    from clova_train.datamodules.tool_conversations import (
+        ALL_TOOLS, generate_dataset, records_from_conversation,
+    )
+    from clova_train.prompt_template import PromptTemplate
+
+    template = PromptTemplate()
+    conversations, negatives = generate_dataset(list(ALL_TOOLS), 3, 20, 8, seed)
+    records = [r for c in conversations for r in records_from_conversation(c)] + negatives
+    prompts = [template.prompt(r["instruction"], r["input"]) for r in records]
+    return [p + r["output"] for p, r in zip(prompts, records)], prompts

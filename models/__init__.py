@@ -1,6 +1,7 @@
 """LightningModules of clova-train (installed as ``clova_train.models``)."""
 
 from clova_train.models.clip_prompt import ClipPromptTuning
+from clova_train.models.lora_tool_llm import LoraToolLLM
 from clova_train.models.prompt_tuning import GateResult, PerInstancePromptTuning
 
-__all__ = ["ClipPromptTuning", "GateResult", "PerInstancePromptTuning"]
+__all__ = ["ClipPromptTuning", "GateResult", "LoraToolLLM", "PerInstancePromptTuning"]

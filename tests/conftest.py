@@ -76,3 +76,20 @@ def run_cli_subprocess(args: list[str], timeout: float = 300, **kwargs) -> subpr
         [sys.executable, "-m", "clova_train", *args],
         capture_output=True, text=True, timeout=timeout, env=env, cwd=REPO, **kwargs,
     )
+
+
+@pytest.fixture(scope="session")
+def tiny_llama_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from clova_train.tiny_models import make_tiny_llama, tool_corpus
+
+    texts, prompts = tool_corpus(0)
+    return make_tiny_llama(tmp_path_factory.mktemp("tiny-llama"), texts, prompts, pretrain_steps=300)
+
+
+@pytest.fixture(scope="session")
+def tool_data_root(tmp_path_factory: pytest.TempPathFactory, tiny_llama_dir: Path) -> Path:
+    from clova_train.datamodules import SyntheticToolDataModule
+
+    root = tmp_path_factory.mktemp("tool-data")
+    SyntheticToolDataModule(str(root), str(tiny_llama_dir), conversations_per_tool=8, negatives=40).prepare_data()
+    return root

@@ -1,0 +1,231 @@
+"""LoRA fine-tuning of a causal LM on tool-usage instructions (GPT4Tools Sec. 3, Table 12).
+
+Read top to bottom:
+
+* ``configure_model`` loads ``AutoModelForCausalLM`` and wraps it with PEFT LoRA on the named projections
+  (checked against the model's linear layers first, with an error listing the ones it has);
+* ``training_step`` is the causal-LM loss on the response tokens (labels are -100 elsewhere);
+* ``validation_step`` / ``test_step`` generate greedily until ``Observation:`` (the template's stop
+  strings) and feed :class:`~clova_train.metrics.ToolUsageSuccessRate` (SR_t, SR_act, SR_args, SR for
+  seen tools, unseen tools and no-tool samples);
+* ``configure_optimizers``: AdamW, linear warm-up then linear decay over the run;
+* checkpoints hold the LoRA weights only (the base model is reloaded from its source), and at the end of
+  ``fit`` rank 0 writes the PEFT adapter directory (``<default_root_dir>/adapter``) with the tokenizer and
+  the prompt template; ``clova-train export`` adds the merged model.
+
+Global batch = ``batch_size x devices x accumulate_grad_batches``: the paper's 512 is e.g.
+``batch_size: 4, devices: 8, accumulate_grad_batches: 16``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal
+
+import torch
+from lightning import LightningModule
+from lightning.pytorch.utilities import rank_zero_info
+from torch import nn
+
+from clova_train.atomic import write_json_atomic
+from clova_train.errors import ModelError
+from clova_train.metrics import ToolUsageSuccessRate
+from clova_train.prompt_template import PromptTemplate
+
+CHECKPOINT_KEY = "clova_train.lora"
+TEMPLATE_FILE = "prompt_template.json"
+
+
+def check_lora_targets(model: nn.Module, targets: list[str]) -> None:
+    """Raise :class:`ModelError` if a LoRA target names no linear layer of ``model``."""
+    linear = sorted({name.rsplit(".", 1)[-1] for name, m in model.named_modules() if isinstance(m, nn.Linear)})
+    missing = [t for t in targets if t not in linear]
+    if missing:
+        raise ModelError(
+            f"LoRA target module(s) {missing} not found in {type(model).__name__}; its linear layers are: {linear}"
+        )
+
+
+def load_causal_lm(name_or_path: str) -> nn.Module:
+    from transformers import AutoModelForCausalLM
+
+    try:
+        return AutoModelForCausalLM.from_pretrained(name_or_path)
+    except (OSError, ValueError) as err:
+        raise ModelError(f"cannot load causal LM {name_or_path!r}: {err}") from err
+
+
+def cut_at_stop(text: str, stop_strings: tuple[str, ...]) -> str:
+    """``text`` up to and including the first stop string."""
+    ends = [text.find(s) + len(s) for s in stop_strings if s in text]
+    return text[: min(ends)] if ends else text
+
+
+class LoraToolLLM(LightningModule):
+    """A causal LM fine-tuned with LoRA to use tools in the ReAct format.
+
+    Args:
+        model_name_or_path: ``AutoModelForCausalLM`` hub id or local directory.
+        lora_r: LoRA rank (paper: 16).
+        lora_alpha: LoRA scaling alpha (paper: 16).
+        lora_dropout: dropout on the LoRA path (paper: 0.05).
+        target_modules: names of the projections that get LoRA (paper: q, k, v, o).
+        lr: AdamW learning rate (paper: 3e-4).
+        warmup_steps: linear warm-up steps (paper: 100), then linear decay to 0.
+        weight_decay: AdamW weight decay (paper: 0).
+        metric_mode: ``paper`` or ``gpt4tools`` (the public evaluation script), see ``clova_train.metrics``.
+        max_new_tokens: generation budget per evaluated step.
+    """
+
+    def __init__(
+        self,
+        model_name_or_path: str,
+        lora_r: int = 16,
+        lora_alpha: int = 16,
+        lora_dropout: float = 0.05,
+        target_modules: list[str] = ["q_proj", "k_proj", "v_proj", "o_proj"],  # noqa: B006 (shown in --help)
+        lr: float = 3e-4,
+        warmup_steps: int = 100,
+        weight_decay: float = 0.0,
+        metric_mode: Literal["paper", "gpt4tools"] = "paper",
+        max_new_tokens: int = 128,
+    ) -> None:
+        super().__init__()
+        self.save_hyperparameters()
+        self.strict_loading = False  # checkpoints hold the LoRA weights only
+        self.model: nn.Module | None = None
+        self.template = PromptTemplate()
+        self.metric = ToolUsageSuccessRate(metric_mode)
+
+    # ------------------------------------------------------------------ model
+    def configure_model(self) -> None:
+        if self.model is not None:
+            return
+        from peft import LoraConfig, get_peft_model
+
+        base = load_causal_lm(self.hparams.model_name_or_path)
+        check_lora_targets(base, list(self.hparams.target_modules))
+        config = LoraConfig(
+            r=self.hparams.lora_r,
+            lora_alpha=self.hparams.lora_alpha,
+            lora_dropout=self.hparams.lora_dropout,
+            target_modules=list(self.hparams.target_modules),
+            task_type="CAUSAL_LM",
+        )
+        self.model = get_peft_model(base, config)
+
+    def setup(self, stage: str) -> None:
+        datamodule = self.trainer.datamodule if self._trainer else None
+        if datamodule is not None and hasattr(datamodule, "template"):
+            self.template = datamodule.template
+            self.metric.seen_tools = set(getattr(datamodule, "seen_tools", [])) or None
+
+    @property
+    def tokenizer(self) -> Any:
+        datamodule = self.trainer.datamodule
+        if datamodule is None or getattr(datamodule, "tokenizer", None) is None:
+            raise ModelError("LoraToolLLM needs a datamodule with a tokenizer (ToolInstructionDataModule)")
+        return datamodule.tokenizer
+
+    # ------------------------------------------------------------------ training
+    def training_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> torch.Tensor:
+        loss = self.model(**batch).loss
+        tokens = (batch["labels"] != -100).sum()
+        self.log("train/loss", loss, prog_bar=True, batch_size=batch["input_ids"].shape[0])
+        self.log("train/response_tokens", tokens.float(), reduce_fx="sum", batch_size=batch["input_ids"].shape[0])
+        return loss
+
+    def configure_optimizers(self) -> dict[str, Any]:
+        from transformers import get_linear_schedule_with_warmup
+
+        params = [p for p in self.parameters() if p.requires_grad]
+        optimizer = torch.optim.AdamW(
+            params, lr=self.hparams.lr, betas=(0.9, 0.999), weight_decay=self.hparams.weight_decay
+        )
+        total = max(1, int(self.trainer.estimated_stepping_batches))
+        scheduler = get_linear_schedule_with_warmup(optimizer, min(self.hparams.warmup_steps, total), total)
+        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
+
+    # ------------------------------------------------------------------ evaluation
+    @torch.no_grad()
+    def generate_responses(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> list[str]:
+        """Greedy responses to left-padded prompts, each cut after the first stop string."""
+        tokenizer = self.tokenizer
+        output = self.model.generate(
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            max_new_tokens=self.hparams.max_new_tokens,
+            do_sample=False,
+            stop_strings=list(self.template.stop_strings),
+            tokenizer=tokenizer,
+            pad_token_id=tokenizer.pad_token_id,
+        )
+        texts = tokenizer.batch_decode(output[:, input_ids.shape[1]:], skip_special_tokens=True)
+        return [cut_at_stop(t, self.template.stop_strings) for t in texts]
+
+    def _evaluate(self, batch: dict[str, Any], stage: str) -> None:
+        predictions = self.generate_responses(batch["input_ids"], batch["attention_mask"])
+        self.metric.update(predictions, batch["references"])
+
+    def _log_metric(self, stage: str) -> None:
+        values = self.metric.compute()
+        self.log_dict({f"{stage}/{k}": v for k, v in values.items()}, prog_bar=False)
+        if "all/SR" in values:
+            self.log(f"{stage}/SR", values["all/SR"], prog_bar=True)
+        self.metric.reset()
+
+    def validation_step(self, batch: dict[str, Any], batch_idx: int) -> None:
+        self._evaluate(batch, "val")
+
+    def on_validation_epoch_end(self) -> None:
+        self._log_metric("val")
+
+    def test_step(self, batch: dict[str, Any], batch_idx: int) -> None:
+        self._evaluate(batch, "test")
+
+    def on_test_epoch_end(self) -> None:
+        self._log_metric("test")
+
+    # ------------------------------------------------------------------ checkpoints and the adapter
+    def configure_callbacks(self) -> list:
+        from lightning.pytorch.callbacks import ModelCheckpoint
+
+        # last.ckpt at every epoch end, whatever the validation cadence (Lightning's default saves after
+        # validation only when check_val_every_n_epoch > 1), so every run can resume.
+        return [
+            ModelCheckpoint(
+                dirpath=Path(self.trainer.default_root_dir) / "checkpoints",
+                save_top_k=0,
+                save_last=True,
+                save_on_train_epoch_end=True,
+            )
+        ]
+
+    def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        state = checkpoint["state_dict"]
+        checkpoint["state_dict"] = {k: v for k, v in state.items() if "lora_" in k}
+        datamodule = self.trainer.datamodule if self._trainer else None
+        checkpoint[CHECKPOINT_KEY] = {
+            "template": self.template.to_dict(),
+            "tokenizer": getattr(datamodule, "tokenizer_name", None),
+        }
+
+    def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        state = checkpoint.get(CHECKPOINT_KEY)
+        if state is None:
+            raise ModelError("checkpoint holds no LoRA fine-tuning state (was it written by another module?)")
+        self.template = PromptTemplate.from_dict(state["template"])
+
+    def on_train_end(self) -> None:
+        if self.trainer.is_global_zero:
+            path = self.save_adapter(Path(self.trainer.default_root_dir) / "adapter")
+            rank_zero_info(f"LoRA adapter: {path}")
+
+    def save_adapter(self, directory: Path) -> Path:
+        """PEFT adapter directory (adapter_config.json, adapter_model.safetensors), tokenizer and template."""
+        self.model.save_pretrained(str(directory), safe_serialization=True)
+        tokenizer = self.trainer.datamodule.tokenizer if self._trainer and self.trainer.datamodule else None
+        if tokenizer is not None:
+            tokenizer.save_pretrained(str(directory))
+        write_json_atomic(directory / TEMPLATE_FILE, self.template.to_dict())
+        return directory

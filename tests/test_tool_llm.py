@@ -1,0 +1,186 @@
+"""LoRA fine-tuning of a tool-using LLM: data checks, label masking, training, SR, export, DDP."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from clova_train.datamodules import SyntheticToolDataModule, ToolInstructionDataModule
+from clova_train.datamodules.tool_instructions import IGNORE_INDEX, encode_record, load_records
+from clova_train.errors import DataError, ModelError
+from clova_train.prompt_template import PromptTemplate
+from conftest import run_cli_subprocess
+
+
+def data_module(root: Path, tokenizer: Path, **kwargs) -> SyntheticToolDataModule:
+    return SyntheticToolDataModule(str(root), str(tokenizer), conversations_per_tool=8, negatives=40,
+                                   max_length=1024, batch_size=8, eval_batch_size=16, **kwargs)
+
+
+def test_labels_cover_exactly_the_response(tool_data_root: Path, tiny_llama_dir: Path) -> None:
+    dm = data_module(tool_data_root, tiny_llama_dir)
+    dm.setup()
+    template = dm.template
+    for record in dm.splits["train"].records[:20]:
+        prompt = template.prompt(record["instruction"], record["input"])
+        sample = encode_record(dm.tokenizer, template, record, 4096)
+        encoded = dm.tokenizer(prompt + record["output"], return_offsets_mapping=True)
+        for k, (token, (start, end)) in enumerate(zip(encoded["input_ids"], encoded["offset_mapping"])):
+            in_response = start >= len(prompt) and end > start
+            assert sample.labels[k] == (token if in_response else IGNORE_INDEX), (k, start, end)
+        assert sample.labels[-1] == sample.input_ids[-1] == dm.tokenizer.eos_token_id
+        response = [t for t, label in zip(sample.input_ids, sample.labels) if label != IGNORE_INDEX]
+        assert dm.tokenizer.decode(response[:-1]) == record["output"]
+
+
+def test_over_length_samples_are_reported_not_truncated(tool_data_root: Path, tiny_llama_dir: Path) -> None:
+    dm = ToolInstructionDataModule(str(tool_data_root / "train.json"), str(tiny_llama_dir), max_length=420)
+    dm.setup()
+    report = dm.report["train"]
+    assert report.too_long, "the fixture needs samples over 420 tokens"
+    assert report.kept + len(report.too_long) + len(report.mis_tokenised) == report.records
+    assert max(dm.splits["train"].lengths) <= 420
+    assert "too long" in report.summary()
+
+
+def write(path: Path, text: str) -> Path:
+    path.write_text(text)
+    return path
+
+
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [
+        ('[{"instruction": "a", "output": "b"}, {"instruction": "a"}]', "record 1: missing key 'output'"),
+        ('[{"instruction": "a", "input": 3, "output": "b"}]', "record 0: 'input' must be a string, got int"),
+        ('[{"instruction": "a", "output": "  "}]', "record 0: empty 'output'"),
+        ('["just text"]', "record 0: expected an object"),
+        ('[{"instruction": "a", "output": "b"},', "not valid JSON"),
+        ('{"instruction": "a", "output": "b"}\n{"instruction": oops}\n', "record 1 (line 2) is not valid JSON"),
+    ],
+)
+def test_malformed_records_name_file_and_index(tmp_path: Path, content: str, message: str) -> None:
+    path = write(tmp_path / "data.jsonl", content)
+    with pytest.raises(DataError, match=f"{path.name}.*{message}".replace("(", r"\(").replace(")", r"\)")):
+        load_records(path)
+
+
+def test_skip_invalid_counts_instead_of_failing(tmp_path: Path) -> None:
+    path = write(tmp_path / "data.json", '[{"instruction": "a", "output": "b"}, {"instruction": "a"}, {"output": "c"}]')
+    records, skipped = load_records(path, skip_invalid=True)
+    assert len(records) == 1 and [i for i, _ in skipped] == [1, 2]
+    assert "missing key 'instruction'" in skipped[1][1]
+
+
+def test_lora_targets_are_checked(tiny_llama_dir: Path) -> None:
+    from clova_train.models.lora_tool_llm import check_lora_targets, load_causal_lm
+
+    model = load_causal_lm(str(tiny_llama_dir))
+    check_lora_targets(model, ["q_proj", "k_proj", "v_proj", "o_proj"])
+    with pytest.raises(ModelError, match=r"\['query_key_value'\] not found in LlamaForCausalLM; its linear layers are: \[.*'q_proj'"):
+        check_lora_targets(model, ["q_proj", "query_key_value"])
+
+
+@pytest.fixture(scope="module")
+def trained(tool_data_root: Path, tiny_llama_dir: Path, tmp_path_factory: pytest.TempPathFactory):
+    from lightning import Trainer, seed_everything
+
+    from clova_train.models import LoraToolLLM
+
+    seed_everything(0)
+    run_dir = tmp_path_factory.mktemp("lora-run")
+    module = LoraToolLLM(str(tiny_llama_dir), lr=0.01, warmup_steps=10, max_new_tokens=48)
+    dm = data_module(tool_data_root, tiny_llama_dir)
+    trainer = Trainer(accelerator="cpu", max_epochs=6, logger=False, enable_progress_bar=False,
+                      enable_model_summary=False, num_sanity_val_steps=0, check_val_every_n_epoch=100,
+                      default_root_dir=str(run_dir))
+    (before,) = trainer.validate(module, dm)
+    trainer.fit(module, dm)
+    (after,) = trainer.validate(module, dm)
+    return module, dm, run_dir, before, after
+
+
+def test_short_fine_tune_raises_success_rate(trained) -> None:
+    _, _, _, before, after = trained
+    assert after["val/all/SR"] > before["val/all/SR"] + 0.2
+    assert after["val/all/SR_t"] > before["val/all/SR_t"]
+
+
+def test_run_writes_adapter_and_data_report(trained) -> None:
+    _, _, run_dir, _, _ = trained
+    adapter = run_dir / "adapter"
+    assert {"adapter_config.json", "adapter_model.safetensors", "prompt_template.json", "tokenizer.json"} <= {
+        p.name for p in adapter.iterdir()
+    }
+    config = json.loads((adapter / "adapter_config.json").read_text())
+    assert (config["r"], config["lora_alpha"], config["lora_dropout"]) == (16, 16, 0.05)
+    assert sorted(config["target_modules"]) == ["k_proj", "o_proj", "q_proj", "v_proj"]
+    report = json.loads((run_dir / "data_report.json").read_text())
+    assert report["train"]["kept"] == report["train"]["records"]
+
+
+def test_export_loads_with_plain_transformers_and_matches_module(trained, tmp_path: Path, tiny_llama_dir: Path) -> None:
+    from clova_train.cli import main
+
+    module, dm, run_dir, _, _ = trained
+    out = tmp_path / "export"
+    assert main(["export", str(run_dir), "-o", str(out), "--merged"]) == 0
+    record = dm.splits["val"].records[0]
+    prompt = dm.template.prompt(record["instruction"], record["input"])
+    encoded = dm.tokenizer(prompt, return_tensors="pt")
+    module.eval()
+    expected = module.generate_responses(encoded["input_ids"], encoded["attention_mask"])[0]
+    code = f"""
+import json, sys
+from transformers import AutoModelForCausalLM, AutoTokenizer
+from peft import PeftModel
+out, base, prompt = {str(out)!r}, {str(tiny_llama_dir)!r}, {prompt!r}
+tok = AutoTokenizer.from_pretrained(out + "/merged")
+enc = tok(prompt, return_tensors="pt")
+texts = []
+for model in (AutoModelForCausalLM.from_pretrained(out + "/merged"),
+              PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(base), out + "/adapter")):
+    ids = model.generate(**enc, max_new_tokens=48, do_sample=False, stop_strings=["Observation:"], tokenizer=tok)
+    text = tok.decode(ids[0, enc["input_ids"].shape[1]:], skip_special_tokens=True)
+    texts.append(text[: text.find("Observation:") + len("Observation:")] if "Observation:" in text else text)
+assert "clova_train" not in sys.modules
+print(json.dumps(texts))
+"""
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-2000:]
+    merged_text, adapter_text = json.loads(result.stdout.strip().splitlines()[-1])
+    assert merged_text == adapter_text == expected
+
+
+def test_export_from_checkpoint_matches_run_adapter(trained, tmp_path: Path) -> None:
+    from safetensors.torch import load_file
+
+    from clova_train.cli import main
+
+    _, _, run_dir, _, _ = trained
+    ckpt = run_dir / "checkpoints" / "last.ckpt"
+    assert main(["export", str(ckpt), "-o", str(tmp_path / "from_ckpt")]) == 0
+    a = load_file(str(tmp_path / "from_ckpt" / "adapter" / "adapter_model.safetensors"))
+    b = load_file(str(run_dir / "adapter" / "adapter_model.safetensors"))
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_ddp_two_ranks_write_one_adapter(tool_data_root: Path, tiny_llama_dir: Path, tmp_path: Path) -> None:
+    args = [
+        "fit", "--config", "configs/quickstart/tool_llm_lora.yaml",
+        f"--model.init_args.model_name_or_path={tiny_llama_dir}",
+        f"--data.init_args.root={tool_data_root}", f"--data.init_args.tokenizer={tiny_llama_dir}",
+        f"--trainer.default_root_dir={tmp_path}", "--trainer.logger=false", "--trainer.enable_progress_bar=false",
+        "--trainer.max_epochs=1", "--trainer.limit_train_batches=4", "--trainer.limit_val_batches=0",
+        "--trainer.devices=2", "--trainer.strategy=ddp",
+    ]
+    result = run_cli_subprocess(args)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert (result.stdout + result.stderr).count("LoRA adapter:") == 1
+    assert (tmp_path / "adapter" / "adapter_model.safetensors").is_file()
+    assert [p.name for p in tmp_path.rglob("adapter_config.json")] == ["adapter_config.json"]
