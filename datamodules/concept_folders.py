@@ -22,7 +22,6 @@ Negative concepts are the other concepts under ``root`` plus, when given, the co
 from __future__ import annotations
 
 import hashlib
-import json
 import random
 from dataclasses import dataclass
 from pathlib import Path
@@ -353,18 +352,11 @@ class SyntheticConceptDataModule(ConceptFolderDataModule):
         }
 
     def prepare_data(self) -> None:
-        from clova_train.atomic import write_json_atomic
-        from clova_train.datamodules.synthetic import write_concept_folders
+        from clova_train.datamodules.synthetic import generated_before, record_generation, write_concept_folders
 
-        record = self.root / "synthetic.json"
         wanted = self.render_parameters()
-        if record.is_file():
-            found = json.loads(record.read_text())
-            if found != wanted:
-                raise DataError(
-                    f"{self.root} was rendered with {found}, not {wanted}: remove it or choose another data root"
-                )
+        generated_before(self.root, wanted)
         missing = [c for c in self.synthetic_concepts if not (self.root / c).is_dir()]
         if missing:
             write_concept_folders(self.root, missing, self.images_per_concept, self.render_size, seed=self.render_seed)
-        write_json_atomic(record, wanted)
+        record_generation(self.root, wanted)

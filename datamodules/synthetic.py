@@ -8,6 +8,7 @@ same scene serves classification (CLIP), detection (OWL-ViT), segmentation (Mask
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+import json
 import os
 import tempfile
 import zlib
@@ -127,3 +128,26 @@ def write_concept_folders(
             Image.fromarray(scene.image).save(staging / f"{concept}_{k:03d}.png")
         os.replace(staging, root / concept)
     return root
+
+
+def generated_before(root: str | Path, parameters: dict) -> bool:
+    """Whether ``root`` was generated with ``parameters`` (its ``synthetic.json``); raises if with others.
+
+    Generators call this first and :func:`record_generation` when they are done, so an interrupted run
+    generates again and a changed configuration is an error rather than silently reused data.
+    """
+    from clova_train.errors import DataError
+
+    record = Path(root) / "synthetic.json"
+    if not record.is_file():
+        return False
+    found = json.loads(record.read_text())
+    if found != parameters:
+        raise DataError(f"{root} was generated with {found}, not {parameters}: remove it or choose another root")
+    return True
+
+
+def record_generation(root: str | Path, parameters: dict) -> None:
+    from clova_train.atomic import write_json_atomic
+
+    write_json_atomic(Path(root) / "synthetic.json", parameters)

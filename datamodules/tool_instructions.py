@@ -390,18 +390,14 @@ class SyntheticToolDataModule(ToolInstructionDataModule):
         }
 
     def prepare_data(self) -> None:
-        from clova_train.atomic import write_json_atomic
+        from clova_train.datamodules.synthetic import generated_before, record_generation
         from clova_train.datamodules.tool_conversations import SEEN_TOOLS, UNSEEN_TOOLS, write_synthetic_split
 
-        record = self.root / "synthetic.json"
-        if record.is_file():
-            found = json.loads(record.read_text())
-            if found != self.generation:
-                raise DataError(f"{self.root} was generated with {found}, not {self.generation}: remove it or choose another root")
+        if generated_before(self.root, self.generation):
             return
         g = self.generation
         seen, unseen = list(SEEN_TOOLS), list(UNSEEN_TOOLS)
         write_synthetic_split(self.root / "train.json", seen, g["conversations_per_tool"], g["negatives"], g["tools_per_prompt"], g["render_seed"])
         write_synthetic_split(self.root / "val.json", seen, g["eval_conversations_per_tool"], max(1, g["negatives"] // 4), g["tools_per_prompt"], g["render_seed"] + 1)
         write_synthetic_split(self.root / "test.json", unseen, g["eval_conversations_per_tool"], 0, g["tools_per_prompt"], g["render_seed"] + 2)
-        write_json_atomic(record, self.generation)
+        record_generation(self.root, self.generation)
