@@ -41,6 +41,7 @@ test: $(STAMP)
 benchmark: $(STAMP)
 	$(BIN)/python benchmarks/pool_retrieval.py
 	$(BIN)/python benchmarks/prompt_tuning.py
+	$(BIN)/python benchmarks/lora_finetune.py
 
 clean:
 	rm -rf $(VENV) checkpoints/quickstart_clip checkpoints/models checkpoints/data
