@@ -30,7 +30,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from results_file import append_result, machine, timestamp  # noqa: E402
+from results_file import machine, publish  # noqa: E402
 
 BENCH_LLAMA = {"hidden_size": 256, "intermediate_size": 688, "num_hidden_layers": 4, "num_attention_heads": 8,
                "num_key_value_heads": 4, "max_position_embeddings": 4096}
@@ -178,19 +178,15 @@ def main() -> None:
         rate = r["tokens"] / r["seconds"]
         final = sum(r["losses"][-10:]) / len(r["losses"][-10:])
         rows.append(f"| {kind} | {rate:.0f} | {ours_rate / rate:.2f}x | {final:.3f} | {r['memory']:.0f} | {r['seconds']:.1f} |")
-    header = (
-        f"\n## {timestamp()}, cpu: {machine()}, {args.threads} threads\n\n"
-        f"Llama {BENCH_LLAMA['hidden_size']}d x {BENCH_LLAMA['num_hidden_layers']} layers (random weights), LoRA r 16 on q/k/v/o, "
-        f"{args.steps} steps of batch {args.batch_size}, lr {args.lr}, synthetic GPT4Tools records with "
-        f"{args.tools_per_prompt} tools per prompt, max_length {args.max_length}\n\n"
-        "| method | trained tokens/s (non-padding) | clova-train speed-up | loss (last 10 steps) | peak RSS MB | timed seconds |\n"
-        "| --- | --- | --- | --- | --- | --- |\n"
+    publish(
+        "lora_finetune", "LoRA fine-tuning benchmark results", f"cpu: {machine()}, {args.threads} threads",
+        f"Llama {BENCH_LLAMA['hidden_size']}d x {BENCH_LLAMA['num_hidden_layers']} layers (random weights), "
+        f"LoRA r 16 on q/k/v/o, {args.steps} steps of batch {args.batch_size}, lr {args.lr}, synthetic GPT4Tools "
+        f"records with {args.tools_per_prompt} tools per prompt, max_length {args.max_length}",
+        ["method", "trained tokens/s (non-padding)", "clova-train speed-up", "loss (last 10 steps)", "peak RSS MB",
+         "timed seconds"],
+        rows, record=not args.no_record,
     )
-    table = header + "\n".join(rows) + "\n"
-    print(table)
-    if not args.no_record:
-        append_result("lora_finetune", "LoRA fine-tuning benchmark results", table)
-
 
 if __name__ == "__main__":
     main()

@@ -30,7 +30,7 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from results_file import append_result, machine, timestamp  # noqa: E402
+from results_file import machine, publish  # noqa: E402
 
 from clova_train.pool import PoolSpec, PromptPool  # noqa: E402
 
@@ -94,17 +94,14 @@ def main() -> None:
         ("direct (vectorised, unfactored)", direct_ms, 0.0),
         ("loop (reference implementation)", loop_ms, float((loop_out - reference_last).abs().max())),
     ]
-    header = (
-        f"\n## {timestamp()}, cpu: {machine()}, {torch.get_num_threads()} threads\n\n"
+    publish(
+        "pool_retrieval", "Pool retrieval benchmark results", f"cpu: {machine()}, {torch.get_num_threads()} threads",
         f"{args.prompts:,} prompts of shape {tuple(args.shape)} with {args.dim}-d features in one concept; "
-        f"one query at a time; pool build (first query, once per concept): {build_ms:.0f} ms\n\n"
-        "| method | ms per query | speed-up of pool (all) | max abs diff vs expected |\n| --- | --- | --- | --- |\n"
+        f"one query at a time; pool build (first query, once per concept): {build_ms:.0f} ms",
+        ["method", "ms per query", "speed-up of pool (all)", "max abs diff vs expected"],
+        [f"| {name} | {ms:.2f} | {ms / pool_ms:.1f}x | {diff:.1e} |" for name, ms, diff in rows],
+        record=not args.no_record,
     )
-    table = header + "\n".join(f"| {name} | {ms:.2f} | {ms / pool_ms:.0f}x | {diff:.1e} |" for name, ms, diff in rows) + "\n"
-    print(table)
-    if not args.no_record:
-        append_result("pool_retrieval", "Pool retrieval benchmark results", table)
-
 
 if __name__ == "__main__":
     main()

@@ -39,7 +39,7 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from results_file import append_result, machine, timestamp  # noqa: E402
+from results_file import machine, publish  # noqa: E402
 
 
 # A small ViT-B-like CLIP that runs on a laptop CPU; --model picks a real open_clip architecture instead.
@@ -248,19 +248,14 @@ def main() -> None:
             f"{r['memory_mb']:.0f} | {diff:.2e} |"
         )
     model = args.model or "small ViT (width 256, 6 blocks, patch 8)"
-    header = (
-        f"\n## {timestamp()}, {args.device}: {machine()}\n\n"
+    publish(
+        "prompt_tuning", "Prompt-tuning benchmark results", f"{args.device}: {machine()}",
         f"model {model}, image {args.image_size}px, {args.prompt_tokens} prompt tokens x 3 blocks, "
         f"{args.steps} steps, {args.instances} instances (1 positive + 3 negative images each), "
-        f"engine chunk size {args.chunk_size}, {args.threads} threads, best of {args.repeats} runs per method\n\n"
-        "| method | instances/s | engine speed-up over it | peak memory MB | max abs prompt diff vs engine |\n"
-        "| --- | --- | --- | --- | --- |\n"
+        f"engine chunk size {args.chunk_size}, {args.threads} threads, best of {args.repeats} runs per method",
+        ["method", "instances/s", "engine speed-up over it", "peak memory MB", "max abs prompt diff vs engine"],
+        rows, record=not args.no_record,
     )
-    table = header + "\n".join(rows) + "\n"
-    print(table)
-    if not args.no_record:
-        append_result("prompt_tuning", "Prompt-tuning benchmark results", table)
-
 
 if __name__ == "__main__":
     sys.exit(main())

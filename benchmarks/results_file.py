@@ -40,3 +40,15 @@ def append_result(name: str, title: str, table: str) -> Path:
     with path.open("a") as handle:
         handle.write(table)
     return path
+
+
+def publish(name: str, title: str, heading: str, description: str, columns: list[str], rows: list[str], record: bool) -> str:
+    """Print a result table (``rows`` are markdown rows) and, with ``record``, append it to the results file."""
+    table = (
+        f"\n## {timestamp()}, {heading}\n\n{description}\n\n"
+        f"| {' | '.join(columns)} |\n| {' | '.join('---' for _ in columns)} |\n" + "\n".join(rows) + "\n"
+    )
+    print(table)
+    if record:
+        append_result(name, title, table)
+    return table

@@ -129,7 +129,7 @@ class LoraToolLLM(LightningModule):
 
     # ------------------------------------------------------------------ training
     def training_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> torch.Tensor:
-        loss = self.model(**batch).loss
+        loss = self.model(**batch, use_cache=False).loss  # no KV cache while training: it is never read
         tokens = (batch["labels"] != -100).sum()
         self.log("train/loss", loss, prog_bar=True, batch_size=batch["input_ids"].shape[0])
         self.log("train/response_tokens", tokens.float(), reduce_fx="sum", batch_size=batch["input_ids"].shape[0])
