@@ -69,14 +69,21 @@ def _from_run_dir(run_dir: Path, staging: Path) -> dict[str, Any]:
     return {"kind": "run_dir", "path": str(run_dir.resolve())}
 
 
-def _from_checkpoint(ckpt: Path, staging: Path) -> dict[str, Any]:
-    from clova_train.models.prompt_tuning import CHECKPOINT_KEY, pool_from_records
-
+def load_checkpoint(ckpt: Path) -> dict[str, Any]:
+    """A Lightning checkpoint's contents (tensors and plain data only: no pickled code runs)."""
     try:
-        checkpoint = torch.load(ckpt, map_location="cpu", weights_only=True)  # tensors and plain data only
+        checkpoint = torch.load(ckpt, map_location="cpu", weights_only=True)
     except Exception as err:  # torch raises many types for a truncated or foreign file
         raise ExportError(f"cannot read checkpoint {ckpt}: {err}") from err
-    state = checkpoint.get(CHECKPOINT_KEY) if isinstance(checkpoint, dict) else None
+    if not isinstance(checkpoint, dict):
+        raise ExportError(f"{ckpt} is not a Lightning checkpoint")
+    return checkpoint
+
+
+def _from_checkpoint(ckpt: Path, checkpoint: dict[str, Any], staging: Path) -> dict[str, Any]:
+    from clova_train.models.prompt_tuning import CHECKPOINT_KEY, pool_from_records
+
+    state = checkpoint.get(CHECKPOINT_KEY)
     if state is None:
         raise ExportError(f"checkpoint {ckpt} holds no prompt-tuning state")
     tool = state["tool"]
@@ -110,14 +117,17 @@ def export_run(source: str | os.PathLike[str], output: str | os.PathLike[str], m
     output.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{output.name}.", dir=output.parent))
     try:
-        from clova_train.export_lora import export_lora_run, is_lora_source
+        from clova_train.export_lora import LORA_CHECKPOINT_KEY, export_lora_run, is_lora_run_dir
 
-        if is_lora_source(source):
-            origin = export_lora_run(source, staging, merged)
-        elif source.is_dir():
-            origin = _from_run_dir(source, staging)
+        if source.is_dir():
+            lora = is_lora_run_dir(source)
+            origin = export_lora_run(source, staging, merged) if lora else _from_run_dir(source, staging)
         else:
-            origin = _from_checkpoint(source, staging)
+            checkpoint = load_checkpoint(source)
+            if LORA_CHECKPOINT_KEY in checkpoint:
+                origin = export_lora_run(source, staging, merged, checkpoint)
+            else:
+                origin = _from_checkpoint(source, checkpoint, staging)
         write_json_atomic(staging / "versions.json", package_versions())
         write_json_atomic(
             staging / "export.json",

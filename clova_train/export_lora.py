@@ -23,28 +23,23 @@ import torch
 
 from clova_train.atomic import write_json_atomic
 from clova_train.errors import ExportError
-from clova_train.prompt_template import PromptTemplate
+from clova_train.prompt_template import TEMPLATE_FILE, PromptTemplate
 
-TEMPLATE_FILE = "prompt_template.json"
-
-
-def is_lora_source(source: Path) -> bool:
-    if source.is_dir():
-        return (source / "adapter" / "adapter_config.json").is_file()
-    try:
-        checkpoint = torch.load(source, map_location="cpu", weights_only=True)
-    except Exception:  # not a checkpoint this function can read: let the caller report it
-        return False
-    return isinstance(checkpoint, dict) and "clova_train.lora" in checkpoint
+LORA_CHECKPOINT_KEY = "clova_train.lora"  # the key LoraToolLLM writes into its checkpoints
 
 
-def _adapter_from_checkpoint(ckpt: Path, staging: Path) -> tuple[str, str | None, PromptTemplate]:
+def is_lora_run_dir(source: Path) -> bool:
+    return (source / "adapter" / "adapter_config.json").is_file()
+
+
+def _adapter_from_checkpoint(
+    ckpt: Path, checkpoint: dict[str, Any], staging: Path
+) -> tuple[str, str | None, PromptTemplate]:
     from peft import LoraConfig, get_peft_model
 
     from clova_train.models.lora_tool_llm import check_lora_targets, load_causal_lm
 
-    checkpoint = torch.load(ckpt, map_location="cpu", weights_only=True)
-    hparams, state = checkpoint["hyper_parameters"], checkpoint["clova_train.lora"]
+    hparams, state = checkpoint["hyper_parameters"], checkpoint[LORA_CHECKPOINT_KEY]
     base = load_causal_lm(hparams["model_name_or_path"])
     check_lora_targets(base, list(hparams["target_modules"]))
     config = LoraConfig(
@@ -65,8 +60,13 @@ def _adapter_from_checkpoint(ckpt: Path, staging: Path) -> tuple[str, str | None
     return hparams["model_name_or_path"], state.get("tokenizer"), PromptTemplate.from_dict(state["template"])
 
 
-def export_lora_run(source: Path, staging: Path, merged: bool) -> dict[str, Any]:
-    """Fill ``staging`` with the adapter (and merged model); returns the origin description."""
+def export_lora_run(
+    source: Path, staging: Path, merged: bool, checkpoint: dict[str, Any] | None = None
+) -> dict[str, Any]:
+    """Fill ``staging`` with the adapter (and merged model); returns the origin description.
+
+    ``source`` is a run directory, or a checkpoint file whose loaded contents are ``checkpoint``.
+    """
     from transformers import AutoTokenizer
 
     if source.is_dir():
@@ -78,7 +78,8 @@ def export_lora_run(source: Path, staging: Path, merged: bool) -> dict[str, Any]
         tokenizer_name = str(adapter) if (adapter / "tokenizer_config.json").is_file() else base_name
         origin = {"kind": "lora_run_dir", "path": str(source.resolve())}
     else:
-        base_name, tokenizer_name, template = _adapter_from_checkpoint(source, staging)
+        assert checkpoint is not None, "pass the loaded checkpoint"
+        base_name, tokenizer_name, template = _adapter_from_checkpoint(source, checkpoint, staging)
         tokenizer_name = tokenizer_name or base_name
         origin = {"kind": "lora_checkpoint", "path": str(source.resolve())}
     tokenizer = AutoTokenizer.from_pretrained(tokenizer_name)

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
+TEMPLATE_FILE = "prompt_template.json"  # the file name a template is saved under next to a model or adapter
+
 VICUNA_SYSTEM = (
     "A chat between a curious user and an artificial intelligence assistant. "
     "The assistant gives helpful, detailed, and polite answers to the user's questions."

@@ -38,10 +38,6 @@ class ReActStep:
     action_input: str | None = None
     reply: str | None = None
 
-    @property
-    def uses_tool(self) -> bool:
-        return self.decision == "Yes"
-
 
 @dataclass
 class ReActResponse:

@@ -67,28 +67,48 @@ class ClipPromptServer:
         tool = PromptedClip.from_description(description).to(device)
         return cls(tool, PromptPool.load(pool_file, expected=clip_pool_spec(tool)), top_k)
 
+    def _ensembled(self, concept: str, base: torch.Tensor) -> torch.Tensor | None:
+        """Ensembled prompts for images whose unprompted features are ``base``, or ``None``."""
+        if concept not in self.pool:
+            return None
+        return self.pool.retrieve(concept, base, top_k=self.top_k).to(base.device)
+
     @torch.no_grad()
     def prompts_for(self, concept: str, tokens: torch.Tensor) -> torch.Tensor | None:
         """Ensembled prompts ``[N, *prompt_shape]`` for images given as patch tokens, or ``None``."""
         if concept not in self.pool:
             return None
-        base = self.tool.encode_tokens(tokens, None)
-        return self.pool.retrieve(concept, base, top_k=self.top_k).to(tokens.device)
+        return self._ensembled(concept, self.tool.encode_tokens(tokens, None))
 
     @torch.no_grad()
-    def classify(self, images: torch.Tensor, labels: list[str]) -> tuple[list[str], torch.Tensor]:
-        """Label each of ``images`` (``[N, 3, H, W]`` in [0, 1]) with one of ``labels``.
+    def score(self, images: torch.Tensor, labels: list[str]) -> tuple[torch.Tensor, torch.Tensor]:
+        """CLASSIFY scores with the pool, and the unmodified tool's logits, both ``[N, len(labels)]``.
 
-        Returns the predicted labels and the ``[N, len(labels)]`` scores.
+        The unprompted forward runs once: it gives the retrieval features, the unmodified logits, and the
+        scores of labels without prompts.
         """
         if not labels:
             raise ValueError("classify needs at least one label")
         tokens = self.tool.embed_patches(images.to(self.tool.mean.device))
         text = self.tool.encode_text(labels)
+        base = self.tool.encode_tokens(tokens, None)
+        base_logits = self.tool.logit_scale * base @ text.T
         scores = torch.empty(len(images), len(labels), device=tokens.device)
         for k, label in enumerate(labels):
-            features = self.tool.encode_tokens(tokens, self.prompts_for(label, tokens))
-            scores[:, k] = (self.tool.logit_scale * features @ text.T).softmax(-1)[:, k]
+            prompts = self._ensembled(label, base)
+            if prompts is None:
+                logits = base_logits
+            else:
+                logits = self.tool.logit_scale * self.tool.encode_tokens(tokens, prompts) @ text.T
+            scores[:, k] = logits.softmax(-1)[:, k]
+        return scores, base_logits
+
+    def classify(self, images: torch.Tensor, labels: list[str]) -> tuple[list[str], torch.Tensor]:
+        """Label each of ``images`` (``[N, 3, H, W]`` in [0, 1]) with one of ``labels``.
+
+        Returns the predicted labels and the ``[N, len(labels)]`` scores.
+        """
+        scores, _ = self.score(images, labels)
         return [labels[i] for i in scores.argmax(-1).tolist()], scores.cpu()
 
     @torch.no_grad()

@@ -171,16 +171,6 @@ class Conversation:
     def final_text(self) -> str:
         return f"{THOUGHT_PREFIX} No\nAI: {self.reply}"
 
-    def chain_text(self) -> str:
-        """The whole response: every step with its observation, then the reply."""
-        return "\n".join([self.step_text(i, True) for i in range(len(self.steps))] + [self.final_text()])
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "tools": self.tools, "image": self.image, "caption": self.caption, "command": self.command,
-            "steps": [list(s) for s in self.steps], "reply": self.reply,
-        }
-
 
 def records_from_conversation(conversation: Conversation, context: bool = True) -> list[dict[str, str]]:
     """Training records: the first step, and (``context``) one record per later step of the chain."""

@@ -190,11 +190,11 @@ class ClipPromptTuning(PerInstancePromptTuning):
         names, labels = batch["names"], batch["labels"]
         images = batch["images"].to(self.dtype)
         with torch.no_grad():
-            base = (self.tool.encode_image(images) @ self.text_features(names).T).argmax(-1).tolist()
-            pooled, _ = self._server.classify(images, names)
+            scores, base_logits = self._server.score(images, names)
         n = len(labels)
-        self.accuracy_no_prompt.update(torch.tensor([names[i] == y for i, y in zip(base, labels)], dtype=torch.float))
-        self.accuracy_pool.update(torch.tensor([p == y for p, y in zip(pooled, labels)], dtype=torch.float))
+        for metric, predicted in ((self.accuracy_no_prompt, base_logits), (self.accuracy_pool, scores)):
+            correct = [names[i] == y for i, y in zip(predicted.argmax(-1).tolist(), labels)]
+            metric.update(torch.tensor(correct, dtype=torch.float))
         self.log(f"{stage}/accuracy_no_prompt", self.accuracy_no_prompt, batch_size=n, prog_bar=True)
         self.log(f"{stage}/accuracy_pool", self.accuracy_pool, batch_size=n, prog_bar=True)
 

@@ -29,11 +29,10 @@ from torch import nn
 
 from clova_train.atomic import write_json_atomic
 from clova_train.errors import ModelError
+from clova_train.export_lora import LORA_CHECKPOINT_KEY
 from clova_train.metrics import ToolUsageSuccessRate
-from clova_train.prompt_template import PromptTemplate
+from clova_train.prompt_template import TEMPLATE_FILE, PromptTemplate
 
-CHECKPOINT_KEY = "clova_train.lora"
-TEMPLATE_FILE = "prompt_template.json"
 
 
 def check_lora_targets(model: nn.Module, targets: list[str]) -> None:
@@ -163,7 +162,7 @@ class LoraToolLLM(LightningModule):
         texts = tokenizer.batch_decode(output[:, input_ids.shape[1]:], skip_special_tokens=True)
         return [cut_at_stop(t, self.template.stop_strings) for t in texts]
 
-    def _evaluate(self, batch: dict[str, Any], stage: str) -> None:
+    def _evaluate(self, batch: dict[str, Any]) -> None:
         predictions = self.generate_responses(batch["input_ids"], batch["attention_mask"])
         self.metric.update(predictions, batch["references"])
 
@@ -175,13 +174,13 @@ class LoraToolLLM(LightningModule):
         self.metric.reset()
 
     def validation_step(self, batch: dict[str, Any], batch_idx: int) -> None:
-        self._evaluate(batch, "val")
+        self._evaluate(batch)
 
     def on_validation_epoch_end(self) -> None:
         self._log_metric("val")
 
     def test_step(self, batch: dict[str, Any], batch_idx: int) -> None:
-        self._evaluate(batch, "test")
+        self._evaluate(batch)
 
     def on_test_epoch_end(self) -> None:
         self._log_metric("test")
@@ -205,13 +204,13 @@ class LoraToolLLM(LightningModule):
         state = checkpoint["state_dict"]
         checkpoint["state_dict"] = {k: v for k, v in state.items() if "lora_" in k}
         datamodule = self.trainer.datamodule if self._trainer else None
-        checkpoint[CHECKPOINT_KEY] = {
+        checkpoint[LORA_CHECKPOINT_KEY] = {
             "template": self.template.to_dict(),
             "tokenizer": getattr(datamodule, "tokenizer_name", None),
         }
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
-        state = checkpoint.get(CHECKPOINT_KEY)
+        state = checkpoint.get(LORA_CHECKPOINT_KEY)
         if state is None:
             raise ModelError("checkpoint holds no LoRA fine-tuning state (was it written by another module?)")
         self.template = PromptTemplate.from_dict(state["template"])
