@@ -4,7 +4,8 @@ Same model (a small random Llama), tokenizer, data (synthetic GPT4Tools records)
 learning rate schedule, batch size, number of steps and threads. Methods:
 
 * ``clova-train``: ``LoraToolLLM`` + ``ToolInstructionDataModule`` under a Lightning ``Trainer`` (padding
-  to the longest sample of the batch, length-grouped batches, response-only loss);
+  to the longest sample of the batch, length-grouped batches, response-only loss computed from the
+  logits at response positions only, no attention mask on right-padded batches: exact, same precision);
 * ``hf-padded``: the public GPT4Tools recipe: every sample padded to ``max_length``, HF ``Trainer``;
 * ``hf-dynamic``: HF ``Trainer`` with dynamic padding (``DataCollatorForSeq2Seq``) and
   ``train_sampling_strategy="group_by_length"``.

@@ -4,7 +4,10 @@ Read top to bottom:
 
 * ``configure_model`` loads ``AutoModelForCausalLM`` and wraps it with PEFT LoRA on the named projections
   (checked against the model's linear layers first, with an error listing the ones it has);
-* ``training_step`` is the causal-LM loss on the response tokens (labels are -100 elsewhere);
+* ``training_step`` is the causal-LM loss on the response tokens (labels are -100 elsewhere). By default
+  it is computed exactly but cheaper than ``model(labels=...)``: logits only at the positions that predict
+  a response token (``logits_to_keep``), and no attention mask for right-padded batches (under causal
+  attention a real token never sees the padding after it), which lets SDPA use its causal kernel;
 * ``validation_step`` / ``test_step`` generate greedily until ``Observation:`` (the template's stop
   strings) and feed :class:`~clova_train.metrics.ToolUsageSuccessRate` (SR_t, SR_act, SR_args, SR for
   seen tools, unseen tools and no-tool samples);
@@ -19,10 +22,12 @@ Global batch = ``batch_size x devices x accumulate_grad_batches``: the paper's 5
 
 from __future__ import annotations
 
+import inspect
 from pathlib import Path
 from typing import Any, Literal
 
 import torch
+import torch.nn.functional as F
 from lightning import LightningModule
 from lightning.pytorch.utilities import rank_zero_info
 from torch import nn
@@ -54,6 +59,15 @@ def load_causal_lm(name_or_path: str) -> nn.Module:
         raise ModelError(f"cannot load causal LM {name_or_path!r}: {err}") from err
 
 
+def is_right_padded(attention_mask: torch.Tensor) -> bool:
+    """True if every row of a 0/1 mask is ones then zeros (padding only at the end)."""
+    return bool((attention_mask[:, 1:] <= attention_mask[:, :-1]).all())
+
+
+def accepts_logits_to_keep(model: nn.Module) -> bool:
+    return "logits_to_keep" in inspect.signature(model.forward).parameters
+
+
 def cut_at_stop(text: str, stop_strings: tuple[str, ...]) -> str:
     """``text`` up to and including the first stop string."""
     ends = [text.find(s) + len(s) for s in stop_strings if s in text]
@@ -74,6 +88,10 @@ class LoraToolLLM(LightningModule):
         weight_decay: AdamW weight decay (paper: 0).
         metric_mode: ``paper`` or ``gpt4tools`` (the public evaluation script), see ``clova_train.metrics``.
         max_new_tokens: generation budget per evaluated step.
+        response_logits_only: compute the training loss from logits at response positions only, without
+            the attention mask of right-padded batches. Exact for causal LMs (same loss as the model's own
+            ``labels=`` loss up to float rounding) and faster; set false for models whose forward needs
+            the mask for more than padding, or to use the model's own loss.
     """
 
     def __init__(
@@ -88,6 +106,7 @@ class LoraToolLLM(LightningModule):
         weight_decay: float = 0.0,
         metric_mode: Literal["paper", "gpt4tools"] = "paper",
         max_new_tokens: int = 128,
+        response_logits_only: bool = True,
     ) -> None:
         super().__init__()
         self.save_hyperparameters()
@@ -112,6 +131,9 @@ class LoraToolLLM(LightningModule):
             task_type="CAUSAL_LM",
         )
         self.model = get_peft_model(base, config)
+        if self.hparams.response_logits_only and not accepts_logits_to_keep(base):
+            rank_zero_info(f"{type(base).__name__} has no logits_to_keep argument: using its own full loss")
+            self.hparams.response_logits_only = False
 
     def setup(self, stage: str) -> None:
         datamodule = self.trainer.datamodule if self._trainer else None
@@ -128,11 +150,28 @@ class LoraToolLLM(LightningModule):
 
     # ------------------------------------------------------------------ training
     def training_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> torch.Tensor:
-        loss = self.model(**batch, use_cache=False).loss  # no KV cache while training: it is never read
+        if self.hparams.response_logits_only:
+            loss = self.response_loss(batch)
+        else:
+            loss = self.model(**batch, use_cache=False).loss  # no KV cache while training: it is never read
         tokens = (batch["labels"] != -100).sum()
         self.log("train/loss", loss, prog_bar=True, batch_size=batch["input_ids"].shape[0])
         self.log("train/response_tokens", tokens.float(), reduce_fx="sum", batch_size=batch["input_ids"].shape[0])
         return loss
+
+    def response_loss(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+        """Mean next-token cross-entropy over the response tokens, from the logits that predict them only."""
+        attention_mask = batch["attention_mask"]
+        targets = batch["labels"][:, 1:]  # logits at position t predict the token at t + 1
+        positions = (targets != -100).any(0).nonzero().squeeze(1)
+        output = self.model(
+            input_ids=batch["input_ids"],
+            attention_mask=None if is_right_padded(attention_mask) else attention_mask,
+            use_cache=False,
+            logits_to_keep=positions,
+        )
+        logits = output.logits.flatten(0, 1).float()
+        return F.cross_entropy(logits, targets[:, positions].flatten(), ignore_index=-100)
 
     def configure_optimizers(self) -> dict[str, Any]:
         from transformers import get_linear_schedule_with_warmup

@@ -86,6 +86,40 @@ def test_lora_targets_are_checked(tiny_llama_dir: Path) -> None:
         check_lora_targets(model, ["q_proj", "query_key_value"])
 
 
+@pytest.mark.parametrize("padding_side", ["right", "left"])
+def test_response_loss_equals_the_models_own_loss(tool_data_root: Path, tiny_llama_dir: Path, padding_side: str) -> None:
+    """The response-logits shortcut gives the loss and LoRA gradients of ``model(labels=...)``."""
+    from clova_train.models import LoraToolLLM
+    from clova_train.models.lora_tool_llm import is_right_padded
+
+    dm = data_module(tool_data_root, tiny_llama_dir)
+    dm.setup()
+    batch = next(iter(dm.train_dataloader()))
+    assert (batch["attention_mask"] == 0).any(), "the batch needs padding"
+    if padding_side == "left":  # rolled so the padding comes first: the mask must then be kept
+        shifts = (batch["attention_mask"] == 0).sum(1)
+        batch = {k: torch.stack([row.roll(int(n)) for row, n in zip(v, shifts)]) for k, v in batch.items()}
+    assert is_right_padded(batch["attention_mask"]) == (padding_side == "right")
+    module = LoraToolLLM(str(tiny_llama_dir), lora_dropout=0.0)
+    module.configure_model()
+    torch.manual_seed(0)
+    for p in module.model.parameters():
+        if p.requires_grad:
+            torch.nn.init.normal_(p, std=0.05)  # LoRA B starts at 0: give both factors a gradient
+    results = []
+    for shortcut in (True, False):
+        module.hparams.response_logits_only = shortcut
+        module.model.zero_grad()
+        loss = module.response_loss(batch) if shortcut else module.model(**batch, use_cache=False).loss
+        loss.backward()
+        grads = [p.grad.clone() for p in module.model.parameters() if p.requires_grad]
+        results.append((loss.detach(), grads))
+    (fast, fast_grads), (full, full_grads) = results
+    torch.testing.assert_close(fast, full, rtol=1e-5, atol=1e-6)
+    for a, b in zip(fast_grads, full_grads):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-6)
+
+
 @pytest.fixture(scope="module")
 def trained(tool_data_root: Path, tiny_llama_dir: Path, tmp_path_factory: pytest.TempPathFactory):
     from lightning import Trainer, seed_everything
