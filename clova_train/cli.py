@@ -5,6 +5,9 @@
   ``ConceptFolderDataModule``, ...), ``--print_config`` shows the resolved config, ``--help`` documents
   every argument, and fits resume with ``--ckpt_path last``.
 * ``clova-train export`` writes a self-describing serving directory from a finished run or a checkpoint.
+* ``clova-train controller fit|evaluate|export --config <yaml>`` trains HYDRA's DQN controller on the
+  reasoning-loop environment (stable-baselines3), evaluates it against the planner's top sample and a random
+  one, and exports it (SB3 zip, TorchScript Q-network, JSON description). Reruns of ``fit`` resume.
 * ``clova-train tiny-model clip <dir>`` writes a tiny random-weight model of a real architecture (for
   quickstarts and tests on machines without a model hub).
 
@@ -17,6 +20,7 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 
 from lightning import LightningDataModule, LightningModule
 from lightning.pytorch.cli import LightningCLI
@@ -25,7 +29,7 @@ import clova_train.datamodules  # noqa: F401  (registers the data classes for cl
 import clova_train.models  # noqa: F401  (registers the model classes for class_path short names)
 from clova_train.errors import ClovaTrainError
 
-EXTRA_COMMANDS = ("export", "tiny-model")
+EXTRA_COMMANDS = ("export", "controller", "tiny-model")
 
 
 class ClovaCLI(LightningCLI):
@@ -89,6 +93,54 @@ def run_tiny_model(args: Sequence[str]) -> None:
     print(f"tiny {parsed.tool} model written to {out}")
 
 
+def run_controller(args: Sequence[str]) -> None:
+    from jsonargparse import ActionConfigFile, ArgumentParser
+
+    from clova_train.controller import ControllerConfig, evaluate, fit, format_table
+
+    parser = ArgumentParser(prog="clova-train controller",
+                            description="Train, evaluate and export HYDRA's DQN controller.")
+    subcommands = parser.add_subcommands(dest="command")
+    for name, help_text in (
+        ("fit", "train (or resume from <output_dir>/checkpoints/last.zip) and evaluate on held-out tasks"),
+        ("evaluate", "compare a trained controller with the planner's top sample and a random one"),
+        ("export", "write the SB3 zip, a TorchScript Q-network and controller.json"),
+    ):
+        sub = ArgumentParser(description=help_text)
+        sub.add_argument("--config", action=ActionConfigFile, help="YAML config (env, dqn, train)")
+        sub.add_class_arguments(ControllerConfig, fail_untyped=True, sub_configs=True)
+        if name != "fit":
+            sub.add_argument("--checkpoint", type=str, default="",
+                             help="controller .zip (default: <train.output_dir>/controller.zip)")
+        if name == "evaluate":
+            sub.add_argument("--episodes", type=int, default=0, help="held-out tasks (default: train.eval_episodes)")
+        if name == "export":
+            sub.add_argument("--output", type=str, required=True, help="export directory")
+        subcommands.add_subcommand(name, sub, help=help_text)
+    parsed = parser.parse_args(list(args))
+    command = parsed.command
+    options = parsed[command]
+    config = parser.instantiate_classes(parsed)[command]
+    run = ControllerConfig(env=config.env, dqn=config.dqn, train=config.train)
+    if command == "fit":
+        _, results = fit(run)
+        if results is not None:
+            print(format_table(results))
+            print(f"Controller: {Path(run.train.output_dir) / 'controller.zip'}")
+        return
+    checkpoint = options.checkpoint or str(Path(run.train.output_dir) / "controller.zip")
+    if command == "evaluate":
+        from stable_baselines3 import DQN
+
+        if not Path(checkpoint).is_file():
+            raise ClovaTrainError(f"controller checkpoint {checkpoint} does not exist")
+        print(format_table(evaluate(run, DQN.load(checkpoint, device="cpu"), options.episodes or None)))
+    else:
+        from clova_train.controller_export import export_controller
+
+        print(f"exported to {export_controller(checkpoint, options.output, run)}")
+
+
 def user_error(exc: BaseException) -> ClovaTrainError | None:
     """The clova-train error behind ``exc``, if any (jsonargparse wraps errors raised in constructors)."""
     seen: set[int] = set()
@@ -106,6 +158,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if args and args[0] == "export":
             run_export(args[1:])
+        elif args and args[0] == "controller":
+            run_controller(args[1:])
         elif args and args[0] == "tiny-model":
             run_tiny_model(args[1:])
         else:

@@ -1,0 +1,59 @@
+"""Export a trained controller for serving: the SB3 ``.zip``, a TorchScript Q-network and a JSON description.
+
+``controller.json`` says how to rebuild the observation (the text template, the layout, the embedder's
+identity and dimension, N) and what each action means, so a serving stack can embed its own planner
+output, run ``q_network.pt`` (``torch.jit.load``; input ``[batch, observation_dim]`` float32, output
+``[batch, N + 1]`` Q-values; pick the argmax) and never import clova-train or stable-baselines3.
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import torch
+
+from clova_train.atomic import atomic_path, write_json_atomic
+from clova_train.controller import ControllerConfig
+from clova_train.envs import ReasoningLoopEnv
+from clova_train.errors import ExportError
+
+
+def export_controller(checkpoint: str | Path, output: str | Path, config: ControllerConfig) -> Path:
+    """Write ``controller.zip``, ``q_network.pt`` and ``controller.json`` to ``output``; returns it."""
+    from stable_baselines3 import DQN
+
+    checkpoint, output = Path(checkpoint), Path(output)
+    if not checkpoint.is_file():
+        raise ExportError(f"controller checkpoint {checkpoint} does not exist")
+    model = DQN.load(checkpoint, device="cpu")
+    env = ReasoningLoopEnv(config.env)
+    try:
+        description = env.describe()
+    finally:
+        env.close()
+    expected = (description["observation_dim"],)
+    if model.observation_space.shape != expected:
+        raise ExportError(f"{checkpoint} takes observations of shape {model.observation_space.shape}, but the "
+                          f"configured environment gives {expected}: export with the config it was trained with")
+    output.mkdir(parents=True, exist_ok=True)
+    with atomic_path(output / "controller.zip") as tmp:
+        shutil.copyfile(checkpoint, tmp)
+
+    q_net = model.q_net.eval()
+    example = torch.rand(4, *expected) * 2 - 1
+    with torch.no_grad():
+        scripted = torch.jit.trace(q_net, example)
+        check = torch.rand(8, *expected) * 2 - 1
+        if not torch.allclose(scripted(check), q_net(check), atol=1e-6):
+            raise ExportError("the TorchScript Q-network does not reproduce the SB3 one")
+    with atomic_path(output / "q_network.pt") as tmp:
+        scripted.save(str(tmp))
+    write_json_atomic(output / "controller.json", {
+        **description,
+        "q_network": {"file": "q_network.pt", "format": "torchscript", "input_shape": ["batch", *expected],
+                      "output_shape": ["batch", description["num_samples"] + 1], "action": "argmax"},
+        "sb3_zip": "controller.zip",
+        "versions": {"torch": torch.__version__, "stable_baselines3": __import__("stable_baselines3").__version__},
+    })
+    return output

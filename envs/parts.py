@@ -1,0 +1,191 @@
+"""The replaceable parts of HYDRA's loop: planner, reasoner, textualizer, State Memory Bank, observation.
+
+Each part talks to a :class:`~clova_train.backends.ChatBackend` in plain text, so a served LLM, a local
+transformers model or the offline scripted model can stand behind it.
+
+* :class:`Planner`: prompt -> reply -> :func:`parse_samples` -> exactly N ``(instruction, probability)``.
+* :class:`Reasoner`: prompt with the chosen instruction and the kept variables -> Python code (the first
+  fenced block, or the whole reply).
+* :class:`Textualizer`: an execution result -> one line for the memory bank (a template, as in HYDRA).
+* :class:`ObservationEncoder`: the documented text template -> float32 vector through an embedder.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from clova_train.backends import ChatBackend, EmbeddingBackend
+from clova_train.sandbox import ExecutionResult
+
+TASK_DESCRIPTION = (
+    "Answer a question about an image by running short Python programs against the ImagePatch API "
+    "(find, exists, verify_property, simple_query, crop, compute_depth, llm_query). "
+    "Assign final_answer to finish."
+)
+PLACEHOLDER_INSTRUCTION = "(no instruction)"
+
+_SAMPLE_LINE = re.compile(
+    r"^\s*(?:[-*]|\d+[.):]|\(\d+\))?\s*"  # optional list marker
+    r"(?:\[\s*(?:p\s*=\s*)?(?P<p1>[0-9]*\.?[0-9]+)\s*\]|\(\s*(?:p\s*=\s*)?(?P<p2>[0-9]*\.?[0-9]+)\s*\))?"  # [0.8] or (p=0.8)
+    r"\s*(?P<text>.*?)\s*$",
+    re.IGNORECASE,
+)
+
+
+def parse_samples(reply: str, n: int) -> list[tuple[str, float]]:
+    """Exactly ``n`` ``(instruction, probability)`` pairs from a planner reply.
+
+    One sample per non-empty line; a probability in ``[0.83]`` or ``(p=0.83)`` before the text is read and
+    clipped to [0, 1] (a missing one becomes 0). Lines beyond ``n`` are dropped (the reply's order is kept);
+    a short reply is padded with ``(no instruction)`` at probability 0, which the reasoner turns into a
+    no-op step. The action index therefore always means the same slot.
+    """
+    samples: list[tuple[str, float]] = []
+    for line in reply.splitlines():
+        match = _SAMPLE_LINE.match(line)
+        text = match.group("text") if match else line.strip()
+        if not text or text.startswith("```"):
+            continue
+        raw = (match.group("p1") or match.group("p2")) if match else None
+        probability = min(max(float(raw), 0.0), 1.0) if raw else 0.0
+        samples.append((text, probability))
+    return samples[:n] + [(PLACEHOLDER_INSTRUCTION, 0.0)] * max(0, n - len(samples))
+
+
+@dataclass
+class MemoryBank:
+    """HYDRA's State Memory Bank: one text line per step (instruction, what ran, what came out)."""
+
+    entries: list[str] = field(default_factory=list)
+
+    def add(self, entry: str) -> None:
+        self.entries.append(entry)
+
+    def text(self, last: int = 6) -> str:
+        return "\n".join(self.entries[-last:]) if self.entries else "(empty)"
+
+
+class Planner:
+    """Asks the LLM for N next instructions given the question and the memory.
+
+    Args:
+        backend: chat backend.
+        num_samples: N.
+    """
+
+    SYSTEM = "You are the planner of a visual reasoning agent. Propose short, concrete next instructions."
+
+    def __init__(self, backend: ChatBackend, num_samples: int) -> None:
+        self.backend, self.num_samples = backend, num_samples
+
+    def prompt(self, question: str, memory: MemoryBank, attempt: int) -> str:
+        return (
+            f"Task: {TASK_DESCRIPTION}\nQuestion: {question}\nMemory:\n{memory.text()}\nAttempt: {attempt}\n"
+            f"Samples wanted: {self.num_samples}\n"
+            "Reply with one instruction per line as: <number>. [<probability it works>] <instruction>"
+        )
+
+    def propose(self, question: str, memory: MemoryBank, attempt: int) -> list[tuple[str, float]]:
+        reply = self.backend.chat([{"role": "system", "content": self.SYSTEM},
+                                   {"role": "user", "content": self.prompt(question, memory, attempt)}])
+        return parse_samples(reply, self.num_samples)
+
+
+_FENCED = re.compile(r"```(?:python|py)?\s*\n(.*?)```", re.DOTALL)
+
+
+def extract_code(reply: str) -> str:
+    """The first fenced code block of ``reply``, or the whole reply if it has none."""
+    match = _FENCED.search(reply)
+    return (match.group(1) if match else reply).strip("\n")
+
+
+class Reasoner:
+    """Asks the LLM for Python code that carries out one instruction.
+
+    Args:
+        backend: chat backend.
+    """
+
+    SYSTEM = "You write Python against the ImagePatch API. Reply with one fenced python code block."
+
+    def __init__(self, backend: ChatBackend) -> None:
+        self.backend = backend
+
+    def prompt(self, question: str, instruction: str, variables: dict, memory: MemoryBank) -> str:
+        names = ", ".join(f"{k} = {v!r}" for k, v in sorted(variables.items())) or "(none)"
+        return (
+            f"Question: {question}\nInstruction: {instruction}\nVariables: {names}\nMemory:\n{memory.text()}\n"
+            "Write Python code for the instruction. `image_patch` is the whole image. Assign final_answer "
+            "when the question is answered."
+        )
+
+    def write_code(self, question: str, instruction: str, variables: dict, memory: MemoryBank) -> str:
+        if instruction == PLACEHOLDER_INSTRUCTION:
+            return "pass"
+        reply = self.backend.chat([{"role": "system", "content": self.SYSTEM},
+                                   {"role": "user", "content": self.prompt(question, instruction, variables, memory)}])
+        return extract_code(reply)
+
+
+class Textualizer:
+    """Turns a step's outcome into one memory line (template-based, as HYDRA's textualizer)."""
+
+    def describe(self, iteration: int, instruction: str, result: ExecutionResult) -> str:
+        if result.ok:
+            shown = ", ".join(f"{k} = {v!r}" for k, v in sorted(result.variables.items())
+                              if not k.startswith("final"))[:300]
+            printed = f"; printed: {result.stdout.strip()[:200]}" if result.stdout.strip() else ""
+            return f"Step {iteration}: {instruction} -> ok; variables: {shown or '(none)'}{printed}"
+        return f"Step {iteration}: {instruction} -> {result.status}: {result.error[:200]}"
+
+
+class ObservationEncoder:
+    """Embeds the observation text template into a float32 vector.
+
+    The template (``layout="joint"``, HYDRA: one embedding of everything)::
+
+        Task: <task description>
+        Question: <question>
+        Iteration: <t> of <max>
+        Memory:
+        <memory lines or (empty)>
+        Samples:
+        1. (p=0.83) <instruction 1>
+        ...
+
+    ``layout="per_part"`` embeds the context (everything above ``Samples:``) and each sample text
+    separately and concatenates ``[context, sample_1, ..., sample_N, p_1, ..., p_N]``: the vector keeps which
+    instruction sits in which slot, which the action index refers to.
+
+    Args:
+        embedder: embedding backend.
+        num_samples: N.
+        layout: ``per_part`` or ``joint``.
+    """
+
+    def __init__(self, embedder: EmbeddingBackend, num_samples: int, layout: str = "per_part") -> None:
+        if layout not in ("per_part", "joint"):
+            raise ValueError(f"observation layout must be 'per_part' or 'joint', got {layout!r}")
+        self.embedder, self.num_samples, self.layout = embedder, num_samples, layout
+        d = embedder.dim
+        self.dim = d if layout == "joint" else (num_samples + 1) * d + num_samples
+
+    @staticmethod
+    def context_text(question: str, iteration: int, max_iterations: int, memory: MemoryBank) -> str:
+        return (f"Task: {TASK_DESCRIPTION}\nQuestion: {question}\nIteration: {iteration} of {max_iterations}\n"
+                f"Memory:\n{memory.text()}")
+
+    def text(self, context: str, samples: list[tuple[str, float]]) -> str:
+        lines = "\n".join(f"{i + 1}. (p={p:.2f}) {s}" for i, (s, p) in enumerate(samples))
+        return f"{context}\nSamples:\n{lines}"
+
+    def encode(self, context: str, samples: list[tuple[str, float]]) -> np.ndarray:
+        if self.layout == "joint":
+            return self.embedder.embed([self.text(context, samples)])[0].astype(np.float32)
+        vectors = self.embedder.embed([context] + [s for s, _ in samples])
+        probabilities = np.asarray([p for _, p in samples], dtype=np.float32)
+        return np.concatenate([vectors.reshape(-1), probabilities]).astype(np.float32)

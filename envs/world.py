@@ -1,0 +1,161 @@
+"""The offline visual-reasoning world: scenes of shapes with known answers, and tools that read them.
+
+A task is generated from an integer id (deterministic): a 64x64 scene of 3 to 7 coloured shapes and a
+question of one of four types:
+
+* ``count``: "How many red circles are there?" (one step)
+* ``exists``: "Is there a blue square?" (one step)
+* ``colour``: "What colour is the leftmost triangle?" (one step)
+* ``compare``: "Are there more red circles than green squares?" (two steps: count one group, remember the
+  number, then count the other and compare)
+
+Ids with ``task_id % 5 == 0`` are held out for evaluation; training draws the others.
+
+:class:`SceneTools` answers the sandbox's tool calls from the scene's annotations (an oracle for ``find``,
+``exists``, ``verify_property``, ``compute_depth``; ``simple_query`` and ``llm_query`` are weak guessers,
+right about a third of the time, as a stand-in for asking a model to answer a whole question at once).
+A real deployment plugs in model-backed tools with the same methods (see ``clova_train.sandbox.ToolAPI``).
+"""
+
+from __future__ import annotations
+
+import re
+import zlib
+from dataclasses import dataclass
+
+import numpy as np
+
+from clova_train.sandbox import PatchRef
+
+COLOURS = ("red", "green", "blue", "yellow")
+SHAPES = ("circle", "square", "triangle")
+QUESTION_TYPES = ("count", "exists", "colour", "compare")
+SIZE = 64
+HELD_OUT_MODULUS = 5
+
+
+@dataclass(frozen=True)
+class SceneObject:
+    """One shape: colour, shape, box ``(left, lower, right, upper)`` (y from the bottom), depth in metres."""
+
+    colour: str
+    shape: str
+    box: tuple[int, int, int, int]
+    depth: float
+
+
+@dataclass(frozen=True)
+class Task:
+    """A question about a scene and its gold answer; ``steps`` is how many good instructions it needs."""
+
+    task_id: int
+    image_id: str
+    objects: tuple[SceneObject, ...]
+    question_type: str
+    question: str
+    answer: str
+    groups: tuple[tuple[str, str], ...]  # the (colour, shape) groups the question is about
+    steps: int
+
+
+def is_held_out(task_id: int) -> bool:
+    return task_id % HELD_OUT_MODULUS == 0
+
+
+def _count(objects: tuple[SceneObject, ...], colour: str, shape: str) -> int:
+    return sum(o.colour == colour and o.shape == shape for o in objects)
+
+
+def make_task(task_id: int) -> Task:
+    """The task with this id (same id, same task, on every machine)."""
+    rng = np.random.default_rng(task_id)
+    objects = []
+    for _ in range(int(rng.integers(3, 8))):
+        side = int(rng.integers(6, 14))
+        left, lower = int(rng.integers(0, SIZE - side)), int(rng.integers(0, SIZE - side))
+        objects.append(SceneObject(str(rng.choice(COLOURS)), str(rng.choice(SHAPES)),
+                                   (left, lower, left + side, lower + side), round(float(rng.uniform(1, 10)), 2)))
+    objects_t = tuple(objects)
+    kind = QUESTION_TYPES[int(rng.integers(len(QUESTION_TYPES)))]
+    present = [(o.colour, o.shape) for o in objects_t]
+
+    def group() -> tuple[str, str]:  # half the time a group in the scene, else any
+        if rng.random() < 0.5:
+            return present[int(rng.integers(len(present)))]
+        return str(rng.choice(COLOURS)), str(rng.choice(SHAPES))
+
+    if kind == "count":
+        c, s = group()
+        question, answer, groups, steps = f"How many {c} {s}s are there?", str(_count(objects_t, c, s)), ((c, s),), 1
+    elif kind == "exists":
+        c, s = group()
+        answer = "yes" if _count(objects_t, c, s) else "no"
+        question, groups, steps = f"Is there a {c} {s}?", ((c, s),), 1
+    elif kind == "colour":
+        s = present[int(rng.integers(len(present)))][1]
+        leftmost = min((o for o in objects_t if o.shape == s), key=lambda o: o.box[0])
+        question, answer, groups, steps = f"What colour is the leftmost {s}?", leftmost.colour, (("", s),), 1
+    else:
+        (c1, s1), (c2, s2) = group(), group()
+        while (c2, s2) == (c1, s1):
+            c2, s2 = str(rng.choice(COLOURS)), str(rng.choice(SHAPES))
+        answer = "yes" if _count(objects_t, c1, s1) > _count(objects_t, c2, s2) else "no"
+        question, groups, steps = f"Are there more {c1} {s1}s than {c2} {s2}s?", ((c1, s1), (c2, s2)), 2
+    return Task(task_id, f"scene-{task_id}", objects_t, kind, question, answer, groups, steps)
+
+
+def normalise_answer(answer: object) -> str:
+    text = str(answer).strip().lower().rstrip(".")
+    return {"true": "yes", "false": "no"}.get(text, text)
+
+
+_NAME = re.compile(r"^(?:(?P<colour>red|green|blue|yellow)\s+)?(?P<shape>circle|square|triangle)s?$")
+
+
+def _inside(box: tuple[int, int, int, int], patch: PatchRef) -> bool:
+    cx, cy = (box[0] + box[2]) / 2, (box[1] + box[3]) / 2
+    return patch.left <= cx <= patch.right and patch.lower <= cy <= patch.upper
+
+
+class SceneTools:
+    """Tool API over the annotations of one task's scene (see module docstring)."""
+
+    def __init__(self, task: Task) -> None:
+        self.task = task
+
+    def _matching(self, patch: PatchRef, object_name: str) -> list[SceneObject]:
+        match = _NAME.match(object_name.strip().lower())
+        if match is None:
+            return []
+        colour, shape = match.group("colour"), match.group("shape")
+        found = [o for o in self.task.objects if o.shape == shape and (colour is None or o.colour == colour)
+                 and _inside(o.box, patch)]
+        return sorted(found, key=lambda o: o.box[0])
+
+    def find(self, patch: PatchRef, object_name: str) -> list[tuple[int, int, int, int]]:
+        return [o.box for o in self._matching(patch, object_name)]
+
+    def exists(self, patch: PatchRef, object_name: str) -> bool:
+        return bool(self._matching(patch, object_name))
+
+    def verify_property(self, patch: PatchRef, object_name: str, attribute: str) -> bool:
+        return any(o.colour == attribute.strip().lower() for o in self._matching(patch, object_name))
+
+    def compute_depth(self, patch: PatchRef) -> float:
+        inside = [o.depth for o in self.task.objects if _inside(o.box, patch)]
+        return float(np.median(inside)) if inside else 10.0
+
+    def _guess(self, question: str) -> str:
+        h = zlib.crc32(f"{self.task.task_id}:{question}".encode())
+        if h % 3 == 0:
+            return self.task.answer
+        options = {"count": [str(n) for n in range(5)], "exists": ["yes", "no"], "compare": ["yes", "no"],
+                   "colour": list(COLOURS)}[self.task.question_type]
+        wrong = [o for o in options if o != self.task.answer]
+        return wrong[(h >> 4) % len(wrong)]
+
+    def simple_query(self, patch: PatchRef, question: str) -> str:
+        return self._guess(question)
+
+    def llm_query(self, patch: PatchRef | None, question: str) -> str:
+        return self._guess(question)
