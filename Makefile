@@ -8,7 +8,7 @@ DEMO_RUN := checkpoints/quickstart_clip
 TINY_CLIP := checkpoints/models/tiny-clip
 TINY_LLAMA := checkpoints/models/tiny-llama
 
-.PHONY: demo demo-llm test install benchmark clean
+.PHONY: demo demo-llm demo-controller test install benchmark clean
 
 install: $(STAMP)
 
@@ -35,6 +35,12 @@ demo-llm: $(STAMP) $(TINY_LLAMA)/config.json
 	$(BIN)/clova-train fit --config configs/quickstart/tool_llm_lora.yaml
 	$(BIN)/clova-train export checkpoints/quickstart_llm --output checkpoints/quickstart_llm/export --merged
 
+# The HYDRA controller quickstart (DQN on the offline reasoning world, CPU, about a minute). Starts afresh.
+demo-controller: $(STAMP)
+	rm -rf checkpoints/controller_quickstart
+	$(BIN)/clova-train controller fit --config configs/quickstart/controller_dqn.yaml
+	$(BIN)/clova-train controller export --config configs/quickstart/controller_dqn.yaml --output checkpoints/controller_quickstart/export
+
 test: $(STAMP)
 	$(BIN)/python -m pytest -q
 
@@ -42,6 +48,7 @@ benchmark: $(STAMP)
 	$(BIN)/python benchmarks/pool_retrieval.py
 	$(BIN)/python benchmarks/prompt_tuning.py
 	$(BIN)/python benchmarks/lora_finetune.py
+	$(BIN)/python benchmarks/controller.py
 
 clean:
-	rm -rf $(VENV) checkpoints/quickstart_clip checkpoints/models checkpoints/data
+	rm -rf $(VENV) checkpoints/quickstart_clip checkpoints/quickstart_llm checkpoints/controller_quickstart checkpoints/models checkpoints/data

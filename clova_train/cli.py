@@ -120,7 +120,8 @@ def run_controller(args: Sequence[str]) -> None:
     parsed = parser.parse_args(list(args))
     command = parsed.command
     options = parsed[command]
-    config = parser.instantiate_classes(parsed)[command]
+    instantiate = getattr(parser, "instantiate", None) or parser.instantiate_classes  # renamed in jsonargparse 4.49
+    config = instantiate(parsed)[command]
     run = ControllerConfig(env=config.env, dqn=config.dqn, train=config.train)
     if command == "fit":
         _, results = fit(run)

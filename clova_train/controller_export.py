@@ -9,6 +9,7 @@ output, run ``q_network.pt`` (``torch.jit.load``; input ``[batch, observation_di
 from __future__ import annotations
 
 import shutil
+import warnings
 from pathlib import Path
 
 import torch
@@ -42,7 +43,8 @@ def export_controller(checkpoint: str | Path, output: str | Path, config: Contro
 
     q_net = model.q_net.eval()
     example = torch.rand(4, *expected) * 2 - 1
-    with torch.no_grad():
+    with torch.no_grad(), warnings.catch_warnings():
+        warnings.simplefilter("ignore", FutureWarning)  # torch 2.14 marks TorchScript deprecated; loaders still read it
         scripted = torch.jit.trace(q_net, example)
         check = torch.rand(8, *expected) * 2 - 1
         if not torch.allclose(scripted(check), q_net(check), atol=1e-6):

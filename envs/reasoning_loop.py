@@ -27,6 +27,7 @@ paper's ``t = 1: R^1`` case is read as the starting credit, so that the first st
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
@@ -43,7 +44,7 @@ from clova_train.backends import (
     TransformersEmbeddingBackend,
 )
 from clova_train.llm_cache import CacheMode, CachedChat, CachedEmbedding, CallCache
-from clova_train.sandbox import ExecutionResult, Sandbox
+from clova_train.sandbox import Sandbox, ToolAPI
 from clova_train.envs.parts import MemoryBank, ObservationEncoder, Planner, Reasoner, Textualizer
 from clova_train.envs.scripted import ScriptedReasoningLLM
 from clova_train.envs.world import COLOURS, SIZE, SceneTools, Task, is_held_out, make_task, normalise_answer
@@ -172,17 +173,21 @@ class ReasoningLoopEnv(gym.Env):
         llm: a chat backend to use instead of ``config.llm`` (still cached if ``cache_path`` is set).
         embedder: an embedding backend to use instead of ``config.embedder``.
         render_mode: ``ansi`` returns the observation text from ``render()``.
+        tools_factory: builds the tool API for a task (default: :class:`SceneTools`, the annotation oracle);
+            plug in model-backed tools (e.g. prompt-tuned CLIP for ``verify_property``) here.
     """
 
     metadata = {"render_modes": ["ansi"]}
 
     def __init__(self, config: ReasoningLoopConfig | dict | None = None, llm: ChatBackend | None = None,
-                 embedder: EmbeddingBackend | None = None, render_mode: str | None = None) -> None:
+                 embedder: EmbeddingBackend | None = None, render_mode: str | None = None,
+                 tools_factory: Callable[[Task], ToolAPI] = SceneTools) -> None:
         if isinstance(config, dict):
             config = ReasoningLoopConfig(**{**config, "llm": LLMConfig(**config.get("llm", {})),
                                             "embedder": EmbedderConfig(**config.get("embedder", {}))})
         self.config = config = config or ReasoningLoopConfig()
         self.render_mode = render_mode
+        self.tools_factory = tools_factory
         chat = llm or config.llm.build()
         embed = embedder or config.embedder.build()
         self.cache: CallCache | None = None
@@ -212,7 +217,7 @@ class ReasoningLoopEnv(gym.Env):
             if is_held_out(candidate) == (self.config.split == "eval"):
                 task_id = candidate
         self.task = make_task(int(task_id))
-        self.tools = SceneTools(self.task)
+        self.tools = self.tools_factory(self.task)
         self.iteration, self.attempt, self.rejects = 0, 0, 0
         self.memory = MemoryBank()
         self.variables: dict[str, Any] = {}

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 import torch
+import yaml
 
 from clova_train.cli import main
 from conftest import REPO, fit_args, run_cli_subprocess, run_fit
@@ -21,9 +22,23 @@ def test_configs_exist() -> None:
 
 @pytest.mark.parametrize("config", CONFIGS, ids=lambda p: p.relative_to(REPO / "configs").as_posix())
 def test_every_config_parses_against_the_signatures(config: Path, capsys: pytest.CaptureFixture) -> None:
+    if "controller" in config.name:  # `clova-train controller fit` (SB3), not LightningCLI
+        assert run_fit("controller", "fit", "--config", str(config), "--print_config") == 0
+        assert {"env", "dqn", "train"} <= set(yaml.safe_load(capsys.readouterr().out))
+        return
     assert run_fit("fit", "--config", str(config), "--print_config") == 0
     printed = capsys.readouterr().out
     assert "class_path: clova_train.models." in printed and "class_path: clova_train.datamodules." in printed
+
+
+def test_paper_controller_config_keeps_hydra_values(capsys: pytest.CaptureFixture) -> None:
+    run_fit("controller", "fit", "--config", str(REPO / "configs/paper/controller_dqn_hydra.yaml"), "--print_config")
+    config = yaml.safe_load(capsys.readouterr().out)
+    env, dqn = config["env"], config["dqn"]
+    assert (env["num_samples"], env["r1"], env["alpha"], env["reject_penalty"]) == (5, 100.0, 100.0, 0.0)
+    assert (env["embedder"]["model"], env["embedder"]["dim"], env["layout"]) == ("text-embedding-3-small", 1536, "joint")
+    assert (dqn["net_arch"], dqn["learning_rate"], dqn["batch_size"], dqn["learning_starts"]) == ([512], 1e-4, 128, 1000)
+    assert dqn["exploration_initial_eps"] == 0.2 and dqn["exploration_final_eps"] > 0
 
 
 def test_paper_config_keeps_paper_values(capsys: pytest.CaptureFixture) -> None:
