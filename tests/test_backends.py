@@ -151,3 +151,23 @@ def test_cached_embeddings_are_bit_identical(tmp_path: Path) -> None:
         ["guess", "find the red circle"])
     np.testing.assert_array_equal(first[::-1], again)
     np.testing.assert_allclose(np.linalg.norm(first, axis=1), 1.0, rtol=1e-6)
+
+
+def test_local_transformers_backends_drive_the_environment(tiny_llama_dir: Path) -> None:
+    """A local causal LM (e.g. a LoRA export) as planner/coder and embedder: its replies, however poor, are
+    parsed into exactly N samples and the loop keeps running."""
+    from clova_train.backends import TransformersChatBackend, TransformersEmbeddingBackend
+    from clova_train.envs import ReasoningLoopConfig, ReasoningLoopEnv
+
+    llm = TransformersChatBackend(str(tiny_llama_dir), max_new_tokens=24)
+    embedder = TransformersEmbeddingBackend(str(tiny_llama_dir))
+    vectors = embedder.embed(["find the red circle", "guess"])
+    assert vectors.shape == (2, embedder.dim) and np.allclose(np.linalg.norm(vectors, axis=1), 1.0, atol=1e-5)
+    env = ReasoningLoopEnv(ReasoningLoopConfig(num_samples=3, max_iterations=2), llm=llm, embedder=embedder)
+    try:
+        obs, _ = env.reset(seed=0)
+        assert obs.shape == env.observation_space.shape and len(env.samples) == 3
+        _, _, terminated, truncated, info = env.step(0)
+        assert info["status"] in ("ok", "error", "violation") and isinstance(info["code"], str)
+    finally:
+        env.close()
