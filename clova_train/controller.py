@@ -304,8 +304,13 @@ def fit(config: ControllerConfig, extra_callbacks: list | None = None) -> tuple[
         checkpoint.last = held_out.last = model.num_timesteps
         remaining = config.train.total_timesteps - model.num_timesteps
         if remaining > 0:
-            model.learn(remaining, callback=[stats, checkpoint, held_out, *(extra_callbacks or [])],
-                        reset_num_timesteps=False, log_interval=10)
+            try:
+                model.learn(remaining, callback=[stats, checkpoint, held_out, *(extra_callbacks or [])],
+                            reset_num_timesteps=False, log_interval=10)
+            except (ClovaTrainError, KeyboardInterrupt):  # a failed backend or Ctrl-C: keep what was learned
+                if model.num_timesteps > 0:
+                    save_checkpoint(model, checkpoints)
+                raise
         save_checkpoint(model, checkpoints)
         if model.num_timesteps < config.train.total_timesteps:
             return model, None  # stopped early by a callback

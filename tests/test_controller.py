@@ -109,3 +109,27 @@ def test_export_writes_zip_torchscript_and_description(quickstart_run: Path, tmp
     mismatch = run_cli_subprocess(["controller", "export", "--config", config, "--env.embedder.dim=32",
                                    f"--train.output_dir={quickstart_run}", f"--output={tmp_path / 'bad'}"])
     assert mismatch.returncode == 2 and "takes observations of shape (389,)" in mismatch.stderr
+
+
+def test_a_failing_backend_stops_training_with_a_checkpoint_to_resume_from(tmp_path: Path,
+                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    from clova_train.backends import BackendError
+    from clova_train.envs.scripted import ScriptedReasoningLLM
+
+    original, calls = ScriptedReasoningLLM.chat, []
+
+    def failing_after_300(self, messages):
+        calls.append(1)
+        if len(calls) > 300:
+            raise BackendError("http://llm.example/v1 failed after 4 attempts; last error: HTTP 503")
+        return original(self, messages)
+
+    monkeypatch.setattr(ScriptedReasoningLLM, "chat", failing_after_300)
+    with pytest.raises(BackendError, match="HTTP 503"):
+        fit(small_config(tmp_path))
+    saved = json.loads((tmp_path / "checkpoints" / "last.json").read_text())
+    assert saved["num_timesteps"] > 0 and (tmp_path / "checkpoints" / "last_replay_buffer.pkl").is_file()
+
+    monkeypatch.setattr(ScriptedReasoningLLM, "chat", original)
+    resumed, results = fit(small_config(tmp_path))
+    assert resumed.num_timesteps == 800 and results is not None
