@@ -33,7 +33,8 @@ from results_file import machine, publish  # noqa: E402
 from clova_train.controller import ControllerConfig, fit  # noqa: E402
 from clova_train.envs import ReasoningLoopConfig, ReasoningLoopEnv  # noqa: E402
 from clova_train.envs.scripted import ScriptedReasoningLLM  # noqa: E402
-from clova_train.sandbox import SAFE_BUILTINS, ExecutionResult, ImagePatch, Sandbox  # noqa: E402
+import clova_train.sandbox as sandbox_module  # noqa: E402
+from clova_train.sandbox import ExecutionResult, Sandbox  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -50,33 +51,26 @@ class ServedScriptedLLM(ScriptedReasoningLLM):
         return super().chat(messages)
 
 
+class DirectConnection:
+    """Answers ImagePatch's tool calls in this process (what the pipe to the parent does for the worker)."""
+
+    def __init__(self, tools) -> None:
+        self.tools, self.reply = tools, None
+
+    def send(self, message) -> None:
+        _, method, patch, args = message
+        self.reply = Sandbox._serve(self.tools, method, patch, args)
+
+    def recv(self):
+        return self.reply
+
+
 class InProcessExec(Sandbox):
-    """Baseline: ``exec`` in this process with the tools called directly; no checks, worker or limits."""
+    """Baseline: the same execution (scope, builtins, tools) in this process: no check, no worker, no limits."""
 
     def run(self, source, variables, tools, image_id, size) -> ExecutionResult:
-        import clova_train.sandbox as sandbox_module
-
-        class DirectConnection:  # ImagePatch's tool calls answered in-process
-            reply = None
-
-            def send(self, message):
-                _, method, patch, args = message
-                self.reply = self_serve(tools, method, patch, args)
-
-            def recv(self):
-                return self.reply
-
-        self_serve = Sandbox._serve
-        sandbox_module._CONNECTION = DirectConnection()
-        scope = {"__builtins__": {**SAFE_BUILTINS, "print": lambda *a, **k: None}, "ImagePatch": ImagePatch,
-                 "image_patch": ImagePatch(image_id, 0, 0, *size), **variables}
-        try:
-            exec(compile(source, "<generated>", "exec"), scope)  # noqa: S102 (the unsafe baseline, on purpose)
-            status, error = "ok", ""
-        except Exception as err:  # noqa: BLE001
-            status, error = "error", f"{type(err).__name__}: {err}"
-        kept = {k: v for k, v in scope.items() if k not in ("__builtins__", "ImagePatch", "image_patch")}
-        return ExecutionResult(status, kept, "", error)
+        sandbox_module._CONNECTION = DirectConnection(tools)
+        return sandbox_module._execute(source, variables, image_id, size)
 
 
 def run_steps(env: ReasoningLoopEnv, steps: int, seed: int = 0) -> float:
