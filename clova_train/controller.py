@@ -14,7 +14,6 @@ Read top to bottom:
 
 from __future__ import annotations
 
-import json
 import os
 import time
 from collections.abc import Callable

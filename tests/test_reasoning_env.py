@@ -11,7 +11,6 @@ import pytest
 from clova_train.backends import BackendError, ChatBackend
 from clova_train.envs import ENV_ID, ReasoningLoopConfig, ReasoningLoopEnv, eq3_step_reward
 from clova_train.envs.parts import PLACEHOLDER_INSTRUCTION, parse_samples
-from clova_train.envs.reasoning_loop import LLMConfig
 from clova_train.envs.scripted import ScriptedReasoningLLM
 from clova_train.envs.world import make_task
 
