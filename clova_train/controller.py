@@ -261,7 +261,7 @@ def save_checkpoint(model: Any, directory: Path) -> None:
 
 
 # ---------------------------------------------------------------------------------------------- fit
-def build_model(config: ControllerConfig, env: Any, logger_dir: Path) -> Any:
+def build_model(config: ControllerConfig, env: Any) -> Any:
     from stable_baselines3 import DQN
 
     d = config.dqn
@@ -296,7 +296,7 @@ def fit(config: ControllerConfig, extra_callbacks: list | None = None) -> tuple[
             print(f"Resuming {checkpoints / CHECKPOINT} at step {model.num_timesteps} "
                   f"(exploration rate {model.exploration_rate:.4f})", flush=True)
         else:
-            model = build_model(config, env, run_dir)
+            model = build_model(config, env)
         model.set_logger(configure(str(run_dir / "logs"), list(config.train.log_formats)))
         write_json_atomic(run_dir / "config.json", asdict(config))
         stats, checkpoint, held_out = _callbacks(config, run_dir, started)

@@ -26,7 +26,6 @@ paper's ``t = 1: R^1`` case is read as the starting credit, so that the first st
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
@@ -205,7 +204,6 @@ class ReasoningLoopEnv(gym.Env):
         self.action_space = gym.spaces.Discrete(config.num_samples + 1)
         self.observation_space = gym.spaces.Box(-1.0, 1.0, shape=(self.encoder.dim,), dtype=np.float32)
         self.task: Task | None = None
-        self.seconds = 0.0  # wall time spent in step()
 
     # ------------------------------------------------------------------ episode
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[np.ndarray, dict]:
@@ -240,7 +238,6 @@ class ReasoningLoopEnv(gym.Env):
         if not self.action_space.contains(action):
             raise ValueError(f"action {action!r} is not in {self.action_space}")
         action = int(action)
-        started = time.perf_counter()
         calls_before = self._backend_calls()
         cfg = self.config
         self.iteration += 1
@@ -279,7 +276,6 @@ class ReasoningLoopEnv(gym.Env):
             self._propose()
         info["rejects"] = self.rejects
         info["costs"] = {"llm_calls": self._backend_calls() - calls_before, "tool_calls": info.get("tool_calls", 0)}
-        self.seconds += time.perf_counter() - started  # wall time stays out of info: infos must be deterministic
         if self.cache is not None:
             info["cache_hit_rate"] = self.cache.stats.hit_rate
         return self._observation(), reward, terminated, truncated, info
