@@ -2,8 +2,10 @@
 
 * :class:`OpenAIChatBackend` / :class:`OpenAIEmbeddingBackend`: any server speaking the OpenAI REST API
   (vLLM, Ollama, OpenAI). Base URL, model and key come from the config; the key may instead name an
-  environment variable. Timeouts, retries with exponential backoff on network errors, 429 and 5xx, and one
-  clear :class:`BackendError` for anything else (4xx, malformed JSON, a reply without the expected fields).
+  environment variable. Built on the ``openai`` SDK (see :class:`OpenAICompatibleClient`): per-operation
+  timeouts, a total deadline per call, retries honouring ``Retry-After``, no redirects, and one clear
+  :class:`BackendError` naming the URL for anything else (4xx, malformed or non-UTF-8 bodies, a reply without
+  the expected fields, non-finite embeddings). Replies are validated before they reach a cache or a prompt.
 * :class:`TransformersChatBackend` / :class:`TransformersEmbeddingBackend`: a local Hugging Face model
   directory (for instance one exported by ``clova-train export --merged`` after LoRA fine-tuning).
 * :class:`HashingEmbedder`: signed feature hashing of word uni- and bigrams; offline, deterministic, fast.
@@ -14,16 +16,19 @@ full request, so a recorded run replays exactly.
 
 from __future__ import annotations
 
+import email.utils
 import json
+import math
 import os
 import re
+import threading
 import time
-import urllib.error
-import urllib.request
 import zlib
 from abc import ABC, abstractmethod
 from typing import Any
 
+import httpcore2
+import httpx2
 import numpy as np
 
 from clova_train.errors import ClovaTrainError
@@ -62,61 +67,200 @@ class EmbeddingBackend(ABC):
 
 
 # ------------------------------------------------------------------------------------------------ HTTP
+def well_formed(text: str) -> str:
+    """``text`` with lone surrogates replaced, so that it can be encoded (sent, tokenised, hashed) as UTF-8."""
+    if text.isascii():
+        return text
+    return text.encode("utf-8", "replace").decode("utf-8")
+
+
+class _Deadline:
+    """The monotonic time by which the current request (retries included) must be done, per thread."""
+
+    def __init__(self) -> None:
+        self._local = threading.local()
+
+    def set(self, when: float | None) -> None:
+        self._local.when = when
+
+    def bound(self, timeout: float | None) -> float | None:
+        when = getattr(self._local, "when", None)
+        if when is None:
+            return timeout
+        remaining = when - time.monotonic()
+        if remaining <= 0:
+            raise httpcore2.ReadTimeout("the request's total deadline has passed")
+        return remaining if timeout is None else min(timeout, remaining)
+
+
+class _DeadlineStream(httpcore2.NetworkStream):
+    """A network stream whose every read and write waits at most until the request's deadline."""
+
+    def __init__(self, inner: httpcore2.NetworkStream, deadline: _Deadline) -> None:
+        self.inner, self.deadline = inner, deadline
+
+    def read(self, max_bytes: int, timeout: float | None = None) -> bytes:
+        return self.inner.read(max_bytes, self.deadline.bound(timeout))
+
+    def write(self, buffer: bytes, timeout: float | None = None) -> None:
+        self.inner.write(buffer, self.deadline.bound(timeout))
+
+    def close(self) -> None:
+        self.inner.close()
+
+    def start_tls(self, ssl_context: Any, server_hostname: str | None = None,
+                  timeout: float | None = None) -> httpcore2.NetworkStream:
+        return _DeadlineStream(self.inner.start_tls(ssl_context, server_hostname, self.deadline.bound(timeout)),
+                               self.deadline)
+
+    def get_extra_info(self, info: str) -> Any:
+        return self.inner.get_extra_info(info)
+
+
+class _DeadlineNetwork(httpcore2.SyncBackend):
+    """httpcore's socket backend, with connects, reads and writes bounded by the request's deadline.
+
+    Per-operation timeouts cannot stop a server that sends one byte just inside each timeout; bounding every
+    socket operation by the time left to the whole request does, headers included.
+    """
+
+    def __init__(self, deadline: _Deadline) -> None:
+        self.deadline = deadline
+
+    def connect_tcp(self, host: str, port: int, timeout: float | None = None, local_address: str | None = None,
+                    socket_options: Any = None) -> httpcore2.NetworkStream:
+        stream = super().connect_tcp(host, port, self.deadline.bound(timeout), local_address, socket_options)
+        return _DeadlineStream(stream, self.deadline)
+
+
+def _transport(deadline: _Deadline) -> httpx2.HTTPTransport:
+    transport = httpx2.HTTPTransport(trust_env=False)
+    # httpx's transport takes no network backend argument; its pool does. Same pool settings, our backend.
+    transport._pool = httpcore2.ConnectionPool(ssl_context=httpx2.create_ssl_context(trust_env=False),
+                                               network_backend=_DeadlineNetwork(deadline))
+    return transport
+
+
+def _retry_after(headers: Any) -> float | None:
+    """Seconds the server asked us to wait (``retry-after-ms``, ``retry-after`` in seconds or as an HTTP date)."""
+    for name, scale in (("retry-after-ms", 1000.0), ("retry-after", 1.0)):
+        value = headers.get(name) if headers is not None else None
+        if value is None:
+            continue
+        try:
+            seconds = float(value) / scale
+        except ValueError:
+            try:
+                seconds = email.utils.parsedate_to_datetime(value).timestamp() - time.time()
+            except (TypeError, ValueError, IndexError):
+                continue
+        if math.isfinite(seconds):
+            return max(0.0, seconds)
+    return None
+
+
 class OpenAICompatibleClient:
-    """JSON POSTs to an OpenAI-compatible server with timeouts and retries.
+    """JSON POSTs to an OpenAI-compatible server (vLLM, Ollama, OpenAI) through the ``openai`` SDK.
+
+    The SDK builds and sends the request (auth header, timeouts, its error classes); replies are read raw and
+    validated here (strict UTF-8 JSON object), so that a malformed reply is one :class:`BackendError`, never a
+    half-built object. Retries are ours, with the SDK's rule (connection errors, timeouts, 408, 409, 429,
+    5xx; also malformed replies), because the SDK's own retry loop cannot bound the total time of a call:
+    every call ends within ``deadline_s``, retries, ``Retry-After`` waits and slow (drip-fed) replies
+    included. ``Retry-After`` / ``retry-after-ms`` are honoured; a wait past the deadline fails at once.
+    Redirects are not followed, so the key never goes to another origin.
 
     Args:
         base_url: e.g. ``http://localhost:8000/v1``.
         api_key: the key itself; if empty, read from the environment variable ``api_key_env``.
-        api_key_env: environment variable holding the key (no key is sent if it is unset).
-        timeout_s: per-request timeout.
-        max_retries: retries after the first attempt for network errors, timeouts, 429, 5xx, malformed JSON.
-        backoff_s: first retry delay; doubled for each further retry.
+        api_key_env: environment variable holding the key (``EMPTY`` is sent if it is unset, as vLLM expects).
+        timeout_s: limit of each network operation (connect, each read, each write).
+        max_retries: retries after the first attempt.
+        backoff_s: first retry delay when the server gives none; doubled for each further retry.
+        deadline_s: total time of one call, retries included (default: ``timeout_s * (max_retries + 1)``).
     """
 
-    RETRYABLE_STATUS = frozenset({429, 500, 502, 503, 504})
+    RETRYABLE_STATUS = frozenset({408, 409, 429, 500, 502, 503, 504})
 
     def __init__(self, base_url: str, api_key: str = "", api_key_env: str = "OPENAI_API_KEY",
-                 timeout_s: float = 30.0, max_retries: int = 3, backoff_s: float = 0.5) -> None:
+                 timeout_s: float = 30.0, max_retries: int = 3, backoff_s: float = 0.5,
+                 deadline_s: float | None = None) -> None:
+        from openai import OpenAI
+
         self.base_url = base_url.rstrip("/")
-        self.api_key = api_key or os.environ.get(api_key_env, "")
         self.timeout_s, self.max_retries, self.backoff_s = timeout_s, max_retries, backoff_s
+        self.deadline_s = deadline_s if deadline_s is not None else timeout_s * (max_retries + 1)
         self.requests = 0
+        self._deadline = _Deadline()
+        http_client = httpx2.Client(transport=_transport(self._deadline), follow_redirects=False, trust_env=False,
+                                    timeout=timeout_s)
+        self._sdk = OpenAI(base_url=self.base_url, api_key=api_key or os.environ.get(api_key_env, "") or "EMPTY",
+                           max_retries=0, timeout=timeout_s, http_client=http_client)
 
     def post(self, path: str, payload: dict[str, Any]) -> dict[str, Any]:
+        """The JSON object the server replied with, or :class:`BackendError` naming the URL."""
+        from openai import APIConnectionError, APIStatusError, APITimeoutError
+
         url = f"{self.base_url}/{path.lstrip('/')}"
-        headers = {"Content-Type": "application/json"}
-        if self.api_key:
-            headers["Authorization"] = f"Bearer {self.api_key}"
-        body = json.dumps(payload).encode()
+        deadline = time.monotonic() + self.deadline_s
         failure = ""
-        for attempt in range(self.max_retries + 1):
-            if attempt:
-                time.sleep(self.backoff_s * 2 ** (attempt - 1))
-            self.requests += 1
-            try:
-                with urllib.request.urlopen(urllib.request.Request(url, body, headers), timeout=self.timeout_s) as r:
-                    raw = r.read()
-            except urllib.error.HTTPError as err:
-                detail = err.read()[:200].decode(errors="replace")
-                if err.code not in self.RETRYABLE_STATUS:
-                    raise BackendError(f"{url} answered HTTP {err.code}: {detail}") from err
-                failure = f"HTTP {err.code}: {detail}"
-                continue
-            except (urllib.error.URLError, TimeoutError, ConnectionError) as err:
-                reason = getattr(err, "reason", err)
-                failure = f"timed out after {self.timeout_s:g} s" if "timed out" in str(reason) else f"{reason}"
-                continue
-            try:
-                reply = json.loads(raw)
-            except json.JSONDecodeError:
-                failure = f"malformed JSON reply: {raw[:80]!r}"
-                continue
-            if not isinstance(reply, dict):
-                failure = f"malformed reply: expected a JSON object, got {type(reply).__name__}"
-                continue
-            return reply
-        raise BackendError(f"{url} failed after {self.max_retries + 1} attempts; last error: {failure}")
+        try:
+            for attempt in range(self.max_retries + 1):
+                self.requests += 1
+                wait = self.backoff_s * 2**attempt
+                self._deadline.set(deadline)
+                try:
+                    response = self._sdk.post(path, cast_to=httpx2.Response, body=payload)
+                    return self._parse(response.content)
+                except APIStatusError as err:
+                    status = err.status_code
+                    detail = well_formed(err.response.content[:200].decode("utf-8", "replace"))
+                    if 300 <= status < 400:
+                        raise BackendError(f"{url} answered HTTP {status} (a redirect to "
+                                           f"{err.response.headers.get('location', '?')!r}); redirects are not "
+                                           "followed, set base_url to the final address") from None
+                    if status not in self.RETRYABLE_STATUS:
+                        raise BackendError(f"{url} answered HTTP {status}: {detail}") from None
+                    failure = f"HTTP {status}: {detail}"
+                    asked = _retry_after(err.response.headers)
+                    if asked is not None:
+                        if time.monotonic() + asked > deadline:
+                            raise BackendError(f"{url} answered HTTP {status} and asked to retry after {asked:g} s, "
+                                               f"past the {self.deadline_s:g} s deadline of this call") from None
+                        wait = asked
+                except APITimeoutError:
+                    failure = f"timed out (operation limit {self.timeout_s:g} s, deadline {self.deadline_s:g} s)"
+                except APIConnectionError as err:
+                    cause = err.__cause__ or err
+                    failure = f"connection failed ({type(cause).__name__}: {str(cause)[:120]})"
+                except _MalformedReply as err:
+                    failure = str(err)
+                if attempt == self.max_retries:
+                    break
+                if time.monotonic() + wait >= deadline:
+                    failure += f"; no time left for another attempt within the {self.deadline_s:g} s deadline"
+                    break
+                time.sleep(wait)
+        finally:
+            self._deadline.set(None)
+        attempts = f"{attempt + 1} attempt" + ("s" if attempt else "")
+        raise BackendError(f"{url} failed after {attempts}; last error: {failure}")
+
+    @staticmethod
+    def _parse(body: bytes) -> dict[str, Any]:
+        try:
+            reply = json.loads(body.decode("utf-8"))
+        except UnicodeDecodeError:
+            raise _MalformedReply(f"reply is not UTF-8: {body[:60]!r}") from None
+        except (ValueError, RecursionError):
+            raise _MalformedReply(f"malformed JSON reply: {body[:80]!r}") from None
+        if not isinstance(reply, dict):
+            raise _MalformedReply(f"malformed reply: expected a JSON object, got {type(reply).__name__}")
+        return reply
+
+
+class _MalformedReply(Exception):
+    """A reply that is not a UTF-8 JSON object (retried, then reported)."""
 
 
 class OpenAIChatBackend(ChatBackend):
@@ -127,13 +271,14 @@ class OpenAIChatBackend(ChatBackend):
         model: model name the server knows.
         temperature: sampling temperature (part of the cache key).
         max_tokens: reply budget.
-        api_key, api_key_env, timeout_s, max_retries, backoff_s: see :class:`OpenAICompatibleClient`.
+        api_key, api_key_env, timeout_s, max_retries, backoff_s, deadline_s: see :class:`OpenAICompatibleClient`.
     """
 
     def __init__(self, base_url: str, model: str, temperature: float = 0.0, max_tokens: int = 512,
                  api_key: str = "", api_key_env: str = "OPENAI_API_KEY", timeout_s: float = 30.0,
-                 max_retries: int = 3, backoff_s: float = 0.5) -> None:
-        self.client = OpenAICompatibleClient(base_url, api_key, api_key_env, timeout_s, max_retries, backoff_s)
+                 max_retries: int = 3, backoff_s: float = 0.5, deadline_s: float | None = None) -> None:
+        self.client = OpenAICompatibleClient(base_url, api_key, api_key_env, timeout_s, max_retries, backoff_s,
+                                             deadline_s)
         self.model, self.temperature, self.max_tokens = model, temperature, max_tokens
 
     def identity(self) -> dict[str, Any]:
@@ -141,8 +286,9 @@ class OpenAIChatBackend(ChatBackend):
                 "temperature": self.temperature, "max_tokens": self.max_tokens}
 
     def chat(self, messages: list[Message]) -> str:
+        sent = [{"role": well_formed(str(m["role"])), "content": well_formed(str(m["content"]))} for m in messages]
         reply = self.client.post("/chat/completions", {
-            "model": self.model, "messages": messages, "temperature": self.temperature, "max_tokens": self.max_tokens,
+            "model": self.model, "messages": sent, "temperature": self.temperature, "max_tokens": self.max_tokens,
         })
         try:
             content = reply["choices"][0]["message"]["content"]
@@ -151,7 +297,7 @@ class OpenAIChatBackend(ChatBackend):
                                f"{json.dumps(reply)[:120]}") from err
         if not isinstance(content, str):
             raise BackendError(f"{self.client.base_url}: malformed chat reply, content is {type(content).__name__}")
-        return content
+        return well_formed(content)
 
 
 class OpenAIEmbeddingBackend(EmbeddingBackend):
@@ -161,25 +307,30 @@ class OpenAIEmbeddingBackend(EmbeddingBackend):
         base_url: server URL including the API prefix.
         model: embedding model name.
         dim: expected vector size (checked on every reply).
-        api_key, api_key_env, timeout_s, max_retries, backoff_s: see :class:`OpenAICompatibleClient`.
+        api_key, api_key_env, timeout_s, max_retries, backoff_s, deadline_s: see :class:`OpenAICompatibleClient`.
     """
 
     def __init__(self, base_url: str, model: str = "text-embedding-3-small", dim: int = 1536, api_key: str = "",
                  api_key_env: str = "OPENAI_API_KEY", timeout_s: float = 30.0, max_retries: int = 3,
-                 backoff_s: float = 0.5) -> None:
-        self.client = OpenAICompatibleClient(base_url, api_key, api_key_env, timeout_s, max_retries, backoff_s)
+                 backoff_s: float = 0.5, deadline_s: float | None = None) -> None:
+        self.client = OpenAICompatibleClient(base_url, api_key, api_key_env, timeout_s, max_retries, backoff_s,
+                                             deadline_s)
         self.model, self.dim = model, dim
 
     def identity(self) -> dict[str, Any]:
         return {"kind": "openai-embedding", "base_url": self.client.base_url, "model": self.model, "dim": self.dim}
 
     def embed(self, texts: list[str]) -> np.ndarray:
-        reply = self.client.post("/embeddings", {"model": self.model, "input": texts})
+        reply = self.client.post("/embeddings", {"model": self.model, "input": [well_formed(t) for t in texts],
+                                                 "encoding_format": "float"})
         try:
             rows = sorted(reply["data"], key=lambda row: row["index"])
             vectors = np.asarray([row["embedding"] for row in rows], dtype=np.float32)
         except (KeyError, TypeError, ValueError) as err:
-            raise BackendError(f"{self.client.base_url}: malformed embedding reply: {json.dumps(reply)[:120]}") from err
+            raise BackendError(f"{self.client.base_url}: malformed embedding reply: "
+                               f"{json.dumps(reply, default=str)[:120]}") from err
+        if not np.isfinite(vectors).all():
+            raise BackendError(f"{self.client.base_url}: the embedding reply holds non-finite numbers (NaN or inf)")
         if vectors.shape != (len(texts), self.dim):
             raise BackendError(f"{self.client.base_url}: expected {len(texts)} embeddings of size {self.dim}, "
                                f"got shape {vectors.shape}")
@@ -218,6 +369,7 @@ class TransformersChatBackend(ChatBackend):
         if self._model is None:
             self._load()
         tokenizer = self._tokenizer
+        messages = [{"role": m["role"], "content": well_formed(m["content"])} for m in messages]
         if getattr(tokenizer, "chat_template", None):
             prompt = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
         else:
@@ -259,7 +411,7 @@ class TransformersEmbeddingBackend(EmbeddingBackend):
             if self._tokenizer.pad_token is None:
                 self._tokenizer.pad_token = self._tokenizer.eos_token
             self._model = AutoModel.from_pretrained(self.model_path).to(self.device).eval()
-        batch = self._tokenizer(texts, return_tensors="pt", padding=True, truncation=True).to(self.device)
+        batch = self._tokenizer([well_formed(t) for t in texts], return_tensors="pt", padding=True, truncation=True).to(self.device)
         with torch.no_grad():
             hidden = self._model(**batch).last_hidden_state
         mask = batch["attention_mask"].unsqueeze(-1).to(hidden.dtype)
@@ -293,7 +445,7 @@ class HashingEmbedder(EmbeddingBackend):
         for row, text in enumerate(texts):
             words = _WORD.findall(text.lower())
             for feature in words + [f"{a} {b}" for a, b in zip(words, words[1:])]:
-                h = zlib.crc32(feature.encode())
+                h = zlib.crc32(feature.encode("utf-8", "surrogatepass"))
                 out[row, h % self.dim] += 1.0 if (h >> 31) & 1 else -1.0
             norm = np.linalg.norm(out[row])
             if norm > 0:

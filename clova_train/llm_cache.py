@@ -12,10 +12,14 @@ connection lazily (connections are not pickled).
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
+import os
 import sqlite3
+import tempfile
 import threading
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -25,6 +29,8 @@ import numpy as np
 from clova_train.backends import BackendError, ChatBackend, EmbeddingBackend, Message
 
 CacheMode = Literal["record", "replay", "off"]
+SCHEMA = "CREATE TABLE IF NOT EXISTS calls (key TEXT PRIMARY KEY, request TEXT NOT NULL, reply BLOB NOT NULL)"
+BUSY_TIMEOUT_S = 30.0
 
 
 @dataclass
@@ -61,23 +67,69 @@ class CallCache:
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__init__(state["path"], state["mode"])
 
+    def _create(self) -> None:
+        """Create the database file whole (table and WAL mode) and move it into place, if it is not there yet.
+
+        Switching a database to WAL takes an exclusive lock that SQLite does not wait for (the busy timeout does
+        not apply), so processes opening a fresh cache at once used to fail with "database is locked". Here
+        each builds a private file and links it into place; one wins, the others use the winner's file.
+        """
+        if self.path.exists():
+            return
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        fd, scratch = tempfile.mkstemp(prefix=f".{self.path.name}.", dir=self.path.parent)
+        os.close(fd)
+        try:
+            fresh = sqlite3.connect(scratch)
+            fresh.execute("PRAGMA journal_mode=WAL")
+            fresh.execute(SCHEMA)
+            fresh.commit()
+            fresh.close()
+            os.chmod(scratch, 0o644)
+            try:
+                os.link(scratch, self.path)
+            except FileExistsError:
+                pass
+        finally:
+            for leftover in (scratch, f"{scratch}-wal", f"{scratch}-shm"):
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(leftover)
+
     @property
     def connection(self) -> sqlite3.Connection:
         if self._connection is None:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            connection = sqlite3.connect(self.path, timeout=30, check_same_thread=False)
-            connection.execute("PRAGMA journal_mode=WAL")
-            connection.execute(
-                "CREATE TABLE IF NOT EXISTS calls (key TEXT PRIMARY KEY, request TEXT NOT NULL, reply BLOB NOT NULL)"
-            )
-            connection.commit()
+            try:
+                self._create()
+                connection = sqlite3.connect(self.path, timeout=BUSY_TIMEOUT_S, check_same_thread=False)
+                if connection.execute("PRAGMA journal_mode").fetchone()[0].lower() != "wal":
+                    self._enable_wal(connection)  # a cache written by an older version
+                connection.execute(SCHEMA)
+                connection.commit()
+            except sqlite3.DatabaseError as err:
+                raise BackendError(f"call cache {self.path} cannot be opened: {err}") from None
             self._connection = connection
         return self._connection
 
     @staticmethod
+    def _enable_wal(connection: sqlite3.Connection) -> None:
+        deadline = time.monotonic() + BUSY_TIMEOUT_S
+        while True:
+            try:
+                connection.execute("PRAGMA journal_mode=WAL")
+                return
+            except sqlite3.OperationalError as err:
+                if "locked" not in str(err) or time.monotonic() > deadline:
+                    raise
+                time.sleep(0.05)
+
+    @staticmethod
     def key(backend: dict[str, Any], request: Any) -> tuple[str, str]:
-        text = json.dumps({"backend": backend, "request": request}, sort_keys=True, ensure_ascii=False)
-        return hashlib.sha256(text.encode()).hexdigest(), text
+        """``(sha256 key, stored request text)``. Text with lone surrogates hashes and stores exactly: the key is
+        taken over the UTF-8 bytes with surrogates passed through, the stored text is ASCII-escaped JSON."""
+        canonical = {"backend": backend, "request": request}
+        text = json.dumps(canonical, sort_keys=True, ensure_ascii=False)
+        key = hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()
+        return key, json.dumps(canonical, sort_keys=True)
 
     def get(self, key: str) -> bytes | None:
         with self._lock:
@@ -121,10 +173,10 @@ class CachedChat(ChatBackend):
             return self.backend.chat(messages)
         key, text, stored = self.cache.lookup(self.identity(), messages)
         if stored is not None:
-            return stored.decode()
+            return stored.decode("utf-8", "surrogatepass")
         self.cache.stats.backend_calls += 1
         reply = self.backend.chat(messages)
-        self.cache.put(key, text, reply.encode())
+        self.cache.put(key, text, reply.encode("utf-8", "surrogatepass"))
         return reply
 
 

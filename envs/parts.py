@@ -13,6 +13,7 @@ transformers model or the offline scripted model can stand behind it.
 from __future__ import annotations
 
 import re
+import reprlib
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -26,6 +27,20 @@ TASK_DESCRIPTION = (
     "Assign final_answer to finish."
 )
 PLACEHOLDER_INSTRUCTION = "(no instruction)"
+_SHORT = reprlib.Repr()
+_SHORT.maxstring, _SHORT.maxother, _SHORT.maxlevel = 120, 120, 3
+_SHORT.maxlist = _SHORT.maxtuple = _SHORT.maxset = _SHORT.maxdict = 12
+
+
+def short_repr(value: object) -> str:
+    """A bounded ``repr``: what a program returned enters prompts and memory at most this large."""
+    return _SHORT.repr(value)
+
+
+def variables_text(variables: dict, limit: int = 1500) -> str:
+    """``name = value, ...`` for the reasoner's prompt and the memory bank, bounded in total."""
+    text = ", ".join(f"{k} = {short_repr(v)}" for k, v in sorted(variables.items())[:50])
+    return text if len(text) <= limit else text[:limit] + " ..."
 
 _SAMPLE_LINE = re.compile(
     r"^\s*(?:[-*]|\d+[.):]|\(\d+\))?\s*"  # optional list marker
@@ -116,7 +131,7 @@ class Reasoner:
         self.backend = backend
 
     def prompt(self, question: str, instruction: str, variables: dict, memory: MemoryBank) -> str:
-        names = ", ".join(f"{k} = {v!r}" for k, v in sorted(variables.items())) or "(none)"
+        names = variables_text(variables) or "(none)"
         return (
             f"Question: {question}\nInstruction: {instruction}\nVariables: {names}\nMemory:\n{memory.text()}\n"
             "Write Python code for the instruction. `image_patch` is the whole image. Assign final_answer "
@@ -136,8 +151,7 @@ class Textualizer:
 
     def describe(self, iteration: int, instruction: str, result: ExecutionResult) -> str:
         if result.ok:
-            shown = ", ".join(f"{k} = {v!r}" for k, v in sorted(result.variables.items())
-                              if not k.startswith("final"))[:300]
+            shown = variables_text({k: v for k, v in result.variables.items() if not k.startswith("final")}, 300)
             printed = f"; printed: {result.stdout.strip()[:200]}" if result.stdout.strip() else ""
             return f"Step {iteration}: {instruction} -> ok; variables: {shown or '(none)'}{printed}"
         return f"Step {iteration}: {instruction} -> {result.status}: {result.error[:200]}"

@@ -44,10 +44,11 @@ from clova_train.backends import (
 )
 from clova_train.llm_cache import CacheMode, CachedChat, CachedEmbedding, CallCache
 from clova_train.sandbox import Sandbox, ToolAPI
-from clova_train.envs.parts import MemoryBank, ObservationEncoder, Planner, Reasoner, Textualizer
+from clova_train.envs.parts import MemoryBank, ObservationEncoder, Planner, Reasoner, Textualizer, short_repr
 from clova_train.envs.scripted import ScriptedReasoningLLM
 from clova_train.envs.world import COLOURS, SIZE, SceneTools, Task, is_held_out, make_task, normalise_answer
 
+MAX_ANSWER_CHARS = 200
 Outcome = Literal["continue", "related", "unrelated", "truncated"]
 
 
@@ -78,8 +79,10 @@ class LLMConfig:
         base_url: OpenAI-compatible server URL with its API prefix.
         api_key_env: environment variable holding the API key.
         temperature: sampling temperature.
-        timeout_s: per-request timeout.
-        max_retries: retries on network errors, 429, 5xx and malformed replies.
+        timeout_s: limit of each network operation of a request (connect, each read, each write).
+        max_retries: retries on network errors, timeouts, 408/409/429, 5xx and malformed replies.
+        deadline_s: total time of one LLM call, retries and Retry-After waits included (none:
+            ``timeout_s * (max_retries + 1)``).
     """
 
     kind: Literal["scripted", "openai", "transformers"] = "scripted"
@@ -89,13 +92,15 @@ class LLMConfig:
     temperature: float = 0.0
     timeout_s: float = 30.0
     max_retries: int = 3
+    deadline_s: float | None = None
 
     def build(self) -> ChatBackend:
         if self.kind == "scripted":
             return ScriptedReasoningLLM()
         if self.kind == "openai":
             return OpenAIChatBackend(self.base_url, self.model, self.temperature, api_key_env=self.api_key_env,
-                                     timeout_s=self.timeout_s, max_retries=self.max_retries)
+                                     timeout_s=self.timeout_s, max_retries=self.max_retries,
+                                     deadline_s=self.deadline_s)
         return TransformersChatBackend(self.model)
 
 
@@ -257,7 +262,8 @@ class ReasoningLoopEnv(gym.Env):
             info.update(instruction=instruction, code=code, status=result.status, error=result.error,
                         tool_calls=result.tool_calls)
             if result.ok and "final_answer" in result.variables:
-                answer = normalise_answer(result.variables["final_answer"])
+                final = result.variables["final_answer"]
+                answer = normalise_answer(final[:MAX_ANSWER_CHARS] if isinstance(final, str) else short_repr(final))
                 correct = answer == self.task.answer
                 info.update(answer=answer, correct=correct)
                 terminated, m = True, float(correct)
