@@ -445,7 +445,10 @@ class HashingEmbedder(EmbeddingBackend):
         for row, text in enumerate(texts):
             words = _WORD.findall(text.lower())
             for feature in words + [f"{a} {b}" for a, b in zip(words, words[1:])]:
-                h = zlib.crc32(feature.encode("utf-8", "surrogatepass"))
+                try:
+                    h = zlib.crc32(feature.encode())
+                except UnicodeEncodeError:  # a lone surrogate: hashed as its raw code units
+                    h = zlib.crc32(feature.encode("utf-8", "surrogatepass"))
                 out[row, h % self.dim] += 1.0 if (h >> 31) & 1 else -1.0
             norm = np.linalg.norm(out[row])
             if norm > 0:

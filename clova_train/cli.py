@@ -96,13 +96,13 @@ def run_tiny_model(args: Sequence[str]) -> None:
 def run_controller(args: Sequence[str]) -> None:
     from jsonargparse import ActionConfigFile, ArgumentParser
 
-    from clova_train.controller import ControllerConfig, evaluate, fit, format_table
+    from clova_train.controller import ControllerConfig, evaluate, fit, format_table, validate
 
     parser = ArgumentParser(prog="clova-train controller",
                             description="Train, evaluate and export HYDRA's DQN controller.")
     subcommands = parser.add_subcommands(dest="command")
     for name, help_text in (
-        ("fit", "train (or resume from <output_dir>/checkpoints/last.zip) and evaluate on held-out tasks"),
+        ("fit", "train (or resume from <output_dir>/checkpoints) and evaluate on held-out tasks"),
         ("evaluate", "compare a trained controller with the planner's top sample and a random one"),
         ("export", "write the SB3 zip, a TorchScript Q-network and controller.json"),
     ):
@@ -112,6 +112,9 @@ def run_controller(args: Sequence[str]) -> None:
         if name != "fit":
             sub.add_argument("--checkpoint", type=str, default="",
                              help="controller .zip (default: <train.output_dir>/controller.zip)")
+        if name == "fit":
+            sub.add_argument("--force", action="store_true",
+                             help="start afresh: delete this output_dir's run (not its LLM call cache) first")
         if name == "evaluate":
             sub.add_argument("--episodes", type=int, default=0, help="held-out tasks (default: train.eval_episodes)")
         if name == "export":
@@ -123,9 +126,10 @@ def run_controller(args: Sequence[str]) -> None:
     instantiate = getattr(parser, "instantiate", None) or parser.instantiate_classes  # renamed in jsonargparse 4.49
     config = instantiate(parsed)[command]
     run = ControllerConfig(env=config.env, dqn=config.dqn, train=config.train)
+    validate(run)
     if command == "fit":
-        _, results = fit(run)
-        if results is not None:
+        model, results = fit(run, force=options.force)
+        if model is not None and results is not None:
             print(format_table(results))
             print(f"Controller: {Path(run.train.output_dir) / 'controller.zip'}")
         return

@@ -4,32 +4,38 @@ Read top to bottom:
 
 * :class:`DQNConfig`, :class:`TrainConfig`, :class:`ControllerConfig`: what ``controller fit`` reads from YAML
   (every field documented; ``--help`` shows them);
-* :func:`fit`: n environments (``DummyVecEnv`` or ``SubprocVecEnv``), SB3 DQN with an MLP Q-network, logging
-  (CSV / TensorBoard / stdout) of reward, accuracy, episode length, rejects and cache hit rate, evaluation on
-  held-out tasks every ``eval_every`` steps, and atomic checkpoints (model with optimizer state + replay
-  buffer) from which a rerun of the same command resumes at the saved step count and exploration rate;
+* :func:`validate`: every value checked before anything starts, one message naming each bad key;
+* :func:`fit`: n environments (``DummyVecEnv`` or ``SubprocVecEnv``), SB3 DQN with an MLP Q-network, a progress
+  bar, logs (CSV continued on resume, TensorBoard) of reward, accuracy, episode length, rejects and cache hit
+  rate, SB3's evaluation and checkpoint callbacks (:mod:`clova_train.controller_callbacks`: ``evaluations.npz``,
+  ``best_model.zip``, atomic ``checkpoints/controller_<steps>_steps.zip`` with the replay buffer). A rerun of
+  the same command resumes at the saved step count and exploration rate; a rerun of a finished run says so
+  and changes nothing (``force=True`` starts afresh);
 * :func:`evaluate`: the trained controller against HYDRA without RL (the planner's top-probability sample)
   and a random choice, on the same held-out tasks, as a table.
 """
 
 from __future__ import annotations
 
+import json
+import math
 import os
+import shutil
 import time
-from collections.abc import Callable
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Literal
-
-import numpy as np
+from typing import Any, Literal, get_args
 
 from clova_train.atomic import write_json_atomic, write_text_atomic
-from clova_train.envs import ReasoningLoopConfig, ReasoningLoopEnv
+from clova_train.controller_evaluation import compare, format_table, make_env_fn
+from clova_train.envs import ReasoningLoopConfig
 from clova_train.errors import ClovaTrainError
+from clova_train.llm_cache import CacheMode
 
-CHECKPOINT = "last.zip"
-REPLAY = "last_replay_buffer.pkl"
 FINAL = "controller.zip"
+CHECKPOINTS = "checkpoints"
+LOG_FORMATS = ("stdout", "csv", "tensorboard", "log", "json")
+__all__ = ["ControllerConfig", "DQNConfig", "TrainConfig", "evaluate", "fit", "format_table", "validate"]
 
 
 @dataclass
@@ -83,8 +89,9 @@ class TrainConfig:
         eval_episodes: held-out tasks per evaluation.
         eval_seed: seed of the held-out task sequence.
         checkpoint_every: environment steps between checkpoints (model, optimizer, replay buffer).
-        log_formats: SB3 logger outputs (``stdout``, ``csv``, ``tensorboard``, ``log``, ``json``).
+        log_formats: SB3 logger outputs (``csv``, ``tensorboard``, ``json``, ``log``; ``stdout`` prints every table).
         target_accuracy: evaluation accuracy whose first crossing is recorded (wall time and steps).
+        progress_bar: show SB3's progress bar (steps, elapsed, remaining) while training.
     """
 
     total_timesteps: int = 20_000
@@ -98,6 +105,7 @@ class TrainConfig:
     checkpoint_every: int = 5000
     log_formats: list[str] = field(default_factory=lambda: ["csv", "tensorboard"])
     target_accuracy: float = 0.0
+    progress_bar: bool = True
 
 
 @dataclass
@@ -115,16 +123,89 @@ class ControllerConfig:
     train: TrainConfig = field(default_factory=TrainConfig)
 
 
-# ---------------------------------------------------------------------------------------------- environments
-def make_env_fn(config: ReasoningLoopConfig, split: str | None = None) -> Callable[[], ReasoningLoopEnv]:
-    env_config = config if split is None else replace(config, split=split)
+# ---------------------------------------------------------------------------------------------- validation
+def _problems(config: ControllerConfig) -> list[str]:
+    env, dqn, train = config.env, config.dqn, config.train
+    problems: list[str] = []
 
-    def build() -> ReasoningLoopEnv:
-        return ReasoningLoopEnv(env_config)
+    def need(ok: bool, key: str, value: Any, rule: str) -> None:
+        if not ok:
+            problems.append(f"{key} = {value!r}: {rule}")
 
-    return build
+    def number(value: Any) -> bool:
+        return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+    def at_least(key: str, value: Any, low: float) -> None:
+        need(number(value) and value >= low, key, value, f"must be a number >= {low:g}")
+
+    def within(key: str, value: Any, low: float, high: float) -> None:
+        need(number(value) and low <= value <= high, key, value, f"must be between {low:g} and {high:g}")
+
+    for key in ("num_samples", "max_iterations"):
+        at_least(f"env.{key}", getattr(env, key), 1)
+    for key in ("r1", "alpha"):
+        need(number(getattr(env, key)), f"env.{key}", getattr(env, key), "must be a finite number")
+    for key in ("error_penalty", "reject_penalty"):
+        at_least(f"env.{key}", getattr(env, key), 0)
+    need(env.layout in ("per_part", "joint"), "env.layout", env.layout, "must be 'per_part' or 'joint'")
+    need(env.split in ("train", "eval"), "env.split", env.split, "must be 'train' or 'eval'")
+    need(env.cache_mode in get_args(CacheMode), "env.cache_mode", env.cache_mode,
+         f"must be one of {', '.join(get_args(CacheMode))}")
+    need(number(env.sandbox_timeout_s) and env.sandbox_timeout_s > 0, "env.sandbox_timeout_s",
+         env.sandbox_timeout_s, "must be a number > 0")
+    at_least("env.sandbox_memory_mb", env.sandbox_memory_mb, 32)
+    at_least("env.embedder.dim", env.embedder.dim, 1)
+    need(env.llm.kind in ("scripted", "openai", "transformers"), "env.llm.kind", env.llm.kind,
+         "must be 'scripted', 'openai' or 'transformers'")
+    need(number(env.llm.timeout_s) and env.llm.timeout_s > 0, "env.llm.timeout_s", env.llm.timeout_s,
+         "must be a number > 0")
+    at_least("env.llm.max_retries", env.llm.max_retries, 0)
+    need(bool(dqn.net_arch) and all(isinstance(n, int) and n >= 1 for n in dqn.net_arch), "dqn.net_arch",
+         dqn.net_arch, "must be a non-empty list of layer sizes >= 1")
+    need(number(dqn.learning_rate) and dqn.learning_rate > 0, "dqn.learning_rate", dqn.learning_rate,
+         "must be a number > 0")
+    at_least("dqn.batch_size", dqn.batch_size, 1)
+    at_least("dqn.buffer_size", dqn.buffer_size, max(1, dqn.batch_size if number(dqn.batch_size) else 1))
+    at_least("dqn.learning_starts", dqn.learning_starts, 0)
+    within("dqn.gamma", dqn.gamma, 0, 1)
+    at_least("dqn.train_freq", dqn.train_freq, 1)
+    need(dqn.gradient_steps == -1 or number(dqn.gradient_steps) and dqn.gradient_steps >= 1, "dqn.gradient_steps",
+         dqn.gradient_steps, "must be >= 1 (or -1: as many as environment steps)")
+    at_least("dqn.target_update_interval", dqn.target_update_interval, 1)
+    within("dqn.exploration_initial_eps", dqn.exploration_initial_eps, 0, 1)
+    within("dqn.exploration_final_eps", dqn.exploration_final_eps, 0, 1)
+    need(number(dqn.exploration_fraction) and 0 < dqn.exploration_fraction <= 1, "dqn.exploration_fraction",
+         dqn.exploration_fraction, "must be in (0, 1]")
+    need(number(dqn.max_grad_norm) and dqn.max_grad_norm > 0, "dqn.max_grad_norm", dqn.max_grad_norm,
+         "must be a number > 0")
+    at_least("train.total_timesteps", train.total_timesteps, 1)
+    at_least("train.n_envs", train.n_envs, 1)
+    need(train.vec_env in ("dummy", "subproc"), "train.vec_env", train.vec_env, "must be 'dummy' or 'subproc'")
+    for key in ("eval_every", "checkpoint_every"):
+        at_least(f"train.{key}", getattr(train, key), 0)
+    at_least("train.eval_episodes", train.eval_episodes, 1)
+    need(bool(train.output_dir), "train.output_dir", train.output_dir, "must name a directory")
+    unknown = [f for f in train.log_formats if f not in LOG_FORMATS]
+    need(not unknown, "train.log_formats", train.log_formats, f"formats must be among {', '.join(LOG_FORMATS)}")
+    within("train.target_accuracy", train.target_accuracy, 0, 1)
+    return problems
 
 
+def validate(config: ControllerConfig) -> None:
+    """Raise one :class:`ClovaTrainError` listing every invalid value (key, value, rule), or return."""
+    problems = _problems(config)
+    if problems:
+        raise ClovaTrainError("invalid controller config:\n  " + "\n  ".join(problems))
+
+
+# ---------------------------------------------------------------------------------------------- evaluation
+def evaluate(config: ControllerConfig, model: Any, episodes: int | None = None) -> dict[str, dict[str, float]]:
+    """The controller, the planner's top sample and a random sample on the same held-out tasks."""
+    return compare(config.env, model, episodes or config.train.eval_episodes, config.train.eval_seed,
+                   config.train.seed)
+
+
+# ---------------------------------------------------------------------------------------------- fit
 def make_vec_env(config: ControllerConfig):
     from stable_baselines3.common.env_util import make_vec_env as sb3_make_vec_env
     from stable_baselines3.common.vec_env import DummyVecEnv, SubprocVecEnv
@@ -134,133 +215,6 @@ def make_vec_env(config: ControllerConfig):
                             vec_env_cls=vec_cls)
 
 
-# ---------------------------------------------------------------------------------------------- evaluation
-Policy = Callable[[np.ndarray, ReasoningLoopEnv], int]
-
-
-def run_episodes(env: ReasoningLoopEnv, policy: Policy, episodes: int, seed: int) -> dict[str, float]:
-    """Mean accuracy, steps, rejects and return of ``policy`` over held-out tasks ``seed .. seed+episodes-1``."""
-    correct, steps, rejects, returns = [], [], [], []
-    for episode in range(episodes):
-        obs, _ = env.reset(seed=seed + episode)
-        total, done, n, info = 0.0, False, 0, {}
-        while not done:
-            obs, reward, terminated, truncated, info = env.step(policy(obs, env))
-            total, n, done = total + reward, n + 1, terminated or truncated
-        correct.append(float(info.get("correct", False)))
-        steps.append(n)
-        rejects.append(info.get("rejects", 0))
-        returns.append(total)
-    return {"accuracy": float(np.mean(correct)), "steps": float(np.mean(steps)),
-            "rejects": float(np.mean(rejects)), "return": float(np.mean(returns)), "episodes": episodes}
-
-
-def model_policy(model: Any) -> Policy:
-    return lambda obs, env: int(model.predict(obs, deterministic=True)[0])
-
-
-def planner_top_policy(obs: np.ndarray, env: ReasoningLoopEnv) -> int:
-    """HYDRA without RL: the planner's highest-probability sample (never rejects)."""
-    return int(np.argmax(env.planner_probabilities()))
-
-
-def random_policy(seed: int) -> Policy:
-    rng = np.random.default_rng(seed)
-    return lambda obs, env: int(rng.integers(env.config.num_samples))
-
-
-def evaluate(config: ControllerConfig, model: Any, episodes: int | None = None) -> dict[str, dict[str, float]]:
-    """The controller, the planner's top sample and a random sample on the same held-out tasks."""
-    episodes = episodes or config.train.eval_episodes
-    env = make_env_fn(config.env, "eval")()
-    try:
-        return {
-            "trained controller": run_episodes(env, model_policy(model), episodes, config.train.eval_seed),
-            "planner top-probability (HYDRA without RL)": run_episodes(env, planner_top_policy, episodes,
-                                                                        config.train.eval_seed),
-            "random sample": run_episodes(env, random_policy(config.train.seed), episodes, config.train.eval_seed),
-        }
-    finally:
-        env.close()
-
-
-def format_table(results: dict[str, dict[str, float]]) -> str:
-    lines = ["| policy | accuracy | steps / episode | rejects / episode | return |", "| --- | --- | --- | --- | --- |"]
-    for name, r in results.items():
-        lines.append(f"| {name} | {r['accuracy']:.3f} | {r['steps']:.2f} | {r['rejects']:.2f} | {r['return']:.1f} |")
-    return "\n".join(lines)
-
-
-# ---------------------------------------------------------------------------------------------- callbacks
-def _callbacks(config: ControllerConfig, run_dir: Path, started: float):
-    from stable_baselines3.common.callbacks import BaseCallback
-
-    class EpisodeStats(BaseCallback):
-        """Logs accuracy, episode length, rejects and cache hit rate of finished training episodes."""
-
-        def _on_step(self) -> bool:
-            for done, info in zip(self.locals["dones"], self.locals["infos"]):
-                if done:
-                    self.logger.record_mean("rollout/accuracy", float(info.get("correct", False)))
-                    self.logger.record_mean("rollout/episode_steps", info.get("iteration", 0))
-                    self.logger.record_mean("rollout/rejects", info.get("rejects", 0))
-                    if "cache_hit_rate" in info:
-                        self.logger.record("rollout/cache_hit_rate", info["cache_hit_rate"])
-            return True
-
-    class EveryNSteps(BaseCallback):
-        """Calls ``run()`` each time ``every`` more environment steps have passed (0: never)."""
-
-        def __init__(self, every: int) -> None:
-            super().__init__()
-            self.every, self.last = every, 0
-
-        def _on_step(self) -> bool:
-            if self.every and self.num_timesteps - self.last >= self.every:
-                self.last = self.num_timesteps
-                self.run()
-            return True
-
-    class Checkpoint(EveryNSteps):
-        """Model (with optimizer state and step count) and replay buffer, written atomically."""
-
-        def run(self) -> None:
-            save_checkpoint(self.model, run_dir / "checkpoints")
-
-    class HeldOutEvaluation(EveryNSteps):
-        """Accuracy on held-out tasks every ``eval_every`` steps; records when the target is first reached."""
-
-        def run(self) -> dict[str, float]:
-            env = make_env_fn(config.env, "eval")()
-            try:
-                result = run_episodes(env, model_policy(self.model), config.train.eval_episodes, config.train.eval_seed)
-            finally:
-                env.close()
-            for key, value in result.items():
-                self.logger.record(f"eval/{key}", value)
-            self.logger.dump(self.num_timesteps)
-            target = config.train.target_accuracy
-            progress = run_dir / "target_reached.json"
-            if target and result["accuracy"] >= target and not progress.exists():
-                write_json_atomic(progress, {"target_accuracy": target, "accuracy": result["accuracy"],
-                                             "timesteps": self.num_timesteps,
-                                             "wall_seconds": time.perf_counter() - started})
-            return result
-
-    return EpisodeStats(), Checkpoint(config.train.checkpoint_every), HeldOutEvaluation(config.train.eval_every)
-
-
-def save_checkpoint(model: Any, directory: Path) -> None:
-    directory.mkdir(parents=True, exist_ok=True)
-    model.save_replay_buffer(directory / "last_replay_buffer.tmp.pkl")
-    os.replace(directory / "last_replay_buffer.tmp.pkl", directory / REPLAY)
-    model.save(directory / "last.tmp.zip")
-    os.replace(directory / "last.tmp.zip", directory / CHECKPOINT)
-    write_json_atomic(directory / "last.json", {"num_timesteps": int(model.num_timesteps),
-                                                "exploration_rate": float(model.exploration_rate)})
-
-
-# ---------------------------------------------------------------------------------------------- fit
 def build_model(config: ControllerConfig, env: Any) -> Any:
     from stable_baselines3 import DQN
 
@@ -275,53 +229,108 @@ def build_model(config: ControllerConfig, env: Any) -> Any:
     )
 
 
-def fit(config: ControllerConfig, extra_callbacks: list | None = None) -> tuple[Any, dict[str, dict[str, float]] | None]:
-    """Train (or resume) the controller; returns the model and, if training finished, the evaluation table."""
-    from stable_baselines3 import DQN
-    from stable_baselines3.common.logger import configure
+def finished_steps(run_dir: Path) -> int | None:
+    """The step count of a finished run in ``run_dir`` (its ``controller.zip`` is written), else None."""
+    from clova_train.controller_callbacks import latest_checkpoint
 
+    found = latest_checkpoint(run_dir / CHECKPOINTS)
+    if not (run_dir / FINAL).is_file() or found is None:
+        return None
+    return int(found[2]["num_timesteps"])
+
+
+def clear_run(run_dir: Path, keep: str | None) -> None:
+    """Delete what a controller run wrote in ``run_dir``, except the file ``keep`` (the LLM call cache)."""
+    keep_path = Path(keep).resolve() if keep else None
+    for entry in run_dir.iterdir() if run_dir.is_dir() else ():
+        if keep_path is not None and (entry.resolve() == keep_path or keep_path.is_relative_to(entry.resolve())
+                                      or entry.name.startswith(keep_path.name)):
+            continue
+        shutil.rmtree(entry) if entry.is_dir() else entry.unlink()
+
+
+def _load(config: ControllerConfig, env: Any, checkpoints: Path) -> Any:
+    from stable_baselines3 import DQN
+
+    from clova_train.controller_callbacks import latest_checkpoint
+
+    found = latest_checkpoint(checkpoints)
+    if found is None:
+        return build_model(config, env)
+    model_path, replay_path, _ = found
+    model = DQN.load(model_path, env=env, device=config.dqn.device)
+    if model.observation_space.shape != env.observation_space.shape:
+        raise ClovaTrainError(f"checkpoint {model_path} expects observations of shape {model.observation_space.shape}"
+                              f", the configured environment gives {env.observation_space.shape}")
+    if replay_path.exists():
+        model.load_replay_buffer(replay_path)
+    print(f"Resuming {model_path} at step {model.num_timesteps} (exploration rate {model.exploration_rate:.4f})",
+          flush=True)
+    return model
+
+
+def fit(config: ControllerConfig, extra_callbacks: list | None = None,
+        force: bool = False) -> tuple[Any, dict[str, dict[str, float]] | None]:
+    """Train (or resume) the controller; returns the model and, if training finished, the evaluation table.
+
+    A run whose ``controller.zip`` is written at ``train.total_timesteps`` or more is finished: it is left
+    exactly as it is, and the stored evaluation is returned with no model. ``force`` deletes the run's outputs
+    (not its LLM call cache) and starts afresh.
+    """
+    from clova_train.controller_callbacks import (
+        AtomicCheckpointCallback,
+        EpisodeStats,
+        HeldOutEvalCallback,
+        make_logger,
+    )
+
+    validate(config)
     run_dir = Path(config.train.output_dir)
-    checkpoints = run_dir / "checkpoints"
+    checkpoints = run_dir / CHECKPOINTS
+    if force:
+        clear_run(run_dir, config.env.cache_path)
+    done = finished_steps(run_dir)
+    if done is not None and done >= config.train.total_timesteps:
+        print(f"{run_dir} is already finished ({done} of {config.train.total_timesteps} steps): nothing changed. "
+              "Pass --force (or set a new train.output_dir) to train afresh.", flush=True)
+        stored = run_dir / "evaluation.json"
+        return None, json.loads(stored.read_text()) if stored.is_file() else None
     started = time.perf_counter()
+    n_envs = config.train.n_envs
     env = make_vec_env(config)
+    held_out = None
     try:
-        if (checkpoints / CHECKPOINT).exists():
-            model = DQN.load(checkpoints / CHECKPOINT, env=env, device=config.dqn.device)
-            if model.observation_space.shape != env.observation_space.shape:
-                raise ClovaTrainError(f"checkpoint {checkpoints / CHECKPOINT} expects observations of shape "
-                                      f"{model.observation_space.shape}, the configured environment gives "
-                                      f"{env.observation_space.shape}")
-            if (checkpoints / REPLAY).exists():
-                model.load_replay_buffer(checkpoints / REPLAY)
-            print(f"Resuming {checkpoints / CHECKPOINT} at step {model.num_timesteps} "
-                  f"(exploration rate {model.exploration_rate:.4f})", flush=True)
-        else:
-            model = build_model(config, env)
-        model.set_logger(configure(str(run_dir / "logs"), list(config.train.log_formats)))
+        model = _load(config, env, checkpoints)
+        model.set_logger(make_logger(run_dir / "logs", list(config.train.log_formats)))
         write_json_atomic(run_dir / "config.json", asdict(config))
-        stats, checkpoint, held_out = _callbacks(config, run_dir, started)
-        checkpoint.last = held_out.last = model.num_timesteps
+        checkpoint = AtomicCheckpointCallback(config.train.checkpoint_every // n_envs if config.train.checkpoint_every
+                                              else 0, str(checkpoints))
+        held_out = HeldOutEvalCallback(config.env, run_dir, config.train.eval_every // n_envs if
+                                       config.train.eval_every else 0, config.train.eval_episodes,
+                                       config.train.eval_seed, config.train.seed, config.train.target_accuracy,
+                                       started)
         remaining = config.train.total_timesteps - model.num_timesteps
         if remaining > 0:
             try:
-                model.learn(remaining, callback=[stats, checkpoint, held_out, *(extra_callbacks or [])],
-                            reset_num_timesteps=False, log_interval=10)
+                model.learn(remaining, callback=[EpisodeStats(), checkpoint, held_out, *(extra_callbacks or [])],
+                            reset_num_timesteps=False, log_interval=10, progress_bar=config.train.progress_bar)
             except (ClovaTrainError, KeyboardInterrupt):  # a failed backend or Ctrl-C: keep what was learned
                 if model.num_timesteps > 0:
-                    save_checkpoint(model, checkpoints)
+                    checkpoint.save()
                 raise
-        save_checkpoint(model, checkpoints)
+        checkpoint.save()
         if model.num_timesteps < config.train.total_timesteps:
             return model, None  # stopped early by a callback
-        model.save(run_dir / "controller.tmp.zip")
-        os.replace(run_dir / "controller.tmp.zip", run_dir / FINAL)
-        if config.train.target_accuracy:
-            held_out.run()
+        if config.train.target_accuracy or not held_out.evaluations_timesteps:
+            held_out.evaluate_now()
     finally:
         env.close()
+        if held_out is not None:
+            held_out.close()
     results = evaluate(config, model)
-    table = format_table(results)
     write_text_atomic(run_dir / "evaluation.md", f"# Held-out evaluation ({config.train.eval_episodes} tasks)\n\n"
-                      f"{table}\n")
+                      f"{format_table(results)}\n")
     write_json_atomic(run_dir / "evaluation.json", results)
+    model.save(run_dir / "controller.tmp.zip")  # last: its presence marks the run finished
+    os.replace(run_dir / "controller.tmp.zip", run_dir / FINAL)
     return model, results

@@ -13,7 +13,6 @@ transformers model or the offline scripted model can stand behind it.
 from __future__ import annotations
 
 import re
-import reprlib
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -27,14 +26,18 @@ TASK_DESCRIPTION = (
     "Assign final_answer to finish."
 )
 PLACEHOLDER_INSTRUCTION = "(no instruction)"
-_SHORT = reprlib.Repr()
-_SHORT.maxstring, _SHORT.maxother, _SHORT.maxlevel = 120, 120, 3
-_SHORT.maxlist = _SHORT.maxtuple = _SHORT.maxset = _SHORT.maxdict = 12
+MAX_INSTRUCTION_CHARS = 500
+SHORT_REPR_CHARS = 200
 
 
 def short_repr(value: object) -> str:
-    """A bounded ``repr``: what a program returned enters prompts and memory at most this large."""
-    return _SHORT.repr(value)
+    """A bounded ``repr``: what a program returned enters prompts and memory at most this large.
+
+    The sandbox already bounds every returned value (its output budget), so the full ``repr`` is bounded too;
+    it is cut here so that one value cannot crowd a prompt.
+    """
+    text = repr(value)
+    return text if len(text) <= SHORT_REPR_CHARS else text[:SHORT_REPR_CHARS] + "..."
 
 
 def variables_text(variables: dict, limit: int = 1500) -> str:
@@ -54,19 +57,23 @@ def parse_samples(reply: str, n: int) -> list[tuple[str, float]]:
     """Exactly ``n`` ``(instruction, probability)`` pairs from a planner reply.
 
     One sample per non-empty line; a probability in ``[0.83]`` or ``(p=0.83)`` before the text is read and
-    clipped to [0, 1] (a missing one becomes 0). Lines beyond ``n`` are dropped (the reply's order is kept);
-    a short reply is padded with ``(no instruction)`` at probability 0, which the reasoner turns into a
+    clipped to [0, 1] (a missing one becomes 0); an instruction is cut at ``MAX_INSTRUCTION_CHARS`` (a reply
+    is untrusted: its size must not grow prompts and memory). Lines beyond ``n`` are dropped (the reply's order
+    is kept); a short reply is padded with ``(no instruction)`` at probability 0, which the reasoner turns into a
     no-op step. The action index therefore always means the same slot.
     """
     samples: list[tuple[str, float]] = []
     for line in reply.splitlines():
+        line = line[:MAX_INSTRUCTION_CHARS * 2]  # bounded before the regex: long space runs backtrack quadratically
         match = _SAMPLE_LINE.match(line)
         text = match.group("text") if match else line.strip()
         if not text or text.startswith("```"):
             continue
         raw = (match.group("p1") or match.group("p2")) if match else None
         probability = min(max(float(raw), 0.0), 1.0) if raw else 0.0
-        samples.append((text, probability))
+        samples.append((text[:MAX_INSTRUCTION_CHARS], probability))
+        if len(samples) == n:
+            break
     return samples[:n] + [(PLACEHOLDER_INSTRUCTION, 0.0)] * max(0, n - len(samples))
 
 

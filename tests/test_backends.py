@@ -171,3 +171,15 @@ def test_local_transformers_backends_drive_the_environment(tiny_llama_dir: Path)
         assert info["status"] in ("ok", "error", "violation") and isinstance(info["code"], str)
     finally:
         env.close()
+
+
+def test_hostile_planner_replies_stay_bounded_and_fast() -> None:
+    from clova_train.envs.parts import MAX_INSTRUCTION_CHARS, parse_samples
+
+    started = time.perf_counter()
+    replies = ["1. [0.5] " + "x" * 10**7, "a" + " " * 200_000 + "b", "\n" * 10**6 + "1. [0.9] late",
+               "[1e309] inf probability\n(p=-3) negative", "1. [0.5] bad \udc80 text"]
+    for reply in replies:
+        samples = parse_samples(reply, 5)
+        assert len(samples) == 5 and all(len(text) <= MAX_INSTRUCTION_CHARS and 0 <= p <= 1 for text, p in samples)
+    assert time.perf_counter() - started < 5

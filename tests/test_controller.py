@@ -21,7 +21,7 @@ def small_config(run_dir: Path) -> ControllerConfig:
                       target_update_interval=100, exploration_initial_eps=1.0, exploration_final_eps=0.1,
                       exploration_fraction=0.8, device="cpu"),
         train=TrainConfig(total_timesteps=800, n_envs=2, output_dir=str(run_dir), eval_every=0, eval_episodes=5,
-                          checkpoint_every=200, log_formats=["csv"]),
+                          checkpoint_every=200, log_formats=["csv"], progress_bar=False),
     )
 
 
@@ -42,8 +42,9 @@ def test_resumed_run_continues_from_its_step_count_and_exploration_rate(tmp_path
 
     interrupted, results = fit(small_config(tmp_path / "run"), [Trace(stop_at=400)])
     assert results is None and interrupted.num_timesteps == 400
-    saved = json.loads((tmp_path / "run" / "checkpoints" / "last.json").read_text())
-    assert saved == {"num_timesteps": 400, "exploration_rate": pytest.approx(reference_trace.rates[400])}
+    saved = json.loads((tmp_path / "run" / "checkpoints" / "latest.json").read_text())
+    assert saved == {"num_timesteps": 400, "exploration_rate": pytest.approx(reference_trace.rates[400]),
+                     "model": "controller_400_steps.zip", "replay_buffer": "controller_replay_buffer_400_steps.pkl"}
 
     resumed_trace = Trace()
     resumed, results = fit(small_config(tmp_path / "run"), [resumed_trace])
@@ -127,9 +128,118 @@ def test_a_failing_backend_stops_training_with_a_checkpoint_to_resume_from(tmp_p
     monkeypatch.setattr(ScriptedReasoningLLM, "chat", failing_after_300)
     with pytest.raises(BackendError, match="HTTP 503"):
         fit(small_config(tmp_path))
-    saved = json.loads((tmp_path / "checkpoints" / "last.json").read_text())
-    assert saved["num_timesteps"] > 0 and (tmp_path / "checkpoints" / "last_replay_buffer.pkl").is_file()
+    saved = json.loads((tmp_path / "checkpoints" / "latest.json").read_text())
+    assert saved["num_timesteps"] > 0 and (tmp_path / "checkpoints" / saved["replay_buffer"]).is_file()
 
     monkeypatch.setattr(ScriptedReasoningLLM, "chat", original)
     resumed, results = fit(small_config(tmp_path))
     assert resumed.num_timesteps == 800 and results is not None
+
+
+def digests(run_dir: Path) -> dict[str, str]:
+    import hashlib
+
+    return {str(p.relative_to(run_dir)): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(run_dir.rglob("*")) if p.is_file()}
+
+
+def test_rerunning_a_finished_fit_changes_nothing(tmp_path: Path, capsys) -> None:
+    from stable_baselines3 import DQN
+
+    config = small_config(tmp_path)
+    config.train.eval_every = 400
+    model, results = fit(config)
+    assert model is not None and results is not None
+    before = digests(tmp_path)
+    assert {"controller.zip", "best_model.zip", "evaluations.npz", "logs/progress.csv",
+            "checkpoints/latest.json"} <= set(before)
+    with np.load(tmp_path / "evaluations.npz") as evaluations:  # SB3's EvalCallback format, plus accuracy
+        assert evaluations["timesteps"].tolist() == [400, 800]
+        assert evaluations["results"].shape == evaluations["ep_lengths"].shape == evaluations["successes"].shape == (2, 5)
+        np.testing.assert_allclose(evaluations["accuracy"], evaluations["successes"].mean(1))
+    DQN.load(tmp_path / "best_model.zip", device="cpu")
+
+    again, stored = fit(config)
+    assert again is None and stored == json.loads(json.dumps(results))
+    assert "already finished (800 of 800 steps): nothing changed" in capsys.readouterr().out
+    assert digests(tmp_path) == before  # byte-identical: logs, models, checkpoints, evaluations
+
+    config.train.total_timesteps = 1000  # a longer run of the same directory continues from the checkpoint
+    longer, _ = fit(config)
+    assert longer.num_timesteps == 1000 and "at step 800" in capsys.readouterr().out
+
+    from clova_train.llm_cache import CallCache
+
+    config.env.cache_path = str(tmp_path / "cache.sqlite")
+    key, text = CallCache.key({"kind": "marker"}, "recorded before --force")
+    CallCache(config.env.cache_path).put(key, text, b"kept")
+    fresh, _ = fit(config, force=True)  # --force starts afresh and keeps the LLM call cache
+    assert fresh.num_timesteps == 1000 and "Resuming" not in capsys.readouterr().out
+    assert CallCache(config.env.cache_path).get(key) == b"kept"
+
+
+def test_kill_then_rerun_keeps_every_progress_row(tmp_path: Path) -> None:
+    import csv
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    config = str(REPO / "configs/quickstart/controller_dqn.yaml")
+    args = ["controller", "fit", "--config", config, f"--train.output_dir={tmp_path}", "--train.log_formats=[csv]",
+            f"--env.cache_path={tmp_path / 'cache.sqlite'}", "--train.total_timesteps=3000",
+            "--train.checkpoint_every=500", "--train.eval_every=500", "--train.eval_episodes=5",
+            "--train.progress_bar=false"]
+    progress = tmp_path / "logs" / "progress.csv"
+    process = subprocess.Popen([sys.executable, "-m", "clova_train", *args], cwd=REPO, stdout=subprocess.DEVNULL,
+                               stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 240
+        while time.monotonic() < deadline:  # wait for a checkpoint and a few logged rows, then kill mid-run
+            rows = progress.read_text().count("\n") if progress.exists() else 0
+            if (tmp_path / "checkpoints" / "latest.json").exists() and rows >= 4:
+                break
+            time.sleep(0.2)
+        process.send_signal(signal.SIGKILL)
+        process.wait(timeout=30)
+    finally:
+        if process.poll() is None:
+            process.kill()
+    with progress.open() as file:
+        before = list(csv.DictReader(file))
+    assert before and not (tmp_path / "controller.zip").exists()
+
+    resumed = run_cli_subprocess(args, timeout=400)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert "Resuming" in resumed.stdout
+    with progress.open() as file:
+        after = list(csv.DictReader(file))
+    assert len(after) > len(before)
+    for old, new in zip(before, after):  # every row written before the kill is still there, unchanged
+        assert {k: new[k] for k in old} == old
+
+    finished = digests(tmp_path)
+    rerun = run_cli_subprocess(args, timeout=120)  # the CLI on a finished run: exit 0, a message, nothing touched
+    assert rerun.returncode == 0 and "already finished (3000 of 3000 steps): nothing changed" in rerun.stdout
+    assert digests(tmp_path) == finished
+
+
+@pytest.mark.parametrize(("override", "message"), [
+    ("--train.n_envs=0", "train.n_envs = 0: must be a number >= 1"),
+    ("--env.num_samples=0", "env.num_samples = 0: must be a number >= 1"),
+    ("--train.total_timesteps=-5", "train.total_timesteps = -5: must be a number >= 1"),
+    ("--dqn.batch_size=0", "dqn.batch_size = 0: must be a number >= 1"),
+    ("--dqn.learning_rate=-1", "dqn.learning_rate = -1.0: must be a number > 0"),
+    ("--dqn.gamma=1.5", "dqn.gamma = 1.5: must be between 0 and 1"),
+    ("--env.sandbox_timeout_s=0", "env.sandbox_timeout_s = 0.0: must be a number > 0"),
+    ("--train.log_formats=[csv,xml]", "train.log_formats = ['csv', 'xml']: formats must be among"),
+    ("--dqn.net_arch=[]", "dqn.net_arch = []: must be a non-empty list"),
+])
+def test_bad_controller_configs_give_one_clear_message(override: str, message: str, tmp_path: Path, capsys) -> None:
+    from clova_train.cli import main
+
+    code = main(["controller", "fit", "--config", str(REPO / "configs/quickstart/controller_dqn.yaml"),
+                 f"--train.output_dir={tmp_path}", override])
+    err = capsys.readouterr().err
+    assert code == 2 and message in err and "Traceback" not in err, err
+    assert not any(tmp_path.iterdir())  # nothing was started or written

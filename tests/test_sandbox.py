@@ -343,7 +343,16 @@ def test_restriction_layer_refuses_language_escapes_alone(code: str) -> None:
         exec(compiled, scope)  # noqa: S102
 
 
-def test_guards_refuse_format_and_frames_at_run_time() -> None:
+@pytest.mark.parametrize("limits", [{"memory_limit_mb": -1}, {"timeout_s": 0}, {"output_chars": float("nan")},
+                                    {"max_message_bytes": -5}, {"memory_limit_mb": 4}])
+def test_bad_sandbox_limits_are_one_clear_error(limits: dict) -> None:
+    from clova_train.sandbox import SandboxError
+
+    with pytest.raises(SandboxError, match="sandbox limits must be positive numbers"):
+        Sandbox(**limits)
+
+
+def test_guards_refuse_format_and_mro_at_run_time() -> None:
     scope = {"__builtins__": policy.safe_builtins(), **policy.guards()}
     for code in ("x = 'a'.format", "x = str.format_map", "x = int.mro"):
         with pytest.raises(AttributeError):

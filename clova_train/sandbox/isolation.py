@@ -97,7 +97,10 @@ def _install_seccomp(pyseccomp: Any) -> str:
             rules.add_rule(pyseccomp.ALLOW, name)
         except (ValueError, RuntimeError, OSError):  # a call this architecture does not have
             pass
-    rules.load()
+    try:
+        rules.load()
+    except (OSError, RuntimeError, ValueError) as err:  # a kernel or container that refuses filters
+        return f"off: the kernel refused the filter ({type(err).__name__}: {err})"
     return f"on: {len(ALLOWED_SYSCALLS)} system calls allowed, every other one fails with EPERM"
 
 

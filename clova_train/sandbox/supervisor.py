@@ -15,7 +15,6 @@ before a tool sees it, and keeps only bounded values.
 from __future__ import annotations
 
 import logging
-import select
 import socket
 import subprocess
 import sys
@@ -24,6 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, Protocol
 
+from clova_train.errors import ClovaTrainError
 from clova_train.sandbox import wire
 from clova_train.sandbox.wire import PatchRef, WireError
 
@@ -72,6 +72,10 @@ class ExecutionResult:
         return self.status == "ok"
 
 
+class SandboxError(ClovaTrainError):
+    """The sandbox itself cannot work here (its worker does not start): a problem of the machine, not the code."""
+
+
 class _Violation(Exception):
     """The worker broke the protocol or a limit: it is killed and the run reported as a violation."""
 
@@ -93,12 +97,19 @@ class Sandbox:
     def __init__(self, timeout_s: float = 2.0, memory_limit_mb: int = 256, max_code_chars: int = 20_000,
                  output_chars: int = 65_536, max_message_bytes: int = 1 << 20, max_tool_calls: int = 256,
                  restricted: bool = True) -> None:
+        limits = {"timeout_s": timeout_s, "memory_limit_mb": memory_limit_mb, "max_code_chars": max_code_chars,
+                  "output_chars": output_chars, "max_message_bytes": max_message_bytes, "max_tool_calls": max_tool_calls}
+        bad = [f"{name} = {value!r}" for name, value in limits.items() if not (isinstance(value, (int, float))
+                                                                              and 0 < value < float("inf"))]
+        if bad or memory_limit_mb < 16:
+            raise SandboxError(f"sandbox limits must be positive numbers (memory_limit_mb at least 16): "
+                               f"{', '.join(bad) or f'memory_limit_mb = {memory_limit_mb}'}")
         self.timeout_s, self.memory_limit_mb = timeout_s, memory_limit_mb
         self.max_code_chars, self.output_chars = max_code_chars, output_chars
         self.max_message_bytes, self.max_tool_calls = max_message_bytes, max_tool_calls
         self.restricted = restricted
         self._process: subprocess.Popen | None = None
-        self._connection: socket.socket | None = None
+        self._connection: wire.Channel | None = None
         self.restarts = 0
         self._sequence = 0
         self.isolation: dict[str, str] = {}
@@ -116,12 +127,13 @@ class Sandbox:
             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
         )
         child.close()
-        self._connection = parent
+        self._connection = wire.Channel(parent, self.max_message_bytes)
         try:
-            ready = wire.receive(parent, self.max_message_bytes, time.monotonic() + 60)
+            ready = self._connection.receive(time.monotonic() + 60)
         except (TimeoutError, EOFError, OSError, WireError) as err:
             self._kill()
-            raise RuntimeError(f"the sandbox worker did not start ({type(err).__name__}: {err})") from None
+            raise SandboxError(f"the sandbox worker ({sys.executable}) did not start ({type(err).__name__}: {err}); "
+                               f"{self._diagnose(package_root)}") from None
         report = ready.get("isolation")
         if isinstance(report, dict) and not self.isolation:
             self.isolation = {str(k): str(v)[:200] for k, v in report.items()}
@@ -129,8 +141,14 @@ class Sandbox:
             if off:
                 log.info("sandbox worker isolation layers off here: %s", off)
 
-    def _pending(self) -> bool:
-        return self._connection is not None and bool(select.select([self._connection], [], [], 0)[0])
+    @staticmethod
+    def _diagnose(package_root: str) -> str:
+        """Why the worker's imports fail, if they do (the worker itself has no stderr)."""
+        probe = subprocess.run(
+            [sys.executable, "-I", "-c", f"import sys; sys.path.insert(0, {package_root!r}); "
+             "import clova_train.sandbox.worker"], env={}, cwd="/", capture_output=True, text=True, timeout=60)
+        lines = probe.stderr.strip().splitlines()
+        return f"its imports fail: {lines[-1]}" if probe.returncode and lines else "its imports work"
 
     def _alive(self) -> bool:
         return self._process is not None and self._process.poll() is None
@@ -147,7 +165,7 @@ class Sandbox:
     def close(self) -> None:
         if self._alive() and self._connection is not None:
             try:
-                wire.send(self._connection, {"op": "stop"})
+                self._connection.send({"op": "stop"})
                 self._process.wait(timeout=1)
             except (OSError, subprocess.TimeoutExpired):
                 pass
@@ -193,8 +211,6 @@ class Sandbox:
             encoded = wire.encode_value(variables, wire.Budget(self.output_chars))
         except (WireError, RecursionError) as err:
             return ExecutionResult("error", kept, error=f"variables cannot be sent to the sandbox: {err}")
-        if self._alive() and self._pending():  # left over from an earlier run: that worker is not trusted again
-            self._kill()
         if not self._alive():
             self._start()
         assert self._connection is not None
@@ -207,11 +223,11 @@ class Sandbox:
                                    seconds=time.perf_counter() - started, **fields)
 
         try:
-            wire.send(self._connection, {"op": "run", "seq": self._sequence, "code": source, "variables": encoded,
+            self._connection.send({"op": "run", "seq": self._sequence, "code": source, "variables": encoded,
                                          "image": [str(image_id), int(size[0]), int(size[1])],
                                          "cpu_s": self.timeout_s})
             while True:
-                message = wire.receive(self._connection, self.max_message_bytes, deadline)
+                message = self._connection.receive(deadline)
                 if message.get("seq") != self._sequence:
                     raise _Violation("a message that does not belong to this run")
                 if message["op"] == "done":
@@ -221,7 +237,7 @@ class Sandbox:
                 calls += 1
                 if calls > self.max_tool_calls:
                     raise _Violation(f"more than {self.max_tool_calls} tool calls in one run")
-                wire.send(self._connection, self._serve(tools, message))
+                self._connection.send(self._serve(tools, message))
         except TimeoutError:
             self._kill()
             return finish("timeout", f"timeout: the code ran over {self.timeout_s:g} s and was stopped")
@@ -248,10 +264,10 @@ class Sandbox:
         dropped = message.get("dropped", [])
         if type(dropped) is not list or not all(type(d) is str and len(d) <= 200 for d in dropped[:50]):
             raise _Violation("malformed list of dropped variables")
-        if status == "memory" or self._pending():
-            self._kill()  # a worker that hit its memory limit, or sent more than its result, is not trusted again
-            if status != "memory":
-                raise _Violation("the worker sent more than one result")
+        if self._connection.pending():  # the caller kills a worker that breaks the protocol
+            raise _Violation("the worker sent more than one result")
+        if status == "memory":
+            self._kill()  # a worker that hit its memory limit is not trusted again
         return finish(status, fields["error"], stdout=fields["stdout"], dropped=dropped[:50],
                       **({"variables": variables} if status == "ok" else {}))
 

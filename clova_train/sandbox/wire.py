@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import math
+import select
 import socket
 import struct
 import time
@@ -145,32 +146,7 @@ def pack(message: dict[str, Any]) -> bytes:
     return HEADER.pack(len(body)) + body
 
 
-def send(sock: socket.socket, message: dict[str, Any]) -> None:
-    sock.sendall(pack(message))
-
-
-def _recv_exactly(sock: socket.socket, size: int, deadline: float | None) -> bytes:
-    buffer = bytearray(size)
-    view, got = memoryview(buffer), 0
-    while got < size:
-        if deadline is not None:
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                raise TimeoutError
-            sock.settimeout(remaining)
-        count = sock.recv_into(view[got:])
-        if count == 0:
-            raise EOFError("the peer closed the connection")
-        got += count
-    return bytes(buffer)
-
-
-def receive(sock: socket.socket, limit: int, deadline: float | None = None) -> dict[str, Any]:
-    """One message; TimeoutError past ``deadline`` (monotonic), EOFError if the peer is gone, else WireError."""
-    (size,) = HEADER.unpack(_recv_exactly(sock, HEADER.size, deadline))
-    if size > limit:
-        raise WireError(f"message of {size} bytes is over the limit of {limit}")
-    body = _recv_exactly(sock, size, deadline)
+def parse(body: bytes) -> dict[str, Any]:
     try:
         message = json.loads(body.decode("ascii"))
     except (ValueError, RecursionError, MemoryError) as err:
@@ -178,3 +154,52 @@ def receive(sock: socket.socket, limit: int, deadline: float | None = None) -> d
     if type(message) is not dict or type(message.get("op")) is not str:
         raise WireError("malformed message: not an object with an 'op'")
     return message
+
+
+class Channel:
+    """Messages over a connected socket: one buffered reader (usually one ``recv`` per message), size-checked.
+
+    Args:
+        sock: the connected socket.
+        limit: largest message body accepted, in bytes; a larger length header is refused before its body is read.
+    """
+
+    CHUNK = 1 << 16
+
+    def __init__(self, sock: socket.socket, limit: int) -> None:
+        self.sock, self.limit, self.buffer = sock, limit, bytearray()
+
+    def send(self, message: dict[str, Any]) -> None:
+        self.sock.sendall(pack(message))
+
+    def receive(self, deadline: float | None = None) -> dict[str, Any]:
+        """One message; TimeoutError past ``deadline`` (monotonic), EOFError if the peer is gone, else WireError."""
+        while True:
+            if len(self.buffer) >= HEADER.size:
+                (size,) = HEADER.unpack_from(self.buffer)
+                if size > self.limit:
+                    raise WireError(f"message of {size} bytes is over the limit of {self.limit}")
+                end = HEADER.size + size
+                if len(self.buffer) >= end:
+                    body = bytes(self.buffer[HEADER.size:end])
+                    del self.buffer[:end]
+                    return parse(body)
+            self._fill(deadline)
+
+    def pending(self) -> bool:
+        """Whether anything has arrived that no :meth:`receive` has taken yet."""
+        return bool(self.buffer) or bool(select.select([self.sock], [], [], 0)[0])
+
+    def _fill(self, deadline: float | None) -> None:
+        if deadline is not None:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise TimeoutError
+            self.sock.settimeout(remaining)
+        chunk = self.sock.recv(self.CHUNK)
+        if not chunk:
+            raise EOFError("the peer closed the connection")
+        self.buffer += chunk
+
+    def close(self) -> None:
+        self.sock.close()

@@ -16,9 +16,11 @@ Every failure of parsing, compiling or running the code becomes the run's status
 
 from __future__ import annotations
 
+import builtins
 import socket
 import sys
 from collections import OrderedDict
+from collections.abc import Callable
 from typing import Any
 
 from clova_train.sandbox import isolation, policy, wire
@@ -49,15 +51,19 @@ class BoundedOutput:
         tail = f"\n[... {self.dropped} more characters not kept]" if self.dropped else ""
         return ("".join(self.parts) + tail).encode("utf-8", "replace").decode("utf-8")
 
+    def print(self, *objects: Any, sep: Any = " ", end: Any = "\n", **ignored: Any) -> None:
+        """``print`` into this buffer (the unrestricted mode's builtin; ``file=`` is ignored)."""
+        sep = sep if type(sep) is str else " "
+        end = end if type(end) is str else "\n"
+        self.write(sep.join(str(o) for o in objects) + end)
+
     def collector(self, _getattr_: Any = None) -> Any:
         """RestrictedPython's ``_print_`` factory: every ``print`` of the run lands in this buffer."""
         output = self
 
         class Printer:
-            def _call_print(self, *objects: Any, sep: Any = " ", end: Any = "\n", **ignored: Any) -> None:
-                sep = sep if type(sep) is str else " "
-                end = end if type(end) is str else "\n"
-                output.write(sep.join(str(o) for o in objects) + end)
+            def _call_print(self, *objects: Any, **options: Any) -> None:
+                output.print(*objects, **options)
 
             def __call__(self) -> str:
                 return output.text()
@@ -65,18 +71,24 @@ class BoundedOutput:
         return Printer()
 
 
-class Run:
-    """One run's tool API: the ``ImagePatch`` class and ``llm_query`` a program sees, bound to this run only."""
+Request = Callable[[dict[str, Any]], dict[str, Any]]
 
-    def __init__(self, connection: socket.socket, message_limit: int, sequence: int) -> None:
-        self.connection, self.message_limit, self.sequence = connection, message_limit, sequence
+
+class Run:
+    """One run's tool API: the ``ImagePatch`` class and ``llm_query`` a program sees, bound to this run only.
+
+    Args:
+        request: sends a ``call`` message to whoever serves the tools and returns its ``result`` message.
+    """
+
+    def __init__(self, request: Request) -> None:
+        self.request = request
         self.ImagePatch = self._patch_class()
 
     def call(self, method: str, patch: Any, *args: Any) -> Any:
         box = None if patch is None else [patch.image_id, patch.left, patch.lower, patch.right, patch.upper]
-        wire.send(self.connection, {"op": "call", "seq": self.sequence, "method": method, "patch": box,
-                                    "args": wire.encode_value(list(args), wire.Budget(4096))})
-        reply = wire.receive(self.connection, self.message_limit)
+        reply = self.request({"op": "call", "method": method, "patch": box,
+                              "args": wire.encode_value(list(args), wire.Budget(4096))})
         if reply.get("op") != "result":
             raise ToolError("the parent sent no tool result")
         if not reply.get("ok"):
@@ -154,18 +166,16 @@ def _describe(err: BaseException) -> str:
 
 
 class Worker:
-    """Serves ``run`` messages on ``connection``.
+    """Compiles and runs programs; tool calls go through ``request``.
 
     Args:
-        connection: the socket to the parent.
+        request: serves one tool call (the socket to the parent in the worker process).
         output_chars: budget of the kept variables (characters and elements) and of printed output.
-        message_limit: largest message accepted from the parent, in bytes.
+        restricted: compile through the restriction layer (``False`` only to test the layers below it).
     """
 
-    def __init__(self, connection: socket.socket, output_chars: int, message_limit: int,
-                 restricted: bool = True) -> None:
-        self.connection, self.output_chars, self.message_limit = connection, output_chars, message_limit
-        self.restricted = restricted
+    def __init__(self, request: Request, output_chars: int, restricted: bool = True) -> None:
+        self.request, self.output_chars, self.restricted = request, output_chars, restricted
         self.compiled: OrderedDict[str, Any] = OrderedDict()
 
     def compile(self, source: str) -> Any:
@@ -180,7 +190,8 @@ class Worker:
         return code
 
     def run(self, message: dict[str, Any]) -> dict[str, Any]:
-        isolation.limit_cpu(float(message.get("cpu_s", 10)))
+        if message.get("cpu_s") is not None:
+            isolation.limit_cpu(float(message["cpu_s"]))
         source = message.get("code")
         if type(source) is not str:
             return {"op": "done", "status": "violation", "error": "sandbox violation: no code"}
@@ -196,12 +207,12 @@ class Worker:
         except BaseException as err:  # noqa: BLE001 (e.g. a lone surrogate: UnicodeEncodeError)
             return {"op": "done", "status": "error", "error": _describe(err)}
 
-        run = Run(self.connection, self.message_limit, message.get("seq"))
+        run = Run(self.request)
         output = BoundedOutput(self.output_chars)
         image_id, width, height = message["image"]
         scope: dict[str, Any] = {
             **({"__builtins__": policy.safe_builtins(), **policy.guards(), "_print_": output.collector}
-               if self.restricted else {"__builtins__": __builtins__}),
+               if self.restricted else {"__builtins__": {**vars(builtins), "print": output.print}}),
             "ImagePatch": run.ImagePatch, "llm_query": run.llm_query,
             "image_patch": run.ImagePatch(image_id, 0, 0, width, height),
         }
@@ -251,19 +262,27 @@ class Worker:
 
 def main(fd: int, memory_limit_mb: int, output_chars: int, message_limit: int, restricted: bool = True) -> None:
     """Worker entry point (see :meth:`Sandbox._start`)."""
-    connection = socket.socket(fileno=fd)
-    connection.settimeout(None)
+    sock = socket.socket(fileno=fd)
+    sock.settimeout(None)
+    channel = wire.Channel(sock, message_limit)
     sys.setrecursionlimit(400)
     report = isolation.lock_down(memory_limit_mb)
-    worker = Worker(connection, output_chars, message_limit, restricted)
-    wire.send(connection, {"op": "ready", "isolation": report})
+    sequence = None
+
+    def request(call: dict[str, Any]) -> dict[str, Any]:
+        channel.send({**call, "seq": sequence})
+        return channel.receive()
+
+    worker = Worker(request, output_chars, restricted)
+    channel.send({"op": "ready", "isolation": report})
     while True:
         try:
-            message = wire.receive(connection, message_limit)
+            message = channel.receive()
         except (EOFError, OSError, wire.WireError):
             return
         if message["op"] != "run":
             return
+        sequence = message.get("seq")
         try:
             reply = {**worker.run(message), "seq": message.get("seq")}
         except MemoryError:
@@ -272,6 +291,6 @@ def main(fd: int, memory_limit_mb: int, output_chars: int, message_limit: int, r
         except BaseException as err:  # noqa: BLE001 (the protocol itself broke, e.g. the parent went away)
             reply = {"op": "done", "seq": message.get("seq"), "status": "error", "error": _describe(err)}
         try:
-            wire.send(connection, reply)
+            channel.send(reply)
         except (OSError, ValueError):
             return

@@ -1,0 +1,217 @@
+"""stable-baselines3 callbacks and logger outputs of a controller run, made safe to kill and to rerun.
+
+* :class:`HeldOutEvalCallback` is SB3's ``EvalCallback`` on held-out tasks, measured by accuracy: it writes
+  ``evaluations.npz`` (``timesteps``, ``results``, ``ep_lengths``, ``successes``, as SB3 does, plus
+  ``accuracy``) and ``best_model.zip`` (highest accuracy, ties by mean return), logs the planner-top and
+  random baselines of the same tasks next to it, and continues the arrays of an earlier run when resumed.
+* :class:`AtomicCheckpointCallback` is SB3's ``CheckpointCallback`` (``controller_<steps>_steps.zip`` and the
+  replay buffer) with every file written to a temporary name and renamed, a ``latest.json`` naming the newest
+  complete checkpoint, and older checkpoints pruned.
+* :class:`EpisodeStats` logs the accuracy, length, rejects and cache hit rate of finished training episodes.
+* :class:`AppendingCSVOutputFormat` is SB3's CSV log continued, not truncated, when a run resumes.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from stable_baselines3.common.callbacks import BaseCallback, CheckpointCallback, EvalCallback
+from stable_baselines3.common.logger import CSVOutputFormat, KVWriter, Logger, make_output_format
+from stable_baselines3.common.vec_env import DummyVecEnv
+
+from clova_train.atomic import write_json_atomic
+from clova_train.controller_evaluation import baselines, make_env_fn, model_policy, run_episodes
+from clova_train.envs import ReasoningLoopConfig
+
+LATEST = "latest.json"
+BEST_MODEL = "best_model.zip"
+EVALUATIONS = "evaluations.npz"
+
+
+def _replace_into(path: Path, write: Any, suffix: str) -> None:
+    """``write(temporary path)`` then rename onto ``path``: readers see the old file or the new one, whole."""
+    temporary = path.with_name(f".{path.stem}.tmp{suffix}")
+    write(temporary)
+    os.replace(temporary, path)
+
+
+class AppendingCSVOutputFormat(CSVOutputFormat):
+    """SB3's ``progress.csv``, reopened and continued when it exists (SB3 opens it with ``w+``)."""
+
+    def __init__(self, filename: str) -> None:
+        path = Path(filename)
+        existing = path.exists() and path.stat().st_size > 0
+        if existing and not path.read_bytes().endswith(b"\n"):  # a row cut short by a kill
+            with path.open("ab") as file:
+                file.write(b"\n")
+        self.file = open(filename, "r+" if existing else "w+")  # noqa: SIM115 (closed by close())
+        self.keys: list[str] = []
+        self.separator, self.quotechar = ",", '"'
+        if existing:
+            header = self.file.readline().rstrip("\n")
+            self.keys = header.split(self.separator) if header else []
+            self.file.seek(0, os.SEEK_END)
+
+
+def make_logger(folder: Path, formats: list[str]) -> Logger:
+    folder.mkdir(parents=True, exist_ok=True)
+    outputs: list[KVWriter] = [AppendingCSVOutputFormat(str(folder / "progress.csv")) if name == "csv"
+                               else make_output_format(name, str(folder)) for name in formats]
+    return Logger(str(folder), outputs)
+
+
+class EpisodeStats(BaseCallback):
+    """Logs accuracy, episode length, rejects and cache hit rate of finished training episodes."""
+
+    def _on_step(self) -> bool:
+        for done, info in zip(self.locals["dones"], self.locals["infos"]):
+            if done:
+                self.logger.record_mean("rollout/accuracy", float(info.get("correct", False)))
+                self.logger.record_mean("rollout/episode_steps", info.get("iteration", 0))
+                self.logger.record_mean("rollout/rejects", info.get("rejects", 0))
+                if "cache_hit_rate" in info:
+                    self.logger.record("rollout/cache_hit_rate", info["cache_hit_rate"])
+        return True
+
+
+class AtomicCheckpointCallback(CheckpointCallback):
+    """Checkpoints every ``save_freq`` calls (one call = one step of every environment), written atomically.
+
+    Args:
+        save_freq: calls between checkpoints.
+        save_path: checkpoint directory.
+        keep: newest model checkpoints kept (older ones are deleted once a newer one is complete); only the newest
+            replay buffer is kept, since each is as large as the buffer.
+    """
+
+    def __init__(self, save_freq: int, save_path: str, keep: int = 2) -> None:
+        super().__init__(save_freq, save_path, name_prefix="controller", save_replay_buffer=True)
+        self.keep = keep
+
+    def _on_step(self) -> bool:
+        if self.save_freq > 0 and self.n_calls % self.save_freq == 0:
+            self.save()
+        return True
+
+    def save(self) -> None:
+        os.makedirs(self.save_path, exist_ok=True)
+        model = Path(self._checkpoint_path(extension="zip"))
+        replay = Path(self._checkpoint_path("replay_buffer_", extension="pkl"))
+        _replace_into(replay, self.model.save_replay_buffer, ".pkl")
+        _replace_into(model, self.model.save, ".zip")
+        write_json_atomic(Path(self.save_path) / LATEST, {
+            "num_timesteps": int(self.model.num_timesteps), "exploration_rate": float(self.model.exploration_rate),
+            "model": model.name, "replay_buffer": replay.name})
+        self._prune()
+
+    def _prune(self) -> None:
+        def steps(path: Path) -> int:
+            return int(path.stem.rsplit("_", 2)[-2])
+
+        folder = Path(self.save_path)
+        for old in sorted(folder.glob("controller_*_steps.zip"), key=steps)[:-self.keep]:
+            old.unlink(missing_ok=True)
+        for old in sorted(folder.glob("controller_replay_buffer_*_steps.pkl"), key=steps)[:-1]:
+            old.unlink(missing_ok=True)
+
+
+def latest_checkpoint(directory: Path) -> tuple[Path, Path, dict[str, Any]] | None:
+    """The newest complete checkpoint named by ``latest.json``: model, replay buffer, and the record."""
+    record_path = directory / LATEST
+    if not record_path.is_file():
+        return None
+    record = json.loads(record_path.read_text())
+    return directory / record["model"], directory / record["replay_buffer"], record
+
+
+class HeldOutEvalCallback(EvalCallback):
+    """SB3's ``EvalCallback`` on held-out tasks with accuracy as its metric and baselines beside it.
+
+    Args:
+        env_config: the environment of the run (its held-out split is used).
+        run_dir: where ``evaluations.npz``, ``best_model.zip`` and ``target_reached.json`` go.
+        eval_freq: calls (one step of every environment) between evaluations; 0: only when asked.
+        episodes: held-out tasks per evaluation.
+        seed: first held-out task seed (the same tasks every time).
+        random_seed: seed of the random-choice baseline.
+        target_accuracy: accuracy whose first crossing is recorded with wall time and steps (0: none).
+        started: ``time.perf_counter()`` at the start of the run.
+    """
+
+    def __init__(self, env_config: ReasoningLoopConfig, run_dir: Path, eval_freq: int, episodes: int, seed: int,
+                 random_seed: int, target_accuracy: float = 0.0, started: float | None = None) -> None:
+        super().__init__(DummyVecEnv([make_env_fn(env_config, "eval")]), n_eval_episodes=episodes,
+                         eval_freq=eval_freq, log_path=str(run_dir), best_model_save_path=str(run_dir), verbose=0)
+        self.run_dir, self.seed, self.random_seed = run_dir, seed, random_seed
+        self.target_accuracy = target_accuracy
+        self.started = time.perf_counter() if started is None else started
+        self.evaluations_accuracy: list[float] = []
+        self.best_accuracy = -np.inf
+        self.baseline_results: dict[str, dict[str, Any]] | None = None
+        self._restore()
+
+    def _restore(self) -> None:
+        """Continue the arrays of an earlier run of the same directory."""
+        path = self.run_dir / EVALUATIONS
+        if not path.is_file():
+            return
+        with np.load(path) as saved:
+            self.evaluations_timesteps = saved["timesteps"].tolist()
+            self.evaluations_results = saved["results"].tolist()
+            self.evaluations_length = saved["ep_lengths"].tolist()
+            self.evaluations_successes = saved["successes"].tolist()
+            self.evaluations_accuracy = saved["accuracy"].tolist()
+        if self.evaluations_accuracy:
+            best = int(np.argmax(self.evaluations_accuracy))
+            self.best_accuracy = self.evaluations_accuracy[best]
+            self.best_mean_reward = float(np.mean(self.evaluations_results[best]))
+
+    def _init_callback(self) -> None:
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+
+    def _on_step(self) -> bool:
+        if self.eval_freq > 0 and self.n_calls % self.eval_freq == 0:
+            self.evaluate_now()
+        return True
+
+    def evaluate_now(self) -> dict[str, Any]:
+        env = self.eval_env.envs[0]
+        result = run_episodes(env, model_policy(self.model), self.n_eval_episodes, self.seed)
+        if self.baseline_results is None:  # they do not learn: once per run is enough
+            self.baseline_results = baselines(env, self.n_eval_episodes, self.seed, self.random_seed)
+        self.evaluations_timesteps.append(int(self.num_timesteps))
+        self.evaluations_results.append(result["returns"])
+        self.evaluations_length.append(result["lengths"])
+        self.evaluations_successes.append(result["correct"])
+        self.evaluations_accuracy.append(result["accuracy"])
+        _replace_into(self.run_dir / EVALUATIONS, lambda tmp: np.savez(
+            tmp, timesteps=self.evaluations_timesteps, results=self.evaluations_results,
+            ep_lengths=self.evaluations_length, successes=self.evaluations_successes,
+            accuracy=self.evaluations_accuracy), ".npz")
+        self.last_mean_reward = result["return"]
+        for key, value in (("mean_reward", result["return"]), ("mean_ep_length", result["steps"]),
+                           ("success_rate", result["accuracy"]), ("accuracy", result["accuracy"]),
+                           ("rejects", result["rejects"])):
+            self.logger.record(f"eval/{key}", value)
+        for name, baseline in self.baseline_results.items():
+            short = "planner_top" if name.startswith("planner") else "random"
+            self.logger.record(f"eval/baseline_{short}_accuracy", baseline["accuracy"])
+        self.logger.record("time/total_timesteps", self.num_timesteps, exclude="tensorboard")
+        self.logger.dump(self.num_timesteps)
+        if (result["accuracy"], result["return"]) > (self.best_accuracy, self.best_mean_reward):
+            self.best_accuracy, self.best_mean_reward = result["accuracy"], result["return"]
+            _replace_into(self.run_dir / BEST_MODEL, self.model.save, ".zip")
+        reached = self.run_dir / "target_reached.json"
+        if self.target_accuracy and result["accuracy"] >= self.target_accuracy and not reached.exists():
+            write_json_atomic(reached, {"target_accuracy": self.target_accuracy, "accuracy": result["accuracy"],
+                                        "timesteps": int(self.num_timesteps),
+                                        "wall_seconds": time.perf_counter() - self.started})
+        return result
+
+    def close(self) -> None:
+        self.eval_env.close()

@@ -1,0 +1,90 @@
+"""Held-out evaluation of a controller against HYDRA without RL and a random choice, on the same tasks.
+
+``run_episodes`` plays ``policy`` on held-out tasks ``seed .. seed + episodes - 1`` (the same tasks for every
+policy and every evaluation), and returns the means and the per-episode values that SB3's ``evaluations.npz``
+keeps (returns, lengths, successes).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import replace
+from typing import Any
+
+import numpy as np
+
+from clova_train.envs import ReasoningLoopConfig, ReasoningLoopEnv
+
+Policy = Callable[[np.ndarray, ReasoningLoopEnv], int]
+
+
+def make_env_fn(config: ReasoningLoopConfig, split: str | None = None) -> Callable[[], ReasoningLoopEnv]:
+    env_config = config if split is None else replace(config, split=split)
+
+    def build() -> ReasoningLoopEnv:
+        return ReasoningLoopEnv(env_config)
+
+    return build
+
+
+def run_episodes(env: ReasoningLoopEnv, policy: Policy, episodes: int, seed: int) -> dict[str, Any]:
+    """Mean accuracy, steps, rejects and return of ``policy``, plus per-episode ``returns``/``lengths``/``correct``."""
+    correct, steps, rejects, returns = [], [], [], []
+    for episode in range(episodes):
+        obs, _ = env.reset(seed=seed + episode)
+        total, done, n, info = 0.0, False, 0, {}
+        while not done:
+            obs, reward, terminated, truncated, info = env.step(policy(obs, env))
+            total, n, done = total + reward, n + 1, terminated or truncated
+        correct.append(bool(info.get("correct", False)))
+        steps.append(n)
+        rejects.append(info.get("rejects", 0))
+        returns.append(total)
+    return {"accuracy": float(np.mean(correct)), "steps": float(np.mean(steps)),
+            "rejects": float(np.mean(rejects)), "return": float(np.mean(returns)), "episodes": episodes,
+            "returns": returns, "lengths": steps, "correct": correct}
+
+
+def summary(result: dict[str, Any]) -> dict[str, float]:
+    """The means of :func:`run_episodes` without the per-episode lists."""
+    return {k: v for k, v in result.items() if k not in ("returns", "lengths", "correct")}
+
+
+def model_policy(model: Any) -> Policy:
+    return lambda obs, env: int(model.predict(obs, deterministic=True)[0])
+
+
+def planner_top_policy(obs: np.ndarray, env: ReasoningLoopEnv) -> int:
+    """HYDRA without RL: the planner's highest-probability sample (never rejects)."""
+    return int(np.argmax(env.planner_probabilities()))
+
+
+def random_policy(seed: int) -> Policy:
+    rng = np.random.default_rng(seed)
+    return lambda obs, env: int(rng.integers(env.config.num_samples))
+
+
+def baselines(env: ReasoningLoopEnv, episodes: int, seed: int, random_seed: int) -> dict[str, dict[str, Any]]:
+    return {
+        "planner top-probability (HYDRA without RL)": run_episodes(env, planner_top_policy, episodes, seed),
+        "random sample": run_episodes(env, random_policy(random_seed), episodes, seed),
+    }
+
+
+def compare(env_config: ReasoningLoopConfig, model: Any, episodes: int, seed: int,
+            random_seed: int) -> dict[str, dict[str, float]]:
+    """The controller, the planner's top sample and a random sample on the same held-out tasks."""
+    env = make_env_fn(env_config, "eval")()
+    try:
+        results = {"trained controller": run_episodes(env, model_policy(model), episodes, seed),
+                   **baselines(env, episodes, seed, random_seed)}
+    finally:
+        env.close()
+    return {name: summary(result) for name, result in results.items()}
+
+
+def format_table(results: dict[str, dict[str, float]]) -> str:
+    lines = ["| policy | accuracy | steps / episode | rejects / episode | return |", "| --- | --- | --- | --- | --- |"]
+    for name, r in results.items():
+        lines.append(f"| {name} | {r['accuracy']:.3f} | {r['steps']:.2f} | {r['rejects']:.2f} | {r['return']:.1f} |")
+    return "\n".join(lines)
