@@ -160,6 +160,8 @@ def _problems(config: ControllerConfig) -> list[str]:
     need(number(env.llm.timeout_s) and env.llm.timeout_s > 0, "env.llm.timeout_s", env.llm.timeout_s,
          "must be a number > 0")
     at_least("env.llm.max_retries", env.llm.max_retries, 0)
+    need(env.llm.deadline_s is None or number(env.llm.deadline_s) and env.llm.deadline_s > 0, "env.llm.deadline_s",
+         env.llm.deadline_s, "must be a number > 0 (or null: timeout_s * (max_retries + 1))")
     need(bool(dqn.net_arch) and all(isinstance(n, int) and n >= 1 for n in dqn.net_arch), "dqn.net_arch",
          dqn.net_arch, "must be a non-empty list of layer sizes >= 1")
     need(number(dqn.learning_rate) and dqn.learning_rate > 0, "dqn.learning_rate", dqn.learning_rate,
