@@ -19,14 +19,13 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import shutil
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Literal, get_args
 
-from clova_train.atomic import write_json_atomic, write_text_atomic
+from clova_train.atomic import write_atomic, write_json_atomic, write_text_atomic
 from clova_train.controller_evaluation import compare, format_table, make_env_fn
 from clova_train.envs import ReasoningLoopConfig
 from clova_train.errors import ClovaTrainError
@@ -333,6 +332,5 @@ def fit(config: ControllerConfig, extra_callbacks: list | None = None,
     write_text_atomic(run_dir / "evaluation.md", f"# Held-out evaluation ({config.train.eval_episodes} tasks)\n\n"
                       f"{format_table(results)}\n")
     write_json_atomic(run_dir / "evaluation.json", results)
-    model.save(run_dir / "controller.tmp.zip")  # last: its presence marks the run finished
-    os.replace(run_dir / "controller.tmp.zip", run_dir / FINAL)
+    write_atomic(run_dir / FINAL, model.save)  # last: its presence marks the run finished
     return model, results

@@ -5,7 +5,7 @@
   ``accuracy``) and ``best_model.zip`` (highest accuracy, ties by mean return), logs the planner-top and
   random baselines of the same tasks next to it, and continues the arrays of an earlier run when resumed.
 * :class:`AtomicCheckpointCallback` is SB3's ``CheckpointCallback`` (``controller_<steps>_steps.zip`` and the
-  replay buffer) with every file written to a temporary name and renamed, a ``latest.json`` naming the newest
+  replay buffer) with every file written through :mod:`clova_train.atomic`, a ``latest.json`` naming the newest
   complete checkpoint, and older checkpoints pruned.
 * :class:`EpisodeStats` logs the accuracy, length, rejects and cache hit rate of finished training episodes.
 * :class:`AppendingCSVOutputFormat` is SB3's CSV log continued, not truncated, when a run resumes.
@@ -24,7 +24,7 @@ from stable_baselines3.common.callbacks import BaseCallback, CheckpointCallback,
 from stable_baselines3.common.logger import CSVOutputFormat, KVWriter, Logger, make_output_format
 from stable_baselines3.common.vec_env import DummyVecEnv
 
-from clova_train.atomic import write_json_atomic
+from clova_train.atomic import write_atomic, write_json_atomic
 from clova_train.controller_evaluation import baselines, make_env_fn, model_policy, run_episodes
 from clova_train.envs import ReasoningLoopConfig
 
@@ -33,11 +33,9 @@ BEST_MODEL = "best_model.zip"
 EVALUATIONS = "evaluations.npz"
 
 
-def _replace_into(path: Path, write: Any, suffix: str) -> None:
-    """``write(temporary path)`` then rename onto ``path``: readers see the old file or the new one, whole."""
-    temporary = path.with_name(f".{path.stem}.tmp{suffix}")
-    write(temporary)
-    os.replace(temporary, path)
+def _save_npz(path: Path, **arrays: Any) -> None:
+    with open(path, "wb") as file:  # a file object: np.savez would append ".npz" to the temporary name
+        np.savez(file, **arrays)
 
 
 class AppendingCSVOutputFormat(CSVOutputFormat):
@@ -102,8 +100,8 @@ class AtomicCheckpointCallback(CheckpointCallback):
         os.makedirs(self.save_path, exist_ok=True)
         model = Path(self._checkpoint_path(extension="zip"))
         replay = Path(self._checkpoint_path("replay_buffer_", extension="pkl"))
-        _replace_into(replay, self.model.save_replay_buffer, ".pkl")
-        _replace_into(model, self.model.save, ".zip")
+        write_atomic(replay, self.model.save_replay_buffer)
+        write_atomic(model, self.model.save)
         write_json_atomic(Path(self.save_path) / LATEST, {
             "num_timesteps": int(self.model.num_timesteps), "exploration_rate": float(self.model.exploration_rate),
             "model": model.name, "replay_buffer": replay.name})
@@ -189,10 +187,10 @@ class HeldOutEvalCallback(EvalCallback):
         self.evaluations_length.append(result["lengths"])
         self.evaluations_successes.append(result["correct"])
         self.evaluations_accuracy.append(result["accuracy"])
-        _replace_into(self.run_dir / EVALUATIONS, lambda tmp: np.savez(
+        write_atomic(self.run_dir / EVALUATIONS, lambda tmp: _save_npz(
             tmp, timesteps=self.evaluations_timesteps, results=self.evaluations_results,
             ep_lengths=self.evaluations_length, successes=self.evaluations_successes,
-            accuracy=self.evaluations_accuracy), ".npz")
+            accuracy=self.evaluations_accuracy))
         self.last_mean_reward = result["return"]
         for key, value in (("mean_reward", result["return"]), ("mean_ep_length", result["steps"]),
                            ("success_rate", result["accuracy"]), ("accuracy", result["accuracy"]),
@@ -205,7 +203,7 @@ class HeldOutEvalCallback(EvalCallback):
         self.logger.dump(self.num_timesteps)
         if (result["accuracy"], result["return"]) > (self.best_accuracy, self.best_mean_reward):
             self.best_accuracy, self.best_mean_reward = result["accuracy"], result["return"]
-            _replace_into(self.run_dir / BEST_MODEL, self.model.save, ".zip")
+            write_atomic(self.run_dir / BEST_MODEL, self.model.save)
         reached = self.run_dir / "target_reached.json"
         if self.target_accuracy and result["accuracy"] >= self.target_accuracy and not reached.exists():
             write_json_atomic(reached, {"target_accuracy": self.target_accuracy, "accuracy": result["accuracy"],
