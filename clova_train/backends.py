@@ -75,13 +75,21 @@ def well_formed(text: str) -> str:
 
 
 class _Deadline:
-    """The monotonic time by which the current request (retries included) must be done, per thread."""
+    """The monotonic time by which the current request (retries included) must be done, and the bytes it may
+    still read, per thread."""
 
-    def __init__(self) -> None:
+    def __init__(self, max_reply_bytes: int) -> None:
         self._local = threading.local()
+        self.max_reply_bytes = max_reply_bytes
 
     def set(self, when: float | None) -> None:
         self._local.when = when
+        self._local.budget = self.max_reply_bytes
+
+    def spend(self, count: int) -> None:
+        self._local.budget = getattr(self._local, "budget", self.max_reply_bytes) - count
+        if self._local.budget < 0:
+            raise httpcore2.ReadError(f"the reply is larger than {self.max_reply_bytes} bytes")
 
     def bound(self, timeout: float | None) -> float | None:
         when = getattr(self._local, "when", None)
@@ -100,7 +108,9 @@ class _DeadlineStream(httpcore2.NetworkStream):
         self.inner, self.deadline = inner, deadline
 
     def read(self, max_bytes: int, timeout: float | None = None) -> bytes:
-        return self.inner.read(max_bytes, self.deadline.bound(timeout))
+        data = self.inner.read(max_bytes, self.deadline.bound(timeout))
+        self.deadline.spend(len(data))
+        return data
 
     def write(self, buffer: bytes, timeout: float | None = None) -> None:
         self.inner.write(buffer, self.deadline.bound(timeout))
@@ -178,20 +188,21 @@ class OpenAICompatibleClient:
         max_retries: retries after the first attempt.
         backoff_s: first retry delay when the server gives none; doubled for each further retry.
         deadline_s: total time of one call, retries included (default: ``timeout_s * (max_retries + 1)``).
+        max_reply_bytes: largest reply read (a larger one is cut off and counts as a failed attempt).
     """
 
     RETRYABLE_STATUS = frozenset({408, 409, 429, 500, 502, 503, 504})
 
     def __init__(self, base_url: str, api_key: str = "", api_key_env: str = "OPENAI_API_KEY",
                  timeout_s: float = 30.0, max_retries: int = 3, backoff_s: float = 0.5,
-                 deadline_s: float | None = None) -> None:
+                 deadline_s: float | None = None, max_reply_bytes: int = 64 << 20) -> None:
         from openai import OpenAI
 
         self.base_url = base_url.rstrip("/")
         self.timeout_s, self.max_retries, self.backoff_s = timeout_s, max_retries, backoff_s
         self.deadline_s = deadline_s if deadline_s is not None else timeout_s * (max_retries + 1)
         self.requests = 0
-        self._deadline = _Deadline()
+        self._deadline = _Deadline(max_reply_bytes)
         http_client = httpx2.Client(transport=_transport(self._deadline), follow_redirects=False, trust_env=False,
                                     timeout=timeout_s)
         self._sdk = OpenAI(base_url=self.base_url, api_key=api_key or os.environ.get(api_key_env, "") or "EMPTY",
@@ -271,14 +282,16 @@ class OpenAIChatBackend(ChatBackend):
         model: model name the server knows.
         temperature: sampling temperature (part of the cache key).
         max_tokens: reply budget.
-        api_key, api_key_env, timeout_s, max_retries, backoff_s, deadline_s: see :class:`OpenAICompatibleClient`.
+        api_key, api_key_env, timeout_s, max_retries, backoff_s, deadline_s, max_reply_bytes: see
+            :class:`OpenAICompatibleClient`.
     """
 
     def __init__(self, base_url: str, model: str, temperature: float = 0.0, max_tokens: int = 512,
                  api_key: str = "", api_key_env: str = "OPENAI_API_KEY", timeout_s: float = 30.0,
-                 max_retries: int = 3, backoff_s: float = 0.5, deadline_s: float | None = None) -> None:
+                 max_retries: int = 3, backoff_s: float = 0.5, deadline_s: float | None = None,
+                 max_reply_bytes: int = 64 << 20) -> None:
         self.client = OpenAICompatibleClient(base_url, api_key, api_key_env, timeout_s, max_retries, backoff_s,
-                                             deadline_s)
+                                             deadline_s, max_reply_bytes)
         self.model, self.temperature, self.max_tokens = model, temperature, max_tokens
 
     def identity(self) -> dict[str, Any]:
@@ -307,14 +320,15 @@ class OpenAIEmbeddingBackend(EmbeddingBackend):
         base_url: server URL including the API prefix.
         model: embedding model name.
         dim: expected vector size (checked on every reply).
-        api_key, api_key_env, timeout_s, max_retries, backoff_s, deadline_s: see :class:`OpenAICompatibleClient`.
+        api_key, api_key_env, timeout_s, max_retries, backoff_s, deadline_s, max_reply_bytes: see
+            :class:`OpenAICompatibleClient`.
     """
 
     def __init__(self, base_url: str, model: str = "text-embedding-3-small", dim: int = 1536, api_key: str = "",
                  api_key_env: str = "OPENAI_API_KEY", timeout_s: float = 30.0, max_retries: int = 3,
-                 backoff_s: float = 0.5, deadline_s: float | None = None) -> None:
+                 backoff_s: float = 0.5, deadline_s: float | None = None, max_reply_bytes: int = 64 << 20) -> None:
         self.client = OpenAICompatibleClient(base_url, api_key, api_key_env, timeout_s, max_retries, backoff_s,
-                                             deadline_s)
+                                             deadline_s, max_reply_bytes)
         self.model, self.dim = model, dim
 
     def identity(self) -> dict[str, Any]:

@@ -230,3 +230,14 @@ def test_lone_surrogates_are_made_well_formed_both_ways(server: FaultServer) -> 
     assert reply == "bad ? text" and reply.encode("utf-8")
     sent = json.loads(server.requests[0]["body"])["messages"][0]["content"]
     assert sent == "hi ?"
+
+
+def test_an_endless_reply_is_cut_off_by_size(server: FaultServer) -> None:
+    def flood(conn: socket.socket) -> None:
+        conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 1000000000\r\n\r\n")
+        chunk = b"x" * 65536
+        for _ in range(200):  # 13 MB, well past the 1 MB limit below
+            conn.sendall(chunk)
+
+    server.behaviours.extend([flood] * 2)
+    timed_failure(backend(server.url, max_retries=1, max_reply_bytes=1 << 20), "larger than 1048576 bytes")
