@@ -270,6 +270,11 @@ def _load(config: ControllerConfig, env: Any, checkpoints: Path) -> Any:
     return model
 
 
+def _calls(every_steps: int, n_envs: int) -> int:
+    """SB3 callbacks count calls (one step of every environment): ``every_steps`` in calls, 0 staying 0."""
+    return max(1, every_steps // n_envs) if every_steps else 0
+
+
 def fit(config: ControllerConfig, extra_callbacks: list | None = None,
         force: bool = False) -> tuple[Any, dict[str, dict[str, float]] | None]:
     """Train (or resume) the controller; returns the model and, if training finished, the evaluation table.
@@ -304,12 +309,10 @@ def fit(config: ControllerConfig, extra_callbacks: list | None = None,
         model = _load(config, env, checkpoints)
         model.set_logger(make_logger(run_dir / "logs", list(config.train.log_formats)))
         write_json_atomic(run_dir / "config.json", asdict(config))
-        checkpoint = AtomicCheckpointCallback(config.train.checkpoint_every // n_envs if config.train.checkpoint_every
-                                              else 0, str(checkpoints))
-        held_out = HeldOutEvalCallback(config.env, run_dir, config.train.eval_every // n_envs if
-                                       config.train.eval_every else 0, config.train.eval_episodes,
-                                       config.train.eval_seed, config.train.seed, config.train.target_accuracy,
-                                       started)
+        checkpoint = AtomicCheckpointCallback(_calls(config.train.checkpoint_every, n_envs), str(checkpoints))
+        held_out = HeldOutEvalCallback(config.env, run_dir, _calls(config.train.eval_every, n_envs),
+                                       config.train.eval_episodes, config.train.eval_seed, config.train.seed,
+                                       config.train.target_accuracy, started)
         remaining = config.train.total_timesteps - model.num_timesteps
         if remaining > 0:
             try:
