@@ -35,7 +35,7 @@ demo-llm: $(STAMP) $(TINY_LLAMA)/config.json
 	$(BIN)/clova-train fit --config configs/quickstart/tool_llm_lora.yaml
 	$(BIN)/clova-train export checkpoints/quickstart_llm --output checkpoints/quickstart_llm/export --merged
 
-# The HYDRA controller quickstart (DQN on the offline reasoning world, CPU, about a minute). Starts afresh.
+# The HYDRA controller quickstart (DQN on the offline reasoning world, CPU, 2-3 minutes on 2 cores). Starts afresh.
 demo-controller: $(STAMP)
 	rm -rf checkpoints/controller_quickstart
 	$(BIN)/clova-train controller fit --config configs/quickstart/controller_dqn.yaml
