@@ -14,6 +14,7 @@ Three groups:
 from __future__ import annotations
 
 import os
+import time
 from pathlib import Path
 
 import numpy as np
@@ -404,3 +405,43 @@ def test_a_failing_tool_is_an_error_for_the_program_not_the_trainer() -> None:
         caught = sandbox.run("try:\n    x = image_patch.find('a')\nexcept Exception:\n    x = 'handled'", {}, Broken(),
                              "img", (64, 64))
         assert caught.ok and caught.variables["x"] == "handled"
+
+
+def test_the_wire_refuses_garbage_with_one_error_kind() -> None:
+    """Random messages and values, as a compromised worker could send: WireError or a value, nothing else."""
+    import json
+    import random
+    import socket
+
+    from clova_train.sandbox import wire
+
+    rng = random.Random(0)
+    atoms = [None, True, 0, -1, 10**99, 10**100, 1.5, "x", "\udc80", "$d", "$t", "$s", "$p", "$f", "nan", [], {}]
+
+    def value(depth: int = 0):
+        if depth > 10 or rng.random() < 0.3:
+            return rng.choice(atoms)
+        if rng.random() < 0.5:
+            return [value(depth + 1) for _ in range(rng.randint(0, 3))]
+        return {rng.choice(["$d", "$t", "$s", "$p", "$f", "op", "k"]): value(depth + 1) for _ in range(rng.randint(1, 2))}
+
+    for _ in range(3000):
+        try:
+            wire.decode_value(value())
+        except wire.WireError:
+            pass
+    left, right = socket.socketpair()
+    channel = wire.Channel(right, limit=1 << 16)
+    try:
+        for _ in range(300):
+            body = (json.dumps(value()).encode() if rng.random() < 0.5
+                    else bytes(rng.getrandbits(8) for _ in range(rng.randint(0, 64))))
+            left.sendall(wire.HEADER.pack(len(body)) + body)
+            try:
+                message = channel.receive(deadline=time.monotonic() + 5)
+                assert type(message) is dict and type(message["op"]) is str
+            except wire.WireError:
+                pass
+    finally:
+        left.close()
+        right.close()
