@@ -245,7 +245,9 @@ def test_escape_is_stopped_penalised_and_the_episode_goes_on(name: str, attack_e
     env = attack_env
     env.llm.attack = ESCAPES[name].format(**canaries)
     obs, _ = env.reset(seed=3)
+    before = rss_mb()
     obs_after, reward, terminated, truncated, info = env.step(0)
+    assert rss_mb() - before < 50, "the training process grew"
     assert info["status"] in ("violation", "error", "timeout", "memory"), info
     assert info["error"] and len(info["error"]) <= 600
     assert reward == 100.0 - 1 - env.config.error_penalty and not (terminated or truncated)
