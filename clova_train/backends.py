@@ -425,7 +425,8 @@ class TransformersEmbeddingBackend(EmbeddingBackend):
             if self._tokenizer.pad_token is None:
                 self._tokenizer.pad_token = self._tokenizer.eos_token
             self._model = AutoModel.from_pretrained(self.model_path).to(self.device).eval()
-        batch = self._tokenizer([well_formed(t) for t in texts], return_tensors="pt", padding=True, truncation=True).to(self.device)
+        batch = self._tokenizer([well_formed(t) for t in texts], return_tensors="pt", padding=True,
+                                truncation=True).to(self.device)
         with torch.no_grad():
             hidden = self._model(**batch).last_hidden_state
         mask = batch["attention_mask"].unsqueeze(-1).to(hidden.dtype)

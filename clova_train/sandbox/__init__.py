@@ -21,4 +21,5 @@ from clova_train.sandbox.policy import PolicyViolation, restricted_compile
 from clova_train.sandbox.supervisor import ExecutionResult, Sandbox, SandboxError, Status, ToolAPI
 from clova_train.sandbox.wire import PatchRef
 
-__all__ = ["ExecutionResult", "PatchRef", "PolicyViolation", "Sandbox", "SandboxError", "Status", "ToolAPI", "restricted_compile"]
+__all__ = ["ExecutionResult", "PatchRef", "PolicyViolation", "Sandbox", "SandboxError", "Status", "ToolAPI",
+           "restricted_compile"]

@@ -98,7 +98,8 @@ class Sandbox:
                  output_chars: int = 65_536, max_message_bytes: int = 1 << 20, max_tool_calls: int = 256,
                  restricted: bool = True) -> None:
         limits = {"timeout_s": timeout_s, "memory_limit_mb": memory_limit_mb, "max_code_chars": max_code_chars,
-                  "output_chars": output_chars, "max_message_bytes": max_message_bytes, "max_tool_calls": max_tool_calls}
+                  "output_chars": output_chars, "max_message_bytes": max_message_bytes,
+                  "max_tool_calls": max_tool_calls}
         bad = [f"{name} = {value!r}" for name, value in limits.items() if not (isinstance(value, (int, float))
                                                                               and 0 < value < float("inf"))]
         if bad or memory_limit_mb < 16:

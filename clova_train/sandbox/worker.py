@@ -25,7 +25,6 @@ from typing import Any
 
 from clova_train.sandbox import isolation, policy, wire
 
-TOOL_METHODS = ("find", "exists", "verify_property", "simple_query", "compute_depth", "llm_query")
 MAX_ERROR_CHARS = 500
 COMPILED_CACHE_SIZE = 256
 
@@ -228,8 +227,6 @@ class Worker:
             exec(code, scope)  # noqa: S102 (restricted code, guarded scope, locked-down process)
         except MemoryError:
             status, error = "memory", "MemoryError: the code exceeded the sandbox memory limit"
-        except RecursionError as err:
-            status, error = "error", _describe(err)
         except ToolError as err:
             status, error = "error", f"tool call failed: {err}"
         except BaseException as err:  # noqa: BLE001 (any failure of generated code is feedback)
@@ -284,13 +281,13 @@ def main(fd: int, memory_limit_mb: int, output_chars: int, message_limit: int, r
             return
         sequence = message.get("seq")
         try:
-            reply = {**worker.run(message), "seq": message.get("seq")}
+            reply = worker.run(message)
         except MemoryError:
-            reply = {"op": "done", "seq": message.get("seq"), "status": "memory",
+            reply = {"op": "done", "status": "memory",
                      "error": "MemoryError: the code exceeded the sandbox memory limit"}
         except BaseException as err:  # noqa: BLE001 (the protocol itself broke, e.g. the parent went away)
-            reply = {"op": "done", "seq": message.get("seq"), "status": "error", "error": _describe(err)}
+            reply = {"op": "done", "status": "error", "error": _describe(err)}
         try:
-            channel.send(reply)
+            channel.send({**reply, "seq": sequence})
         except (OSError, ValueError):
             return
