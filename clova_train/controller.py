@@ -33,6 +33,7 @@ from clova_train.llm_cache import CacheMode
 
 FINAL = "controller.zip"
 CHECKPOINTS = "checkpoints"
+SQLITE_SIDE_FILES = ("-wal", "-shm", "-journal")
 LOG_FORMATS = ("stdout", "csv", "tensorboard", "log", "json")
 __all__ = ["ControllerConfig", "DQNConfig", "TrainConfig", "evaluate", "fit", "format_table", "validate"]
 
@@ -243,11 +244,17 @@ def finished_steps(run_dir: Path) -> int | None:
 def clear_run(run_dir: Path, keep: str | None) -> None:
     """Delete what a controller run wrote in ``run_dir``, except the file ``keep`` (the LLM call cache)."""
     keep_path = Path(keep).resolve() if keep else None
+
+    def kept(entry: Path) -> bool:  # the cache, its SQLite side files (-wal, -shm), or a folder holding them
+        where = entry.resolve()
+        if keep_path is None:
+            return False
+        side_files = {keep_path.name + suffix for suffix in SQLITE_SIDE_FILES}
+        return keep_path.is_relative_to(where) or (where.parent == keep_path.parent and where.name in side_files)
+
     for entry in run_dir.iterdir() if run_dir.is_dir() else ():
-        if keep_path is not None and (entry.resolve() == keep_path or keep_path.is_relative_to(entry.resolve())
-                                      or entry.name.startswith(keep_path.name)):
-            continue
-        shutil.rmtree(entry) if entry.is_dir() else entry.unlink()
+        if not kept(entry):
+            shutil.rmtree(entry) if entry.is_dir() else entry.unlink()
 
 
 def _load(config: ControllerConfig, env: Any, checkpoints: Path) -> Any:
@@ -313,6 +320,8 @@ def fit(config: ControllerConfig, extra_callbacks: list | None = None,
         held_out = HeldOutEvalCallback(config.env, run_dir, _calls(config.train.eval_every, n_envs),
                                        config.train.eval_episodes, config.train.eval_seed, config.train.seed,
                                        config.train.target_accuracy, started)
+        for callback in (checkpoint, held_out):  # also used below when ``learn`` has nothing left to run
+            callback.init_callback(model)
         remaining = config.train.total_timesteps - model.num_timesteps
         if remaining > 0:
             try:
@@ -327,11 +336,11 @@ def fit(config: ControllerConfig, extra_callbacks: list | None = None,
             return model, None  # stopped early by a callback
         if config.train.target_accuracy or not held_out.evaluations_timesteps:
             held_out.evaluate_now()
+        results = held_out.comparison()  # what ``evaluate`` gives, without measuring anything twice
     finally:
         env.close()
         if held_out is not None:
             held_out.close()
-    results = evaluate(config, model)
     write_text_atomic(run_dir / "evaluation.md", f"# Held-out evaluation ({config.train.eval_episodes} tasks)\n\n"
                       f"{format_table(results)}\n")
     write_json_atomic(run_dir / "evaluation.json", results)

@@ -25,7 +25,7 @@ from stable_baselines3.common.logger import CSVOutputFormat, KVWriter, Logger, m
 from stable_baselines3.common.vec_env import DummyVecEnv
 
 from clova_train.atomic import write_atomic, write_json_atomic
-from clova_train.controller_evaluation import baselines, make_env_fn, model_policy, run_episodes
+from clova_train.controller_evaluation import baselines, make_env_fn, model_policy, run_episodes, summary
 from clova_train.envs import ReasoningLoopConfig
 
 LATEST = "latest.json"
@@ -151,6 +151,7 @@ class HeldOutEvalCallback(EvalCallback):
         self.evaluations_accuracy: list[float] = []
         self.best_accuracy = -np.inf
         self.baseline_results: dict[str, dict[str, Any]] | None = None
+        self.last_result: tuple[int, dict[str, Any]] | None = None  # (step, result) of the newest evaluation
         self._restore()
 
     def _restore(self) -> None:
@@ -177,11 +178,17 @@ class HeldOutEvalCallback(EvalCallback):
             self.evaluate_now()
         return True
 
-    def evaluate_now(self) -> dict[str, Any]:
-        env = self.eval_env.envs[0]
-        result = run_episodes(env, model_policy(self.model), self.n_eval_episodes, self.seed)
+    def _baselines(self) -> dict[str, dict[str, Any]]:
         if self.baseline_results is None:  # they do not learn: once per run is enough
-            self.baseline_results = baselines(env, self.n_eval_episodes, self.seed, self.random_seed)
+            self.baseline_results = baselines(self.eval_env.envs[0], self.n_eval_episodes, self.seed,
+                                              self.random_seed)
+        return self.baseline_results
+
+    def evaluate_now(self) -> dict[str, Any]:
+        result = run_episodes(self.eval_env.envs[0], model_policy(self.model), self.n_eval_episodes, self.seed)
+        self.last_result = (int(self.model.num_timesteps), result)
+        self.num_timesteps = self.model.num_timesteps  # also right when called outside ``learn``
+        self._baselines()
         self.evaluations_timesteps.append(int(self.num_timesteps))
         self.evaluations_results.append(result["returns"])
         self.evaluations_length.append(result["lengths"])
@@ -210,6 +217,19 @@ class HeldOutEvalCallback(EvalCallback):
                                         "timesteps": int(self.num_timesteps),
                                         "wall_seconds": time.perf_counter() - self.started})
         return result
+
+    def comparison(self) -> dict[str, dict[str, float]]:
+        """The controller at its current step and both baselines, as
+        :func:`~clova_train.controller_evaluation.compare` gives them, reusing what this run measured already
+        (the same held-out tasks, seeds and deterministic policy)."""
+        steps = int(self.model.num_timesteps)
+        if self.last_result is not None and self.last_result[0] == steps:
+            controller = self.last_result[1]
+        else:
+            controller = run_episodes(self.eval_env.envs[0], model_policy(self.model), self.n_eval_episodes,
+                                      self.seed)
+        results = {"trained controller": controller, **self._baselines()}
+        return {name: summary(result) for name, result in results.items()}
 
     def close(self) -> None:
         self.eval_env.close()

@@ -150,12 +150,16 @@ def test_rerunning_a_finished_fit_changes_nothing(tmp_path: Path, capsys) -> Non
     config.train.eval_every = 400
     model, results = fit(config)
     assert model is not None and results is not None
+    from clova_train.controller import evaluate
+
+    assert results == evaluate(config, model)  # the run's own table is the one `controller evaluate` gives
     before = digests(tmp_path)
     assert {"controller.zip", "best_model.zip", "evaluations.npz", "logs/progress.csv",
             "checkpoints/latest.json"} <= set(before)
     with np.load(tmp_path / "evaluations.npz") as evaluations:  # SB3's EvalCallback format, plus accuracy
         assert evaluations["timesteps"].tolist() == [400, 800]
-        assert evaluations["results"].shape == evaluations["ep_lengths"].shape == evaluations["successes"].shape == (2, 5)
+        shapes = {evaluations[key].shape for key in ("results", "ep_lengths", "successes")}
+        assert shapes == {(2, 5)}
         np.testing.assert_allclose(evaluations["accuracy"], evaluations["successes"].mean(1))
     DQN.load(tmp_path / "best_model.zip", device="cpu")
 
@@ -176,6 +180,25 @@ def test_rerunning_a_finished_fit_changes_nothing(tmp_path: Path, capsys) -> Non
     fresh, _ = fit(config, force=True)  # --force starts afresh and keeps the LLM call cache
     assert fresh.num_timesteps == 1000 and "Resuming" not in capsys.readouterr().out
     assert CallCache(config.env.cache_path).get(key) == b"kept"
+
+
+def test_a_run_killed_after_its_last_checkpoint_finishes_on_rerun(tmp_path: Path) -> None:
+    config = small_config(tmp_path)
+    config.train.target_accuracy = 0.5
+    model, results = fit(config)
+    (tmp_path / "controller.zip").unlink()  # killed between the last checkpoint and the final model
+    resumed, again = fit(config)
+    assert resumed.num_timesteps == 800 and again == results and (tmp_path / "controller.zip").is_file()
+
+
+def test_force_deletes_outputs_whatever_the_cache_is_called(tmp_path: Path) -> None:
+    from clova_train.controller import clear_run
+
+    for name in ("controller.zip", "config.json", "checkpoints/latest.json", "c", "c-wal", "logs/progress.csv"):
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text("x")
+    clear_run(tmp_path, str(tmp_path / "c"))  # a cache named "c" keeps only itself and its side files
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["c", "c-wal"]
 
 
 def test_kill_then_rerun_keeps_every_progress_row(tmp_path: Path) -> None:
