@@ -41,11 +41,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from env_throughput import measure  # noqa: E402
 from results_file import machine, publish  # noqa: E402
 
-from clova_train.controller import ControllerConfig, fit  # noqa: E402
+from clova_train.controller.trainer import ControllerConfig, fit  # noqa: E402
 from clova_train.envs import ReasoningLoopConfig  # noqa: E402
 from clova_train.envs.scripted import ScriptedReasoningLLM  # noqa: E402
-from clova_train.sandbox import ExecutionResult, Sandbox, wire  # noqa: E402
-from clova_train.sandbox.worker import Worker  # noqa: E402
+from clova_train.agents.sandbox import ExecutionResult, Sandbox, wire  # noqa: E402
+from clova_train.agents.sandbox.worker import Worker  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 PREVIOUS_COMMIT = "1955ff0"  # the last commit with the pickle-wire, denylist sandbox

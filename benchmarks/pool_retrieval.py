@@ -32,7 +32,7 @@ import torch.nn.functional as F
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from results_file import machine, publish  # noqa: E402
 
-from clova_train.pool import PoolSpec, PromptPool  # noqa: E402
+from clova_train.core.pool import PoolSpec, PromptPool  # noqa: E402
 
 
 def direct(features: torch.Tensor, prompts: torch.Tensor, query: torch.Tensor) -> torch.Tensor:

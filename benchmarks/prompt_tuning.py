@@ -55,7 +55,7 @@ def _peak_rss_mb() -> float:
 
 
 def _build(args: argparse.Namespace, workdir: Path) -> tuple[str, Path]:
-    from clova_train.datamodules.synthetic import write_concept_folders
+    from clova_train.synthetic.shapes import write_concept_folders
     from clova_train.tiny_models import make_tiny_clip
 
     model_dir = workdir / "model"

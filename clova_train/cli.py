@@ -27,7 +27,7 @@ from lightning.pytorch.cli import LightningCLI
 
 import clova_train.datamodules  # noqa: F401  (registers the data classes for class_path short names)
 import clova_train.models  # noqa: F401  (registers the model classes for class_path short names)
-from clova_train.errors import ClovaTrainError
+from clova_train.core.errors import ClovaTrainError
 
 EXTRA_COMMANDS = ("export", "controller", "tiny-model")
 
@@ -53,7 +53,7 @@ def run_lightning(args: Sequence[str] | None) -> None:
 
 
 def run_export(args: Sequence[str]) -> None:
-    from clova_train.export import export_run
+    from clova_train.export.runs import export_run
 
     parser = argparse.ArgumentParser(
         prog="clova-train export",
@@ -96,7 +96,7 @@ def run_tiny_model(args: Sequence[str]) -> None:
 def run_controller(args: Sequence[str]) -> None:
     from jsonargparse import ActionConfigFile, ArgumentParser
 
-    from clova_train.controller import ControllerConfig, evaluate, fit, format_table, validate
+    from clova_train.controller.trainer import ControllerConfig, evaluate, fit, format_table, validate
 
     parser = ArgumentParser(prog="clova-train controller",
                             description="Train, evaluate and export HYDRA's DQN controller.")
@@ -141,7 +141,7 @@ def run_controller(args: Sequence[str]) -> None:
             raise ClovaTrainError(f"controller checkpoint {checkpoint} does not exist")
         print(format_table(evaluate(run, DQN.load(checkpoint, device="cpu"), options.episodes or None)))
     else:
-        from clova_train.controller_export import export_controller
+        from clova_train.controller.export import export_controller
 
         print(f"exported to {export_controller(checkpoint, options.output, run)}")
 

@@ -19,8 +19,8 @@ import yaml
 import tempfile
 
 from clova_train.datamodules.concept_folders import list_images, load_image
-from clova_train.datamodules.synthetic import write_concept_folders
-from clova_train.serving import ClipPromptServer
+from clova_train.synthetic.shapes import write_concept_folders
+from clova_train.tools.serving import ClipPromptServer
 
 
 def _data_defaults(export_dir: Path) -> dict:

@@ -15,7 +15,7 @@ import numpy as np
 import open_clip
 import torch
 
-from clova_train.datamodules.synthetic import SHAPES, render_scene
+from clova_train.synthetic.shapes import SHAPES, render_scene
 from clova_train.tools.clip import save_open_clip
 
 TINY_CLIP_CONFIG: dict = {
@@ -173,7 +173,7 @@ def tool_corpus(seed: int = 0) -> tuple[list[str], list[str]]:
     from clova_train.datamodules.tool_conversations import (
         ALL_TOOLS, generate_dataset, records_from_conversation,
     )
-    from clova_train.prompt_template import PromptTemplate
+    from clova_train.tooluse.prompt_template import PromptTemplate
 
     template = PromptTemplate()
     conversations, negatives = generate_dataset(list(ALL_TOOLS), 3, 20, 8, seed)

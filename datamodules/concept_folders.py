@@ -33,7 +33,7 @@ from PIL import Image, UnidentifiedImageError
 from torch.utils.data import DataLoader
 
 from clova_train.datamodules.chunks import PendingChunks, keep_chunk
-from clova_train.errors import DataError
+from clova_train.core.errors import DataError
 
 IMAGE_SUFFIXES = {".png", ".jpg", ".jpeg", ".webp", ".bmp"}
 
@@ -352,7 +352,7 @@ class SyntheticConceptDataModule(ConceptFolderDataModule):
         }
 
     def prepare_data(self) -> None:
-        from clova_train.datamodules.synthetic import generated_before, record_generation, write_concept_folders
+        from clova_train.synthetic.shapes import generated_before, record_generation, write_concept_folders
 
         wanted = self.render_parameters()
         generated_before(self.root, wanted)

@@ -23,8 +23,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from clova_train.datamodules.synthetic import COLOURS, SHAPES
-from clova_train.react import THOUGHT_PREFIX
+from clova_train.synthetic.shapes import COLOURS, SHAPES
+from clova_train.tooluse.react import THOUGHT_PREFIX
 
 IMAGE = "image path"
 TEXT = "text"
@@ -261,7 +261,7 @@ def write_synthetic_split(
     seed: int, context: bool = True,
 ) -> Path:
     """Write a JSON list of records (positive, context and negative samples) to ``path``."""
-    from clova_train.atomic import write_text_atomic
+    from clova_train.core.atomic import write_text_atomic
 
     conversations, negative_records = generate_dataset(tools, conversations_per_tool, negatives, tools_per_prompt, seed)
     records = [r for c in conversations for r in records_from_conversation(c, context)] + negative_records

@@ -3,7 +3,7 @@
 * Files are a JSON list of ``{"instruction", "input", "output"}`` records, or JSONL (one per line).
   A malformed record (bad JSON, missing key, wrong type, empty output) is an error naming the file and
   the record index, or, with ``skip_invalid``, is skipped and counted.
-* One :class:`~clova_train.prompt_template.PromptTemplate` formats training, evaluation and serving.
+* One :class:`~clova_train.tooluse.prompt_template.PromptTemplate` formats training, evaluation and serving.
 * The loss covers exactly the response tokens: the prompt and response are tokenised together, and a
   token is a label when its character offsets lie in the response. A sample with a token that spans the
   boundary (mis-tokenised) or longer than ``max_length`` is never truncated: it is left out and reported.
@@ -27,8 +27,8 @@ from lightning import LightningDataModule
 from lightning.pytorch.utilities import rank_zero_info
 from torch.utils.data import DataLoader, Sampler
 
-from clova_train.errors import DataError
-from clova_train.prompt_template import PromptTemplate
+from clova_train.core.errors import DataError
+from clova_train.tooluse.prompt_template import PromptTemplate
 
 RECORD_KEYS = ("instruction", "input", "output")
 IGNORE_INDEX = -100
@@ -310,7 +310,7 @@ class ToolInstructionDataModule(LightningDataModule):
     @property
     def seen_tools(self) -> list[str]:
         """Tools called in the training data (the ``seen`` group of the SR metrics)."""
-        from clova_train.react import parse_react
+        from clova_train.tooluse.react import parse_react
 
         if "train" not in self.splits:
             return []
@@ -321,7 +321,7 @@ class ToolInstructionDataModule(LightningDataModule):
             return
         from dataclasses import asdict
 
-        from clova_train.atomic import write_json_atomic
+        from clova_train.core.atomic import write_json_atomic
 
         write_json_atomic(Path(self.trainer.default_root_dir) / "data_report.json", {k: asdict(v) for k, v in self.report.items()})
 
@@ -390,7 +390,7 @@ class SyntheticToolDataModule(ToolInstructionDataModule):
         }
 
     def prepare_data(self) -> None:
-        from clova_train.datamodules.synthetic import generated_before, record_generation
+        from clova_train.synthetic.shapes import generated_before, record_generation
         from clova_train.datamodules.tool_conversations import SEEN_TOOLS, UNSEEN_TOOLS, write_synthetic_split
 
         if generated_before(self.root, self.generation):

@@ -1,7 +1,7 @@
 """Prompt-tuned CLIP behind the reasoning loop's ``verify_property``: this package's tools serving the agent.
 
 :class:`ClipPromptTools` implements the sandbox's tool API. ``verify_property(object, attribute)`` crops the
-objects that ``locate`` finds and asks a :class:`~clova_train.serving.ClipPromptServer` (CLASSIFY with the
+objects that ``locate`` finds and asks a :class:`~clova_train.tools.serving.ClipPromptServer` (CLASSIFY with the
 prompt pool learned by ``ClipPromptTuning``) which of ``attributes`` each crop shows; every other call
 (``find``, ``exists``, ``compute_depth``, queries) goes to ``locate``, a detector-like tool API. In the
 offline world ``locate`` is the annotation oracle and the image is rendered from the scene, so CLIP is the
@@ -19,9 +19,9 @@ import torch
 import torch.nn.functional as F
 from PIL import Image, ImageDraw
 
-from clova_train.datamodules.synthetic import COLOURS as RGB
-from clova_train.sandbox import PatchRef, ToolAPI
-from clova_train.serving import ClipPromptServer
+from clova_train.synthetic.shapes import COLOURS as RGB
+from clova_train.agents.sandbox import PatchRef, ToolAPI
+from clova_train.tools.serving import ClipPromptServer
 from clova_train.envs.world import SIZE, SceneTools, Task
 
 

@@ -1,6 +1,6 @@
 """The replaceable parts of HYDRA's loop: planner, reasoner, textualizer, State Memory Bank, observation.
 
-Each part talks to a :class:`~clova_train.backends.ChatBackend` in plain text, so a served LLM, a local
+Each part talks to a :class:`~clova_train.agents.backends.ChatBackend` in plain text, so a served LLM, a local
 transformers model or the offline scripted model can stand behind it.
 
 * :class:`Planner`: prompt -> reply -> :func:`parse_samples` -> exactly N ``(instruction, probability)``.
@@ -17,8 +17,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from clova_train.backends import ChatBackend, EmbeddingBackend
-from clova_train.sandbox import ExecutionResult
+from clova_train.agents.backends import ChatBackend, EmbeddingBackend
+from clova_train.agents.sandbox import ExecutionResult
 
 TASK_DESCRIPTION = (
     "Answer a question about an image by running short Python programs against the ImagePatch API "

@@ -33,7 +33,7 @@ from typing import Any, Literal
 import gymnasium as gym
 import numpy as np
 
-from clova_train.backends import (
+from clova_train.agents.backends import (
     ChatBackend,
     EmbeddingBackend,
     HashingEmbedder,
@@ -42,8 +42,8 @@ from clova_train.backends import (
     TransformersChatBackend,
     TransformersEmbeddingBackend,
 )
-from clova_train.llm_cache import CacheMode, CachedChat, CachedEmbedding, CallCache
-from clova_train.sandbox import Sandbox, ToolAPI
+from clova_train.agents.llm_cache import CacheMode, CachedChat, CachedEmbedding, CallCache
+from clova_train.agents.sandbox import Sandbox, ToolAPI
 from clova_train.envs.parts import MemoryBank, ObservationEncoder, Planner, Reasoner, Textualizer, short_repr
 from clova_train.envs.scripted import ScriptedReasoningLLM
 from clova_train.envs.world import COLOURS, SIZE, SceneTools, Task, is_held_out, make_task, normalise_answer

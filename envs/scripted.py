@@ -1,6 +1,6 @@
 """An offline stand-in for the planner/reasoner LLM, speaking the same text protocol as a real one.
 
-:class:`ScriptedReasoningLLM` is a :class:`~clova_train.backends.ChatBackend`: it reads the planner's and
+:class:`ScriptedReasoningLLM` is a :class:`~clova_train.agents.backends.ChatBackend`: it reads the planner's and
 the reasoner's prompts (built by ``clova_train.envs.parts``) and replies with text, so the environment, the
 parsers and the cache are exercised exactly as with a served model. Its replies are a deterministic
 function of the prompt (a temperature-0 model): a re-plan differs because the prompt's ``Attempt:`` line
@@ -31,7 +31,7 @@ from typing import Any
 
 import numpy as np
 
-from clova_train.backends import ChatBackend, Message
+from clova_train.agents.backends import ChatBackend, Message
 
 GOOD = "good"
 # kind -> (confidence range, paraphrases); {c}/{s} is the (first) group, {c2}/{s2} the second.

@@ -12,7 +12,7 @@ Pool feature: the unprompted, normalised CLIP image embedding of the instance's 
 
 Validate / test: CLASSIFY accuracy over all concept names of the data, without prompts and with the pool
 (the pool of this run's accepted prompts, or the pool file when the run holds none), computed with the
-serving code (:class:`clova_train.serving.ClipPromptServer`).
+serving code (:class:`clova_train.tools.serving.ClipPromptServer`).
 """
 
 from __future__ import annotations
@@ -26,8 +26,8 @@ import torch.nn.functional as F
 from torchmetrics import MeanMetric
 
 from clova_train.models.prompt_tuning import GateResult, PerInstancePromptTuning
-from clova_train.pool import PromptPool
-from clova_train.serving import ClipPromptServer
+from clova_train.core.pool import PromptPool
+from clova_train.tools.serving import ClipPromptServer
 from clova_train.tools.clip import ClipSource, PromptConfig, PromptedClip
 
 

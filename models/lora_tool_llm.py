@@ -9,7 +9,7 @@ Read top to bottom:
   a response token (``logits_to_keep``), and no attention mask for right-padded batches (under causal
   attention a real token never sees the padding after it), which lets SDPA use its causal kernel;
 * ``validation_step`` / ``test_step`` generate greedily until ``Observation:`` (the template's stop
-  strings) and feed :class:`~clova_train.metrics.ToolUsageSuccessRate` (SR_t, SR_act, SR_args, SR for
+  strings) and feed :class:`~clova_train.tooluse.metrics.ToolUsageSuccessRate` (SR_t, SR_act, SR_args, SR for
   seen tools, unseen tools and no-tool samples);
 * ``configure_optimizers``: AdamW, linear warm-up then linear decay over the run;
 * checkpoints hold the LoRA weights only (the base model is reloaded from its source), and at the end of
@@ -32,12 +32,12 @@ from lightning import LightningModule
 from lightning.pytorch.utilities import rank_zero_info
 from torch import nn
 
-from clova_train.atomic import write_json_atomic
-from clova_train.errors import ModelError
-from clova_train.export_lora import LORA_CHECKPOINT_KEY
-from clova_train.metrics import ToolUsageSuccessRate
-from clova_train.prompt_template import TEMPLATE_FILE, PromptTemplate
+from clova_train.core.atomic import write_json_atomic
+from clova_train.core.errors import ModelError
+from clova_train.tooluse.metrics import ToolUsageSuccessRate
+from clova_train.tooluse.prompt_template import TEMPLATE_FILE, PromptTemplate
 
+LORA_CHECKPOINT_KEY = "clova_train.lora"  # the key export reads from this module's checkpoints
 
 
 def check_lora_targets(model: nn.Module, targets: list[str]) -> None:
@@ -86,7 +86,7 @@ class LoraToolLLM(LightningModule):
         lr: AdamW learning rate (paper: 3e-4).
         warmup_steps: linear warm-up steps (paper: 100), then linear decay to 0.
         weight_decay: AdamW weight decay (paper: 0).
-        metric_mode: ``paper`` or ``gpt4tools`` (the public evaluation script), see ``clova_train.metrics``.
+        metric_mode: ``paper`` or ``gpt4tools`` (the public evaluation script), see ``clova_train.tooluse.metrics``.
         max_new_tokens: generation budget per evaluated step.
         response_logits_only: compute the training loss from logits at response positions only, without
             the attention mask of right-padded batches. Exact for causal LMs (same loss as the model's own

@@ -38,9 +38,9 @@ from lightning.pytorch.strategies import DDPStrategy, SingleDeviceStrategy
 from lightning.pytorch.utilities import rank_zero_info
 from torch import nn
 
-from clova_train.atomic import write_json_atomic
-from clova_train.errors import ModelError, PoolError
-from clova_train.pool import PoolSpec, PromptPool
+from clova_train.core.atomic import write_json_atomic
+from clova_train.core.errors import ModelError, PoolError
+from clova_train.core.pool import PoolSpec, PromptPool
 
 CHECKPOINT_KEY = "clova_train.prompt_tuning"
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from clova_train.cli import main
-from clova_train.datamodules.synthetic import write_concept_folders
+from clova_train.synthetic.shapes import write_concept_folders
 from clova_train.tiny_models import make_tiny_clip
 
 REPO = Path(__file__).resolve().parents[1]

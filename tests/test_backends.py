@@ -12,9 +12,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from clova_train.backends import BackendError, HashingEmbedder, OpenAIChatBackend, OpenAIEmbeddingBackend
+from clova_train.agents.backends import BackendError, HashingEmbedder, OpenAIChatBackend, OpenAIEmbeddingBackend
 from clova_train.envs.parts import PLACEHOLDER_INSTRUCTION, MemoryBank, Planner
-from clova_train.llm_cache import CachedChat, CachedEmbedding, CallCache
+from clova_train.agents.llm_cache import CachedChat, CachedEmbedding, CallCache
 
 Reply = tuple[int, bytes, float]  # status, body, delay in seconds
 
@@ -156,7 +156,7 @@ def test_cached_embeddings_are_bit_identical(tmp_path: Path) -> None:
 def test_local_transformers_backends_drive_the_environment(tiny_llama_dir: Path) -> None:
     """A local causal LM (e.g. a LoRA export) as planner/coder and embedder: its replies, however poor, are
     parsed into exactly N samples and the loop keeps running."""
-    from clova_train.backends import TransformersChatBackend, TransformersEmbeddingBackend
+    from clova_train.agents.backends import TransformersChatBackend, TransformersEmbeddingBackend
     from clova_train.envs import ReasoningLoopConfig, ReasoningLoopEnv
 
     llm = TransformersChatBackend(str(tiny_llama_dir), max_new_tokens=24)

@@ -121,7 +121,7 @@ def test_missing_model_directory(concept_root: Path, tmp_path: Path, capsys: pyt
 def test_existing_pool_of_another_model_is_refused_and_kept(
     tiny_clip_dir: Path, concept_root: Path, tmp_path: Path, capsys: pytest.CaptureFixture
 ) -> None:
-    from clova_train.pool import PoolSpec, PromptPool
+    from clova_train.core.pool import PoolSpec, PromptPool
 
     pool_path = tmp_path / "pool.safetensors"
     other = PromptPool(PoolSpec("clip", "open_clip:someothermodel", (3, 4, 64), 64))
@@ -140,7 +140,7 @@ def test_sharding_strategies_are_refused_with_reason(tiny_clip_dir: Path) -> Non
 
     from lightning.pytorch.strategies import FSDPStrategy
 
-    from clova_train.errors import ModelError
+    from clova_train.core.errors import ModelError
     from clova_train.models import ClipPromptTuning
 
     module = ClipPromptTuning(f"local-dir:{tiny_clip_dir}", None, num_prompt_tokens=4)

@@ -9,7 +9,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from clova_train.errors import ModelError
+from clova_train.core.errors import ModelError
 from clova_train.tiny_models import make_tiny_clip
 from clova_train.tools.clip import ClipSource, PromptConfig, PromptedClip
 

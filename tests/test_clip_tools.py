@@ -9,9 +9,9 @@ import pytest
 from clova_train.envs import ReasoningLoopConfig, ReasoningLoopEnv
 from clova_train.envs.clip_tools import ClipPromptTools, clip_tools_factory, render_task
 from clova_train.envs.world import COLOURS, SceneTools, make_task
-from clova_train.pool import PromptPool
-from clova_train.sandbox import PatchRef
-from clova_train.serving import ClipPromptServer, clip_pool_spec
+from clova_train.core.pool import PromptPool
+from clova_train.agents.sandbox import PatchRef
+from clova_train.tools.serving import ClipPromptServer, clip_pool_spec
 from clova_train.tools.clip import ClipSource, PromptConfig, PromptedClip
 
 

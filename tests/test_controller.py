@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from clova_train.controller import ControllerConfig, DQNConfig, TrainConfig, fit
+from clova_train.controller.trainer import ControllerConfig, DQNConfig, TrainConfig, fit
 from clova_train.envs import ReasoningLoopConfig
 from conftest import REPO, run_cli_subprocess
 
@@ -114,7 +114,7 @@ def test_export_writes_zip_torchscript_and_description(quickstart_run: Path, tmp
 
 def test_a_failing_backend_stops_training_with_a_checkpoint_to_resume_from(tmp_path: Path,
                                                                           monkeypatch: pytest.MonkeyPatch) -> None:
-    from clova_train.backends import BackendError
+    from clova_train.agents.backends import BackendError
     from clova_train.envs.scripted import ScriptedReasoningLLM
 
     original, calls = ScriptedReasoningLLM.chat, []
@@ -150,7 +150,7 @@ def test_rerunning_a_finished_fit_changes_nothing(tmp_path: Path, capsys) -> Non
     config.train.eval_every = 400
     model, results = fit(config)
     assert model is not None and results is not None
-    from clova_train.controller import evaluate
+    from clova_train.controller.trainer import evaluate
 
     assert results == evaluate(config, model)  # the run's own table is the one `controller evaluate` gives
     before = digests(tmp_path)
@@ -172,7 +172,7 @@ def test_rerunning_a_finished_fit_changes_nothing(tmp_path: Path, capsys) -> Non
     longer, _ = fit(config)
     assert longer.num_timesteps == 1000 and "at step 800" in capsys.readouterr().out
 
-    from clova_train.llm_cache import CallCache
+    from clova_train.agents.llm_cache import CallCache
 
     config.env.cache_path = str(tmp_path / "cache.sqlite")
     key, text = CallCache.key({"kind": "marker"}, "recorded before --force")
@@ -192,7 +192,7 @@ def test_a_run_killed_after_its_last_checkpoint_finishes_on_rerun(tmp_path: Path
 
 
 def test_force_deletes_outputs_whatever_the_cache_is_called(tmp_path: Path) -> None:
-    from clova_train.controller import clear_run
+    from clova_train.controller.trainer import clear_run
 
     for name in ("controller.zip", "config.json", "checkpoints/latest.json", "c", "c-wal", "logs/progress.csv"):
         (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)

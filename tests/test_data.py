@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 
 from clova_train.datamodules import ConceptFolderDataModule, PendingChunks, SyntheticConceptDataModule
-from clova_train.datamodules.synthetic import render_scene, write_concept_folders
-from clova_train.errors import DataError
+from clova_train.synthetic.shapes import render_scene, write_concept_folders
+from clova_train.core.errors import DataError
 
 
 def test_scene_labels_boxes_and_masks_agree() -> None:

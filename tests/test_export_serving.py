@@ -10,9 +10,9 @@ import torch
 
 from clova_train.cli import main
 from clova_train.datamodules.concept_folders import list_images, load_image
-from clova_train.errors import ExportError
-from clova_train.pool import PromptPool
-from clova_train.serving import ClipPromptServer
+from clova_train.core.errors import ExportError
+from clova_train.core.pool import PromptPool
+from clova_train.tools.serving import ClipPromptServer
 from conftest import fit_args, run_cli_subprocess, run_fit
 
 
@@ -83,7 +83,7 @@ def test_server_in_a_fresh_process_without_lightning(finished_run: Path, tmp_pat
     main(["export", str(finished_run), "-o", str(out)])
     code = (
         "import sys, torch\n"
-        "from clova_train.serving import ClipPromptServer\n"
+        "from clova_train.tools.serving import ClipPromptServer\n"
         f"s = ClipPromptServer.from_export({str(out)!r})\n"
         "labels, _ = s.classify(torch.rand(2, 3, 32, 32), s.pool.concepts)\n"
         "assert 'lightning' not in sys.modules, 'serving imported lightning'\n"
@@ -103,7 +103,7 @@ def test_server_refuses_export_for_other_weights(finished_run: Path, tmp_path: P
     tool = json.loads((out / "tool.json").read_text())
     tool["identity"] = "open_clip:0000000000000000"
     (out / "tool.json").write_text(json.dumps(tool))
-    from clova_train.errors import ModelError
+    from clova_train.core.errors import ModelError
 
     with pytest.raises(ModelError, match="prompts were trained on open_clip:0000000000000000"):
         ClipPromptServer.from_export(out)

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from clova_train.metrics import ToolUsageSuccessRate, score_gpt4tools, score_paper
-from clova_train.react import parse_react
+from clova_train.tooluse.metrics import ToolUsageSuccessRate, score_gpt4tools, score_paper
+from clova_train.tooluse.react import parse_react
 
 YES = "Thought: Do I need to use a tool? Yes"
 NO = "Thought: Do I need to use a tool? No"

@@ -9,8 +9,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from clova_train.errors import PoolError
-from clova_train.pool import PoolSpec, PromptPool
+from clova_train.core.errors import PoolError
+from clova_train.core.pool import PoolSpec, PromptPool
 
 SPEC = PoolSpec("clip", "open_clip:abc", (2, 3), 4)
 
@@ -146,7 +146,7 @@ def test_metadata_is_self_describing(tmp_path: Path) -> None:
 def test_failed_save_keeps_previous_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     path = make_pool(3)[0].save(tmp_path / "pool.safetensors")
     before = path.read_bytes()
-    import clova_train.pool as pool_module
+    import clova_train.core.pool as pool_module
 
     def broken_save(tensors, filename, metadata=None):
         Path(filename).write_bytes(b"partial")

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from clova_train.pool import PromptPool
+from clova_train.core.pool import PromptPool
 from conftest import fit_args, run_fit
 
 
@@ -140,9 +140,9 @@ def test_validate_and_test_report_accuracy_with_and_without_pool(
 
     from clova_train.datamodules import ConceptFolderDataModule
     from clova_train.datamodules.concept_folders import list_images, load_image
-    from clova_train.datamodules.synthetic import write_concept_folders
+    from clova_train.synthetic.shapes import write_concept_folders
     from clova_train.models import ClipPromptTuning
-    from clova_train.serving import ClipPromptServer
+    from clova_train.tools.serving import ClipPromptServer
 
     assert run_fit(*fit_args(tiny_clip_dir, concept_root, tmp_path, "--model.init_args.steps=30")) == 0
     test_root = write_concept_folders(tmp_path / "test", ["red", "green", "blue", "purple"], 3, 32, seed=99)

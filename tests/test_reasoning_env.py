@@ -8,7 +8,7 @@ import gymnasium as gym
 import numpy as np
 import pytest
 
-from clova_train.backends import BackendError, ChatBackend
+from clova_train.agents.backends import BackendError, ChatBackend
 from clova_train.envs import ENV_ID, ReasoningLoopConfig, ReasoningLoopEnv, eq3_step_reward
 from clova_train.envs.parts import PLACEHOLDER_INSTRUCTION, parse_samples
 from clova_train.envs.scripted import ScriptedReasoningLLM

@@ -20,11 +20,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from clova_train.backends import ChatBackend
+from clova_train.agents.backends import ChatBackend
 from clova_train.envs import ReasoningLoopConfig, ReasoningLoopEnv
 from clova_train.envs.world import SceneTools, make_task
-from clova_train.sandbox import PatchRef, PolicyViolation, Sandbox, restricted_compile
-from clova_train.sandbox import policy
+from clova_train.agents.sandbox import PatchRef, PolicyViolation, Sandbox, restricted_compile
+from clova_train.agents.sandbox import policy
 
 SECRET_ENV = "CLOVA_SANDBOX_TEST_SECRET"
 SECRET = "s3cret-canary-7f3a9"
@@ -349,7 +349,7 @@ def test_restriction_layer_refuses_language_escapes_alone(code: str) -> None:
 @pytest.mark.parametrize("limits", [{"memory_limit_mb": -1}, {"timeout_s": 0}, {"output_chars": float("nan")},
                                     {"max_message_bytes": -5}, {"memory_limit_mb": 4}])
 def test_bad_sandbox_limits_are_one_clear_error(limits: dict) -> None:
-    from clova_train.sandbox import SandboxError
+    from clova_train.agents.sandbox import SandboxError
 
     with pytest.raises(SandboxError, match="sandbox limits must be positive numbers"):
         Sandbox(**limits)
@@ -415,7 +415,7 @@ def test_the_wire_refuses_garbage_with_one_error_kind() -> None:
     import random
     import socket
 
-    from clova_train.sandbox import wire
+    from clova_train.agents.sandbox import wire
 
     rng = random.Random(0)
     atoms = [None, True, 0, -1, 10**99, 10**100, 1.5, "x", "\udc80", "$d", "$t", "$s", "$p", "$f", "nan", [], {}]

@@ -12,8 +12,8 @@ import torch
 
 from clova_train.datamodules import SyntheticToolDataModule, ToolInstructionDataModule
 from clova_train.datamodules.tool_instructions import IGNORE_INDEX, encode_record, load_records
-from clova_train.errors import DataError, ModelError
-from clova_train.prompt_template import PromptTemplate
+from clova_train.core.errors import DataError, ModelError
+from clova_train.tooluse.prompt_template import PromptTemplate
 from conftest import run_cli_subprocess
 
 

@@ -22,7 +22,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from clova_train.errors import ModelError
+from clova_train.core.errors import ModelError
 
 LOCAL_DIR_PREFIX = "local-dir:"
 WEIGHT_FILE = "open_clip_model.safetensors"

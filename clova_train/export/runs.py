@@ -27,9 +27,9 @@ from typing import Any
 
 import torch
 
-from clova_train.atomic import write_json_atomic
-from clova_train.errors import ExportError
-from clova_train.pool import PoolSpec, PromptPool
+from clova_train.core.atomic import write_json_atomic
+from clova_train.core.errors import ExportError
+from clova_train.core.pool import PoolSpec, PromptPool
 
 EXPORT_FORMAT_VERSION = 1
 
@@ -117,7 +117,7 @@ def export_run(source: str | os.PathLike[str], output: str | os.PathLike[str], m
     output.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{output.name}.", dir=output.parent))
     try:
-        from clova_train.export_lora import LORA_CHECKPOINT_KEY, export_lora_run, is_lora_run_dir
+        from clova_train.export.lora import LORA_CHECKPOINT_KEY, export_lora_run, is_lora_run_dir
 
         if source.is_dir():
             lora = is_lora_run_dir(source)

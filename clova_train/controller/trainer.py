@@ -7,7 +7,7 @@ Read top to bottom:
 * :func:`validate`: every value checked before anything starts, one message naming each bad key;
 * :func:`fit`: n environments (``DummyVecEnv`` or ``SubprocVecEnv``), SB3 DQN with an MLP Q-network, a progress
   bar, logs (CSV continued on resume, TensorBoard) of reward, accuracy, episode length, rejects and cache hit
-  rate, SB3's evaluation and checkpoint callbacks (:mod:`clova_train.controller_callbacks`: ``evaluations.npz``,
+  rate, SB3's evaluation and checkpoint callbacks (:mod:`clova_train.controller.callbacks`: ``evaluations.npz``,
   ``best_model.zip``, atomic ``checkpoints/controller_<steps>_steps.zip`` with the replay buffer). A rerun of
   the same command resumes at the saved step count and exploration rate; a rerun of a finished run says so
   and changes nothing (``force=True`` starts afresh);
@@ -25,11 +25,11 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Literal, get_args
 
-from clova_train.atomic import write_atomic, write_json_atomic, write_text_atomic
-from clova_train.controller_evaluation import compare, format_table, make_env_fn
+from clova_train.core.atomic import write_atomic, write_json_atomic, write_text_atomic
+from clova_train.controller.evaluation import compare, format_table, make_env_fn
 from clova_train.envs import ReasoningLoopConfig
-from clova_train.errors import ClovaTrainError
-from clova_train.llm_cache import CacheMode
+from clova_train.core.errors import ClovaTrainError
+from clova_train.agents.llm_cache import CacheMode
 
 FINAL = "controller.zip"
 CHECKPOINTS = "checkpoints"
@@ -233,7 +233,7 @@ def build_model(config: ControllerConfig, env: Any) -> Any:
 
 def finished_steps(run_dir: Path) -> int | None:
     """The step count of a finished run in ``run_dir`` (its ``controller.zip`` is written), else None."""
-    from clova_train.controller_callbacks import latest_checkpoint
+    from clova_train.controller.callbacks import latest_checkpoint
 
     found = latest_checkpoint(run_dir / CHECKPOINTS)
     if not (run_dir / FINAL).is_file() or found is None:
@@ -260,7 +260,7 @@ def clear_run(run_dir: Path, keep: str | None) -> None:
 def _load(config: ControllerConfig, env: Any, checkpoints: Path) -> Any:
     from stable_baselines3 import DQN
 
-    from clova_train.controller_callbacks import latest_checkpoint
+    from clova_train.controller.callbacks import latest_checkpoint
 
     found = latest_checkpoint(checkpoints)
     if found is None:
@@ -290,7 +290,7 @@ def fit(config: ControllerConfig, extra_callbacks: list | None = None,
     exactly as it is, and the stored evaluation is returned with no model. ``force`` deletes the run's outputs
     (not its LLM call cache) and starts afresh.
     """
-    from clova_train.controller_callbacks import (
+    from clova_train.controller.callbacks import (
         AtomicCheckpointCallback,
         EpisodeStats,
         HeldOutEvalCallback,

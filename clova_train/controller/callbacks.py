@@ -5,7 +5,7 @@
   ``accuracy``) and ``best_model.zip`` (highest accuracy, ties by mean return), logs the planner-top and
   random baselines of the same tasks next to it, and continues the arrays of an earlier run when resumed.
 * :class:`AtomicCheckpointCallback` is SB3's ``CheckpointCallback`` (``controller_<steps>_steps.zip`` and the
-  replay buffer) with every file written through :mod:`clova_train.atomic`, a ``latest.json`` naming the newest
+  replay buffer) with every file written through :mod:`clova_train.core.atomic`, a ``latest.json`` naming the newest
   complete checkpoint, and older checkpoints pruned.
 * :class:`EpisodeStats` logs the accuracy, length, rejects and cache hit rate of finished training episodes.
 * :class:`AppendingCSVOutputFormat` is SB3's CSV log continued, not truncated, when a run resumes.
@@ -24,8 +24,8 @@ from stable_baselines3.common.callbacks import BaseCallback, CheckpointCallback,
 from stable_baselines3.common.logger import CSVOutputFormat, KVWriter, Logger, make_output_format
 from stable_baselines3.common.vec_env import DummyVecEnv
 
-from clova_train.atomic import write_atomic, write_json_atomic
-from clova_train.controller_evaluation import baselines, make_env_fn, model_policy, run_episodes, summary
+from clova_train.core.atomic import write_atomic, write_json_atomic
+from clova_train.controller.evaluation import baselines, make_env_fn, model_policy, run_episodes, summary
 from clova_train.envs import ReasoningLoopConfig
 
 LATEST = "latest.json"
@@ -220,7 +220,7 @@ class HeldOutEvalCallback(EvalCallback):
 
     def comparison(self) -> dict[str, dict[str, float]]:
         """The controller at its current step and both baselines, as
-        :func:`~clova_train.controller_evaluation.compare` gives them, reusing what this run measured already
+        :func:`~clova_train.controller.evaluation.compare` gives them, reusing what this run measured already
         (the same held-out tasks, seeds and deterministic policy)."""
         steps = int(self.model.num_timesteps)
         if self.last_result is not None and self.last_result[0] == steps:

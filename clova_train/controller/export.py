@@ -14,10 +14,10 @@ from pathlib import Path
 
 import torch
 
-from clova_train.atomic import atomic_path, write_json_atomic
-from clova_train.controller import ControllerConfig
+from clova_train.core.atomic import atomic_path, write_json_atomic
+from clova_train.controller.trainer import ControllerConfig
 from clova_train.envs import ReasoningLoopEnv
-from clova_train.errors import ExportError
+from clova_train.core.errors import ExportError
 
 
 def export_controller(checkpoint: str | Path, output: str | Path, config: ControllerConfig) -> Path:

@@ -1,7 +1,7 @@
 """Tool-usage success rates of GPT4Tools (Sec. 3.3): SR_t, SR_act, SR_args and SR, as a torchmetrics metric.
 
 Each sample compares a generated response with the ground-truth response (both in the ReAct format of
-:mod:`clova_train.react`); samples are grouped as ``seen`` (every ground-truth tool was in training),
+:mod:`clova_train.tooluse.react`); samples are grouped as ``seen`` (every ground-truth tool was in training),
 ``unseen`` and ``no_tool`` (the ground truth answers without a tool), and every group plus ``all`` is
 reported. Two modes:
 
@@ -37,7 +37,7 @@ from nltk.translate.bleu_score import SmoothingFunction, sentence_bleu
 from torchmetrics import Metric
 from torchmetrics.functional.text import bleu_score
 
-from clova_train.react import ReActResponse, parse_react, split_arguments
+from clova_train.tooluse.react import ReActResponse, parse_react, split_arguments
 
 CATEGORIES = ("seen", "unseen", "no_tool")
 IMAGE_EXTENSIONS = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".webp")

@@ -31,7 +31,7 @@ import httpcore2
 import httpx2
 import numpy as np
 
-from clova_train.errors import ClovaTrainError
+from clova_train.core.errors import ClovaTrainError
 
 Message = dict[str, str]
 

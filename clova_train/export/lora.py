@@ -21,11 +21,11 @@ from typing import Any
 
 import torch
 
-from clova_train.atomic import write_json_atomic
-from clova_train.errors import ExportError
-from clova_train.prompt_template import TEMPLATE_FILE, PromptTemplate
+from clova_train.core.atomic import write_json_atomic
+from clova_train.core.errors import ExportError
+from clova_train.tooluse.prompt_template import TEMPLATE_FILE, PromptTemplate
 
-LORA_CHECKPOINT_KEY = "clova_train.lora"  # the key LoraToolLLM writes into its checkpoints
+from clova_train.models.lora_tool_llm import LORA_CHECKPOINT_KEY
 
 
 def is_lora_run_dir(source: Path) -> bool:

@@ -32,8 +32,8 @@ import torch.nn.functional as F
 from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
 
-from clova_train.atomic import write_atomic
-from clova_train.errors import PoolError
+from clova_train.core.atomic import write_atomic
+from clova_train.core.errors import PoolError
 
 POOL_FORMAT_VERSION = 1
 _METADATA_KEY = "clova_train.pool"

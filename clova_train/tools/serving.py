@@ -24,8 +24,8 @@ from pathlib import Path
 
 import torch
 
-from clova_train.errors import ExportError
-from clova_train.pool import PoolSpec, PromptPool
+from clova_train.core.errors import ExportError
+from clova_train.core.pool import PoolSpec, PromptPool
 from clova_train.tools.clip import PromptedClip
 
 

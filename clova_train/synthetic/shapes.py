@@ -136,7 +136,7 @@ def generated_before(root: str | Path, parameters: dict) -> bool:
     Generators call this first and :func:`record_generation` when they are done, so an interrupted run
     generates again and a changed configuration is an error rather than silently reused data.
     """
-    from clova_train.errors import DataError
+    from clova_train.core.errors import DataError
 
     record = Path(root) / "synthetic.json"
     if not record.is_file():
@@ -148,6 +148,6 @@ def generated_before(root: str | Path, parameters: dict) -> bool:
 
 
 def record_generation(root: str | Path, parameters: dict) -> None:
-    from clova_train.atomic import write_json_atomic
+    from clova_train.core.atomic import write_json_atomic
 
     write_json_atomic(Path(root) / "synthetic.json", parameters)

@@ -1,0 +1,1 @@
+"""Layer 2, tool-use text: the GPT4Tools prompt template, ReAct parsing and the SR metrics."""
