@@ -18,9 +18,9 @@ import yaml
 
 import tempfile
 
-from clova_train.datamodules.concept_folders import list_images, load_image
+from clova_train.tools.images import list_images, load_image
 from clova_train.synthetic.shapes import write_concept_folders
-from clova_train.tools.serving import ClipPromptServer
+from clova_train.tools.serving import PromptToolServer
 
 
 def _data_defaults(export_dir: Path) -> dict:
@@ -31,7 +31,7 @@ def _data_defaults(export_dir: Path) -> dict:
     return data.get("init_args", data) or {}
 
 
-def evaluate(server: ClipPromptServer, root: Path, image_size: int) -> list[tuple[str, int, int, int]]:
+def evaluate(server: PromptToolServer, root: Path, image_size: int) -> list[tuple[str, int, int, int]]:
     """Per concept folder of ``root``: (concept, images, correct without prompts, correct with the pool)."""
     concepts = sorted(p.name for p in root.iterdir() if p.is_dir())
     rows = []
@@ -58,7 +58,7 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     defaults = _data_defaults(args.export)
     image_size = args.image_size or defaults.get("image_size", 224)
-    server = ClipPromptServer.from_export(args.export, top_k=args.top_k)
+    server = PromptToolServer.from_export(args.export, top_k=args.top_k)
     with tempfile.TemporaryDirectory() as scratch:
         root = args.data
         if root is None:

@@ -1,33 +1,32 @@
-"""Chunks of not-yet-finished training instances: the train loader of every per-instance prompt tuner.
+"""Chunks of not-yet-finished training instances: the data plumbing of every per-instance prompt tuner.
 
-Per-instance prompt tuning trains each instance once. A chunk of up to ``chunk_size`` instances is
-tuned in lockstep inside one ``training_step``; the LightningModule records every finished instance
-(accepted or rejected) in its checkpoint. This iterable asks the module which instances are finished
-*when iteration starts*, so a run resumed from a checkpoint yields only the remaining ones, however far
-the killed run had got. (Lightning's batch-count resume is not used: it cannot know which batches a
-killed run had finished, and chunk composition does not change any instance's result.)
+Per-instance prompt tuning trains each instance once. A chunk of up to ``chunk_size`` instances is tuned
+in lockstep inside one ``training_step``; the LightningModule records every finished instance (accepted or
+rejected) in its checkpoint. :class:`PendingChunks` asks which instances are finished *when iteration
+starts*, so a run resumed from a checkpoint yields only the remaining ones, however far the killed run had
+got. (Lightning's batch-count resume is not used: it cannot know which batches a killed run had finished,
+and chunk composition does not change any instance's result.)
 
-Under DDP the chunks are dealt round-robin to ranks, and every rank yields the same number of chunks
-(the last ones may be empty) because the module gathers results across ranks after each chunk.
+Under DDP the chunks are dealt round-robin to ranks, and every rank yields the same number of chunks (the
+last ones may be empty) because the module gathers results across ranks after each chunk.
+
+:class:`PromptTuningDataModule` is the base of every prompt-tuning datamodule: a subclass only builds its
+instances (``build_instances``) and, if it wants, evaluation loaders. The module connects to it once
+(:meth:`PromptTuningDataModule.connect`): it hands over how to ask which instances are finished and gets
+the :class:`~clova_train.tools.contracts.ChunkPlan` (chunk size, instance ids) back.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterator, Sequence
-from typing import Any, Protocol
+from abc import abstractmethod
+from collections.abc import Callable, Iterator
 
-from torch.utils.data import IterableDataset, get_worker_info
+from lightning import LightningDataModule
+from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
-
-class InstanceDataset(Protocol):
-    """A map-style dataset whose items are dicts with an ``"instance_id"`` key."""
-
-    instance_ids: Sequence[str]
-
-    def __getitem__(self, index: int) -> dict[str, Any]: ...
-
-    def __len__(self) -> int: ...
+from clova_train.core.errors import DataError
+from clova_train.tools.contracts import ChunkPlan, InstanceDataset, TrainingInstance
 
 
 class PendingChunks(IterableDataset):
@@ -66,7 +65,7 @@ class PendingChunks(IterableDataset):
         mine = chunks[self.rank :: self.world_size]
         return mine + [[] for _ in range(per_rank - len(mine))]
 
-    def __iter__(self) -> Iterator[list[dict[str, Any]]]:
+    def __iter__(self) -> Iterator[list[TrainingInstance]]:
         chunks = self.chunk_indices()
         worker = get_worker_info()
         if worker is not None:
@@ -75,6 +74,53 @@ class PendingChunks(IterableDataset):
             yield [self.dataset[i] for i in chunk]
 
 
-def keep_chunk(chunk: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def keep_chunk(chunk: list[TrainingInstance]) -> list[TrainingInstance]:
     """Collate function for :class:`PendingChunks` (a chunk is already a batch)."""
     return chunk
+
+
+class PromptTuningDataModule(LightningDataModule):
+    """Base of prompt-tuning datamodules: chunks of pending instances for training, dealt to ranks.
+
+    Args:
+        chunk_size: instances tuned together in one training step (results do not depend on it; larger
+            chunks are faster and hold more prompts in memory at once).
+        num_workers: DataLoader worker processes.
+    """
+
+    def __init__(self, chunk_size: int = 32, num_workers: int = 0) -> None:
+        super().__init__()
+        if chunk_size < 1:
+            raise DataError(f"chunk_size must be >= 1, got {chunk_size}")
+        self.chunk_size = chunk_size
+        self.num_workers = num_workers
+        self.instances: InstanceDataset | None = None
+        self._finished: Callable[[], set[str]] = set
+
+    @abstractmethod
+    def build_instances(self) -> InstanceDataset:
+        """Read (and check) the training instances; called once by ``setup``."""
+
+    def setup(self, stage: str | None = None) -> None:
+        if self.instances is None:
+            self.instances = self.build_instances()
+            ids = list(self.instances.instance_ids)
+            if len(set(ids)) != len(ids):
+                duplicate = next(i for i in ids if ids.count(i) > 1)
+                raise DataError(f"{type(self).__name__}: instance id {duplicate!r} occurs more than once")
+
+    def connect(self, finished: Callable[[], set[str]]) -> ChunkPlan:
+        """The hand-off with the prompt-tuning module (call after ``setup``)."""
+        if self.instances is None:
+            self.setup("fit")
+        assert self.instances is not None
+        self._finished = finished
+        return ChunkPlan(self.chunk_size, tuple(self.instances.instance_ids))
+
+    def train_dataloader(self) -> DataLoader:
+        if self.instances is None:
+            self.setup("fit")
+        rank = self.trainer.global_rank if self.trainer is not None else 0
+        world = self.trainer.world_size if self.trainer is not None else 1
+        chunks = PendingChunks(self.instances, self.chunk_size, self._finished, rank, world)
+        return DataLoader(chunks, batch_size=None, collate_fn=keep_chunk, num_workers=self.num_workers)

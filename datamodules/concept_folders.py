@@ -7,13 +7,10 @@ text "red circle"). Which images validate is explicit and they are never trained
 * otherwise the files are sorted by name and the first ``val_per_concept`` validate (the paper uses the
   first of 7 crawled images), the rest train.
 
-Every training image of a learned concept is one instance with its own prompt. An instance's item is a
-dict with:
-
-``instance_id`` (``"<concept>/<file name>"``), ``concept``, ``candidates`` (the concept and its distinct
-negative concepts, the texts the image is classified over), ``images`` ``[1 + K, 3, S, S]`` (the positive
-image then ``K`` negative training images), ``labels`` (the concept of each image), ``val_images`` /
-``val_labels`` / ``val_files`` (the held-out positives of the concept and held-out negatives).
+Every training image of a learned concept is one instance with its own prompt: a
+:class:`~clova_train.tools.clip.ClipInstance` with id ``"<concept>/<file name>"``, the concept and its
+distinct negative concepts as candidates, the positive image then ``K`` negative training images, and the
+held-out positives of the concept and held-out negatives for the gate.
 
 Negative concepts are the other concepts under ``root`` plus, when given, the concepts under
 ``negatives_root`` (same layout; those are never learned).
@@ -28,38 +25,14 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from lightning import LightningDataModule
-from PIL import Image, UnidentifiedImageError
 from torch.utils.data import DataLoader
 
-from clova_train.datamodules.chunks import PendingChunks, keep_chunk
 from clova_train.core.errors import DataError
+from clova_train.datamodules.chunks import PromptTuningDataModule
+from clova_train.tools.clip import ClipInstance
+from clova_train.tools.images import IMAGE_SUFFIXES, check_image, list_images, load_image
 
-IMAGE_SUFFIXES = {".png", ".jpg", ".jpeg", ".webp", ".bmp"}
-
-
-def list_images(folder: Path) -> list[Path]:
-    return sorted(p for p in folder.iterdir() if p.is_file() and p.suffix.lower() in IMAGE_SUFFIXES)
-
-
-def check_image(path: Path) -> None:
-    """Raise :class:`DataError` naming ``path`` if it is not a readable image."""
-    try:
-        with Image.open(path) as img:
-            img.verify()
-    except (UnidentifiedImageError, OSError, SyntaxError, ValueError) as err:
-        raise DataError(f"unreadable image {path}: {err}") from err
-
-
-def load_image(path: Path, size: int) -> torch.Tensor:
-    """``[3, size, size]`` float tensor in [0, 1]."""
-    try:
-        with Image.open(path) as img:
-            rgb = img.convert("RGB").resize((size, size), Image.BICUBIC)
-    except (UnidentifiedImageError, OSError, SyntaxError, ValueError) as err:
-        raise DataError(f"unreadable image {path}: {err}") from err
-    data = torch.frombuffer(bytearray(rgb.tobytes()), dtype=torch.uint8)
-    return data.view(size, size, 3).permute(2, 0, 1).float() / 255.0
+__all__ = ["ConceptFolderDataModule", "SyntheticConceptDataModule", "check_image", "list_images", "load_image"]
 
 
 @dataclass(frozen=True)
@@ -142,18 +115,18 @@ class ConceptInstances:
     def __len__(self) -> int:
         return len(self.items)
 
-    def __getitem__(self, index: int) -> dict[str, Any]:
+    def __getitem__(self, index: int) -> ClipInstance:
         item = self.items[index]
-        return {
-            "instance_id": item["instance_id"],
-            "concept": item["concept"],
-            "candidates": list(item["candidates"]),
-            "images": torch.stack([load_image(p, self.image_size) for p in item["image_files"]]),
-            "labels": list(item["labels"]),
-            "val_images": torch.stack([load_image(p, self.image_size) for p in item["val_files"]]),
-            "val_labels": list(item["val_labels"]),
-            "val_files": [str(p) for p in item["val_files"]],
-        }
+        return ClipInstance(
+            instance_id=item["instance_id"],
+            concept=item["concept"],
+            candidates=list(item["candidates"]),
+            images=torch.stack([load_image(p, self.image_size) for p in item["image_files"]]),
+            labels=list(item["labels"]),
+            val_images=torch.stack([load_image(p, self.image_size) for p in item["val_files"]]),
+            val_labels=list(item["val_labels"]),
+            val_files=[str(p) for p in item["val_files"]],
+        )
 
 
 class LabelledImages:
@@ -186,7 +159,7 @@ class _WithNames:
         }
 
 
-class ConceptFolderDataModule(LightningDataModule):
+class ConceptFolderDataModule(PromptTuningDataModule):
     """Concept image folders -> per-instance chunks for CLIP prompt tuning.
 
     Args:
@@ -222,7 +195,7 @@ class ConceptFolderDataModule(LightningDataModule):
         eval_batch_size: int = 64,
         test_root: str | None = None,
     ) -> None:
-        super().__init__()
+        super().__init__(chunk_size, num_workers)
         self.save_hyperparameters()
         self.eval_batch_size = eval_batch_size
         self.test_root = Path(test_root) if test_root else None
@@ -235,10 +208,7 @@ class ConceptFolderDataModule(LightningDataModule):
         self.val_negatives_per_instance = val_negatives_per_instance
         self.max_negative_concepts = max_negative_concepts
         self.image_size = image_size
-        self.chunk_size = chunk_size
-        self.num_workers = num_workers
         self.seed = seed
-        self.instances: ConceptInstances | None = None
 
     def _splits(self, root: Path, names: list[str] | None, what: str) -> list[ConceptSplit]:
         if not root.is_dir():
@@ -253,9 +223,7 @@ class ConceptFolderDataModule(LightningDataModule):
                 check_image(path)
         return splits
 
-    def setup(self, stage: str | None = None) -> None:
-        if self.instances is not None:
-            return
+    def build_instances(self) -> ConceptInstances:
         learned = self._splits(self.root, self.concepts, "concept root")
         learned_names = {s.concept for s in learned}
         negatives = []
@@ -270,7 +238,7 @@ class ConceptFolderDataModule(LightningDataModule):
                 f"{sorted(learned_names)} (add another concept folder or a negatives_root)"
             )
         self.splits = learned + negatives
-        self.instances = ConceptInstances(
+        return ConceptInstances(
             learned,
             negatives,
             self.image_size,
@@ -286,7 +254,7 @@ class ConceptFolderDataModule(LightningDataModule):
         )
 
     def val_dataloader(self) -> DataLoader:
-        assert self.instances is not None, "call setup() first"
+        self.setup("validate")
         return self._eval_loader(
             LabelledImages([(p, s.concept) for s in self.splits for p in s.val], self.image_size)
         )
@@ -304,17 +272,6 @@ class ConceptFolderDataModule(LightningDataModule):
         if not files:
             raise DataError(f"test root {self.test_root} holds no images")
         return self._eval_loader(LabelledImages(files, self.image_size))
-
-    def _finished_ids(self) -> set[str]:
-        module = self.trainer.lightning_module if self.trainer is not None else None
-        return set(getattr(module, "finished_instance_ids", ()))
-
-    def train_dataloader(self) -> DataLoader:
-        assert self.instances is not None, "call setup() first"
-        rank = self.trainer.global_rank if self.trainer is not None else 0
-        world = self.trainer.world_size if self.trainer is not None else 1
-        chunks = PendingChunks(self.instances, self.chunk_size, self._finished_ids, rank, world)
-        return DataLoader(chunks, batch_size=None, collate_fn=keep_chunk, num_workers=self.num_workers)
 
 
 class SyntheticConceptDataModule(ConceptFolderDataModule):

@@ -1,13 +1,13 @@
 """Prompt-tuned CLIP behind the reasoning loop's ``verify_property``: this package's tools serving the agent.
 
 :class:`ClipPromptTools` implements the sandbox's tool API. ``verify_property(object, attribute)`` crops the
-objects that ``locate`` finds and asks a :class:`~clova_train.tools.serving.ClipPromptServer` (CLASSIFY with the
-prompt pool learned by ``ClipPromptTuning``) which of ``attributes`` each crop shows; every other call
+objects that ``locate`` finds and asks a :class:`~clova_train.tools.serving.PromptToolServer` (CLASSIFY with the
+prompt pool learned by ``PromptTuning`` with the CLIP tool) which of ``attributes`` each crop shows; every other call
 (``find``, ``exists``, ``compute_depth``, queries) goes to ``locate``, a detector-like tool API. In the
 offline world ``locate`` is the annotation oracle and the image is rendered from the scene, so CLIP is the
 only model in the loop:
 
-    env = ReasoningLoopEnv(config, tools_factory=clip_tools_factory(ClipPromptServer.from_export(path), COLOURS))
+    env = ReasoningLoopEnv(config, tools_factory=clip_tools_factory(PromptToolServer.from_export(path), COLOURS))
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from PIL import Image, ImageDraw
 
 from clova_train.synthetic.shapes import COLOURS as RGB
 from clova_train.agents.sandbox import PatchRef, ToolAPI
-from clova_train.tools.serving import ClipPromptServer
+from clova_train.tools.serving import PromptToolServer
 from clova_train.envs.world import SIZE, SceneTools, Task
 
 
@@ -45,13 +45,13 @@ class ClipPromptTools:
     """Tool API whose ``verify_property`` is prompt-tuned CLIP's CLASSIFY over ``attributes``.
 
     Args:
-        server: the CLIP prompt server (an export of a ``ClipPromptTuning`` run).
+        server: the CLIP prompt server (an export of a CLIP prompt-tuning run).
         image: ``[3, H, W]`` image in [0, 1], y of boxes measured from the bottom.
         locate: tool API for everything else (detection, depth, queries).
         attributes: the candidate labels CLASSIFY chooses among (e.g. the colours).
     """
 
-    def __init__(self, server: ClipPromptServer, image: torch.Tensor, locate: ToolAPI,
+    def __init__(self, server: PromptToolServer, image: torch.Tensor, locate: ToolAPI,
                  attributes: Sequence[str]) -> None:
         self.server, self.image, self.locate, self.attributes = server, image, locate, list(attributes)
         self.classifications = 0
@@ -89,6 +89,6 @@ class ClipPromptTools:
         return self.locate.llm_query(patch, question)
 
 
-def clip_tools_factory(server: ClipPromptServer, attributes: Sequence[str]) -> Callable[[Task], ClipPromptTools]:
+def clip_tools_factory(server: PromptToolServer, attributes: Sequence[str]) -> Callable[[Task], ClipPromptTools]:
     """A ``tools_factory`` for :class:`~clova_train.envs.ReasoningLoopEnv`: CLIP on the rendered scene."""
     return lambda task: ClipPromptTools(server, render_task(task), SceneTools(task), attributes)

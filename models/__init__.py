@@ -1,7 +1,6 @@
 """LightningModules of clova-train (installed as ``clova_train.models``)."""
 
-from clova_train.models.clip_prompt import ClipPromptTuning
 from clova_train.models.lora_tool_llm import LoraToolLLM
-from clova_train.models.prompt_tuning import GateResult, PerInstancePromptTuning
+from clova_train.models.prompt_tuning import PromptTuning
 
-__all__ = ["ClipPromptTuning", "GateResult", "LoraToolLLM", "PerInstancePromptTuning"]
+__all__ = ["LoraToolLLM", "PromptTuning"]

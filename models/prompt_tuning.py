@@ -1,22 +1,26 @@
-"""Per-instance prompt tuning of a frozen tool with a validation gate (CLOVA Sec. 3.4).
+"""Per-instance prompt tuning of any frozen prompt tool, with a validation gate (CLOVA Sec. 3.4).
 
-Read top to bottom, one training step does this for a chunk of instances (see ``datamodules.chunks``):
+Read top to bottom, one training step does this for a chunk of instances (``datamodules.chunks``):
 
 1. drop instances already finished (a resumed run skips them);
-2. compute everything that does not depend on the prompt once (``prepare_chunk``);
+2. compute everything that does not depend on the prompt once (``tool.prepare``);
 3. give every instance a fresh prompt, seeded by its id, and a fresh optimizer state;
-4. take ``steps`` optimizer steps on the *sum* of per-instance losses: instance i's loss depends only on
-   prompt row i, and Adam is elementwise, so each row follows exactly the trajectory it would follow if
-   the instance were tuned alone, whatever the chunk size or number of devices;
-5. gate: keep an instance's prompt only if the tool with it passes the instance's validation data
-   (with ``early_stop_every``, an instance that passes earlier stops there and its row is frozen);
-6. gather the chunk's results from every rank, so each rank's checkpoint holds all finished instances.
+4. take ``steps`` Adam steps on the *sum* of per-instance losses: instance i's loss depends only on prompt
+   row i, and Adam is elementwise, so each row follows exactly the trajectory it would follow if the
+   instance were tuned alone, whatever the chunk size or number of devices;
+5. gate: keep an instance's prompt only if the tool with it passes the instance's validation data (with
+   ``early_stop_every``, an instance that passes ``tool.quick_gate`` earlier stops there, its row frozen);
+6. gather the chunk's records from every rank, so each rank's checkpoint holds all finished instances.
 
-When every instance is finished, rank 0 writes the accepted prompts and their features into the prompt
-pool (one file, written atomically, merged with an existing pool if asked) plus a summary and a tool
-description. Under DDP, gradient synchronisation is switched off: ranks tune different instances, and
-averaging their prompt gradients would mix unrelated instances (sharding strategies such as FSDP are
-refused for the same reason; the frozen tools fit on one device).
+Every rank takes exactly one counted optimizer step per chunk, empty padding chunks included (the inner
+steps go to the raw optimizer), so global steps, checkpoints and their collectives stay in lockstep
+whatever the split of chunks over ranks.
+
+When every instance is finished, rank 0 writes into the run directory the pool of this run's accepted
+prompts, ``summary.json`` and ``tool.json`` (what ``clova-train export RUN`` reads) and, when
+``pool_path`` names a shared pool, merges the accepted prompts into it as well. Under DDP gradient
+synchronisation is off: ranks tune different instances, and averaging their gradients would mix unrelated
+instances (sharding strategies are refused for the same reason; the frozen tools fit on one device).
 """
 
 from __future__ import annotations
@@ -24,9 +28,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import warnings
-from abc import abstractmethod
 from collections import Counter
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
@@ -37,12 +39,17 @@ from lightning.pytorch.callbacks import Callback, ModelCheckpoint
 from lightning.pytorch.strategies import DDPStrategy, SingleDeviceStrategy
 from lightning.pytorch.utilities import rank_zero_info
 from torch import nn
+from torchmetrics import MeanMetric
 
 from clova_train.core.atomic import write_json_atomic
 from clova_train.core.errors import ModelError, PoolError
 from clova_train.core.pool import PoolSpec, PromptPool
+from clova_train.tools.base import PromptTool
+from clova_train.tools.contracts import ChunkPlan, ChunkSource, GateResult, InstanceRecord, TrainingInstance
+from clova_train.tools.serving import POOL_FILE, TOOL_FILE, PromptToolServer
 
 CHECKPOINT_KEY = "clova_train.prompt_tuning"
+SUMMARY_FILE = "summary.json"
 
 # Two Lightning warnings that describe this design, not a mistake: the frozen tool is in eval mode on
 # purpose, and a per-chunk checkpoint taken after the optimizer steps is exactly the state to resume from.
@@ -50,111 +57,84 @@ warnings.filterwarnings("ignore", message=r"Found \d+ module\(s\) in eval mode",
 warnings.filterwarnings("ignore", message="Using ModelCheckpoint with manual optimization", category=UserWarning)
 
 
-@dataclass
-class GateResult:
-    """Outcome of the validation gate for one instance; ``reason`` says why it failed."""
-
-    passed: bool
-    reason: str = ""
-
-
-class PerInstancePromptTuning(LightningModule):
-    """Base class: a frozen tool that learns one prompt per training instance, kept only if validated.
-
-    Subclasses set ``self.tool`` and implement the tool-specific hooks below (``prompt_shape``,
-    ``prepare_chunk``, ``instance_losses``, ``gate``, ``pool_features``, ``describe_tool``).
+class PromptTuning(LightningModule):
+    """Learn one prompt per training instance for a frozen tool; keep it only if the tool then validates.
 
     Args:
-        lr: Adam learning rate of the prompts.
-        steps: optimizer steps per instance.
-        early_stop_every: if > 0, run the gate every this many steps and stop an instance as soon as it
-            passes (its prompt is frozen from then on); 0 tunes every instance for ``steps`` steps.
-        pool_path: where the prompt pool is written (default: ``<trainer.default_root_dir>/pool.safetensors``).
-        on_existing_pool: what to do if ``pool_path`` already holds a pool: ``merge`` the new prompts into
-            it (instances it already holds are kept), ``overwrite`` it, or raise an ``error``.
-        seed: seed of the per-instance prompt initialisation (each instance's init depends only on the
-            seed and its instance id).
-        max_chunk_size: prompt rows held at once when the datamodule has no ``chunk_size`` attribute;
-            larger chunks are tuned in pieces (with identical results).
-        keep_rejected_prompts: also keep the prompts and features of rejected instances in the run's
-            records and checkpoints, for analysis (they never enter the pool).
+        tool: the frozen prompt tool (``class_path`` of a :class:`~clova_train.tools.base.PromptTool`
+            subclass, e.g. ``clova_train.tools.clip.PromptedClip``, with its ``init_args``).
+        lr: Adam learning rate of the prompts (default: the tool's paper value).
+        steps: optimizer steps per instance (default: the tool's paper value).
+        early_stop_every: if > 0, run the tool's quick gate every this many steps and stop an instance as
+            soon as it passes (its prompt is frozen from then on); 0 tunes every instance for ``steps``.
+        pool_path: a shared prompt pool to merge this run's accepted prompts into, in addition to the
+            run directory's own ``pool.safetensors``.
+        on_existing_pool: when the pool file already exists: ``merge`` the new prompts into it (instances
+            it holds are kept), ``overwrite`` it, or raise an ``error``.
+        seed: seed of the per-instance prompt initialisation (an instance's init depends only on the seed
+            and its id).
+        keep_rejected_prompts: also keep rejected instances' prompts and features in the run's records and
+            checkpoints, for analysis (they never enter the pool).
     """
 
     def __init__(
         self,
-        lr: float,
-        steps: int,
+        tool: PromptTool,
+        lr: float | None = None,
+        steps: int | None = None,
         early_stop_every: int = 0,
         pool_path: str | None = None,
         on_existing_pool: Literal["merge", "overwrite", "error"] = "merge",
         seed: int = 0,
-        max_chunk_size: int = 32,
         keep_rejected_prompts: bool = False,
     ) -> None:
         super().__init__()
-        if steps < 1:
-            raise ValueError(f"steps must be >= 1, got {steps}")
+        if not isinstance(tool, PromptTool):
+            raise ModelError(f"tool must be a PromptTool, got {type(tool).__name__}")
+        self.save_hyperparameters(ignore=["tool"])
         self.automatic_optimization = False
         self.strict_loading = False  # the frozen tool is rebuilt from its source, not from checkpoints
-        self.lr = lr
-        self.steps = steps
+        self.tool = tool
+        self.lr = float(lr if lr is not None else tool.default_lr)
+        self.steps = int(steps if steps is not None else tool.default_steps)
+        if self.steps < 1:
+            raise ModelError(f"steps must be >= 1, got {self.steps}")
+        if early_stop_every < 0:
+            raise ModelError(f"early_stop_every must be >= 0, got {early_stop_every}")
         self.early_stop_every = early_stop_every
         self.pool_path = pool_path
         self.on_existing_pool = on_existing_pool
         self.seed = seed
-        self.max_chunk_size = max_chunk_size
         self.keep_rejected_prompts = keep_rejected_prompts
-        self.records: dict[str, dict[str, Any]] = {}
-        self.tool: nn.Module
+        self.records: dict[str, InstanceRecord] = {}
+        self.plan: ChunkPlan | None = None
+        self.metrics = nn.ModuleDict({name: MeanMetric() for name in tool.evaluation_metrics})
+        self._server: PromptToolServer | None = None
 
-    # ------------------------------------------------------------------ tool-specific hooks
-    @property
-    @abstractmethod
-    def prompt_shape(self) -> tuple[int, ...]:
-        """Shape of one instance's prompt."""
-
-    @abstractmethod
-    def prepare_chunk(self, chunk: list[dict[str, Any]]) -> Any:
-        """Prompt-independent work for the chunk (run once, without gradients)."""
-
-    @abstractmethod
-    def instance_losses(self, context: Any, prompts: torch.Tensor) -> torch.Tensor:
-        """``[n]`` losses; entry i may depend only on ``prompts[i]``."""
-
-    @abstractmethod
-    def gate(self, context: Any, prompts: torch.Tensor) -> list[GateResult]:
-        """Validate each instance with its own prompt on its held-out data."""
-
-    @abstractmethod
-    def pool_features(self, context: Any) -> torch.Tensor:
-        """``[n, d]`` retrieval features of the instances (computed without prompts)."""
-
-    @abstractmethod
-    def describe_tool(self) -> dict[str, Any]:
-        """JSON description of the frozen tool: enough to rebuild it for serving, with its identity."""
-
-    def pool_spec(self) -> PoolSpec:
-        return PoolSpec.from_tool_description(self.describe_tool())
-
+    # ------------------------------------------------------------------ set-up
     def init_prompt(self, instance_id: str) -> torch.Tensor:
-        """Uniform(-s, s) init seeded by ``(seed, instance_id)``; override ``init_scale`` to change ``s``."""
+        """Uniform(-s, s) with the tool's ``init_scale``, seeded by ``(seed, instance_id)``."""
         digest = hashlib.sha256(f"{self.seed}:{instance_id}".encode()).digest()
         generator = torch.Generator().manual_seed(int.from_bytes(digest[:8], "little"))
-        scale = self.init_scale()
-        return (torch.rand(self.prompt_shape, generator=generator, dtype=torch.float64) * 2 - 1) * scale
+        shape = self.tool.prompt_shape
+        return (torch.rand(shape, generator=generator, dtype=torch.float64) * 2 - 1) * self.tool.init_scale()
 
-    def init_scale(self) -> float:
-        return 1.0
-
-    # ------------------------------------------------------------------ Lightning plumbing
     def setup(self, stage: str) -> None:
         if self._trainer is not None:
             self._check_strategy()
+            datamodule = self.trainer.datamodule
+            if stage == "fit":
+                if not isinstance(datamodule, ChunkSource):
+                    raise ModelError(
+                        f"prompt tuning needs a prompt-tuning datamodule (one with connect()), "
+                        f"got {type(datamodule).__name__}"
+                    )
+                self.plan = datamodule.connect(lambda: set(self.records))
         if not hasattr(self, "prompts"):
             # Rows for the prompts of one chunk. Its shape is fixed before Lightning wraps the module
             # (DDP keeps autograd's per-parameter state, so the parameter must not be resized later).
-            capacity = getattr(self.trainer.datamodule, "chunk_size", None) if self._trainer else None
-            self.prompts = nn.Parameter(torch.zeros(capacity or self.max_chunk_size, *self.prompt_shape))
+            capacity = self.plan.chunk_size if self.plan else 1
+            self.prompts = nn.Parameter(torch.zeros(capacity, *self.tool.prompt_shape))
 
     def configure_optimizers(self) -> torch.optim.Optimizer:
         return torch.optim.Adam([self.prompts], lr=self.lr)
@@ -178,81 +158,111 @@ class PerInstancePromptTuning(LightningModule):
                 f"per-instance prompt tuning runs on one device or with DDP, not {type(strategy).__name__}: "
                 "sharding strategies would split and average the prompts of unrelated instances"
             )
+        if getattr(strategy.precision_plugin, "scaler", None) is not None:
+            raise ModelError(
+                "per-instance prompt tuning does not use a loss scaler: set trainer.precision to "
+                "bf16-mixed or 32-true, not 16-mixed"
+            )
 
     def _without_gradient_sync(self) -> contextlib.AbstractContextManager:
-        # Lightning re-enables DDP's gradient sync after every manual-optimization step, so it is
-        # switched off here, around each chunk, rather than once per run.
+        # Lightning re-enables DDP's gradient sync after every manual-optimization step, so it is switched
+        # off here, around each chunk, rather than once per run.
         model = self.trainer.model
         if isinstance(model, nn.parallel.DistributedDataParallel):
             return model.no_sync()
         return contextlib.nullcontext()
 
-    @property
-    def finished_instance_ids(self) -> set[str]:
-        """Ids of instances already tuned and gated (read by the chunk loader to skip them)."""
-        return set(self.records)
-
     # ------------------------------------------------------------------ one chunk
-    def training_step(self, chunk: list[dict[str, Any]], batch_idx: int) -> None:
-        chunk = [item for item in chunk if item["instance_id"] not in self.records]
+    def training_step(self, chunk: list[TrainingInstance], batch_idx: int) -> None:
+        chunk = [item for item in chunk if item.instance_id not in self.records]
         with self._without_gradient_sync():
             results = self.tune_chunk(chunk) if chunk else []
         results = self._gather_from_ranks(results)
         for record in results:
-            self.records[record["instance_id"]] = record
-        accepted = sum(r["accepted"] for r in results)
+            self.records[record.instance_id] = record
+        self._count_chunk()
+        accepted = sum(r.accepted for r in results)
+        total_accepted = float(sum(r.accepted for r in self.records.values()))
         self.log_dict(
             {
                 "chunk/tried": float(len(results)),
                 "chunk/accepted": float(accepted),
                 "chunk/rejected": float(len(results) - accepted),
-                "total/accepted": float(sum(r["accepted"] for r in self.records.values())),
+                "total/accepted": total_accepted,
                 "total/finished": float(len(self.records)),
             },
             batch_size=max(len(results), 1),
             rank_zero_only=True,
         )
         if results:
-            self.log("loss", sum(r["loss"] for r in results) / len(results), prog_bar=True, rank_zero_only=True, batch_size=len(results))
-            self.log("accepted", float(sum(r["accepted"] for r in self.records.values())), prog_bar=True, rank_zero_only=True, batch_size=1)
+            loss = sum(r.loss for r in results) / len(results)
+            self.log("loss", loss, prog_bar=True, rank_zero_only=True, batch_size=len(results))
+            self.log("accepted", total_accepted, prog_bar=True, rank_zero_only=True, batch_size=1)
 
-    def tune_chunk(self, chunk: list[dict[str, Any]]) -> list[dict[str, Any]]:
-        """Tune, gate and describe every instance of ``chunk`` (all present in every step)."""
+    def _count_chunk(self) -> None:
+        """One counted optimizer step per chunk on every rank (Adam skips the prompts: they have no grad)."""
+        self.prompts.grad = None
+        self.optimizers().step()
+
+    def tune_chunk(self, chunk: list[TrainingInstance]) -> list[InstanceRecord]:
+        """Tune, gate and record every instance of ``chunk`` (all present in every step)."""
         capacity = self.prompts.shape[0]
         if len(chunk) > capacity:
             return [r for k in range(0, len(chunk), capacity) for r in self.tune_chunk(chunk[k : k + capacity])]
-        ids = [item["instance_id"] for item in chunk]
+        unchanged = [item for item in chunk if item.keep_unchanged]
+        tuned = [item for item in chunk if not item.keep_unchanged]
+        records = {r.instance_id: r for r in self._tune(tuned)} if tuned else {}
+        if unchanged:
+            records.update({r.instance_id: r for r in self._zero_prompt_records(unchanged)})
+        return [records[item.instance_id] for item in chunk]
+
+    def _zero_prompt_records(self, chunk: list[TrainingInstance]) -> list[InstanceRecord]:
+        with torch.no_grad():
+            features = self.tool.pool_features(self.tool.prepare(chunk)).detach().float().cpu()
+        zero = torch.zeros(self.tool.prompt_shape)
+        return [
+            InstanceRecord(item.instance_id, item.concept, True, [], 0.0, 0, features[i].clone(), zero.clone())
+            for i, item in enumerate(chunk)
+        ]
+
+    def _tune(self, chunk: list[TrainingInstance]) -> list[InstanceRecord]:
+        ids = [item.instance_id for item in chunk]
         n = len(ids)
         with torch.no_grad():
-            context = self.prepare_chunk(chunk)
-            features = self.pool_features(context).detach().float().cpu()
+            context = self.tool.prepare(chunk)
+            features = self.tool.pool_features(context).detach().float().cpu()
             self.prompts.zero_()
             self.prompts[:n] = torch.stack([self.init_prompt(i) for i in ids]).to(self.prompts)
-        optimizer = self.optimizers()
-        # Fresh optimizer state per chunk; rows past n get zero gradients and so never move.
-        optimizer.optimizer.state.clear()
+        # The raw optimizer: inner steps are not Lightning's counted steps (see _count_chunk). Fresh state
+        # per chunk; rows past n get zero gradients and so never move.
+        optimizer = self.optimizers().optimizer
+        optimizer.state.clear()
 
-        active = torch.ones(n, dtype=torch.bool, device=self.device)
+        active = torch.ones(n, dtype=torch.bool, device=self.prompts.device)
         outcome: list[GateResult | None] = [None] * n
+        steps_taken = torch.zeros(n, dtype=torch.long)
         losses = torch.zeros(n)
         for step in range(1, self.steps + 1):
-            rows = self.prompts[:n]
-            step_losses = self.instance_losses(context, rows)
+            step_losses = self.tool.instance_losses(context, self.prompts[:n])
             losses = torch.where(active.cpu(), step_losses.detach().float().cpu(), losses)
+            steps_taken += active.cpu().long()
             optimizer.zero_grad()
             self.manual_backward(step_losses[active].sum())
             frozen = self.prompts.data[:n][~active].clone()
             optimizer.step()
             self.prompts.data[:n][~active] = frozen
             if self.early_stop_every and step % self.early_stop_every == 0 and step < self.steps:
-                self._early_stop(context, active, outcome)
+                with torch.no_grad():
+                    quick = self.tool.quick_gate(context, self.prompts[:n].detach())
+                for i, result in enumerate(quick):
+                    if active[i] and result.passed:
+                        active[i] = False
                 if not active.any():
                     break
         with torch.no_grad():
-            final = self.gate(context, self.prompts[:n].detach())
+            final = self.tool.gate(context, self.prompts[:n].detach())
         for i in range(n):
-            if outcome[i] is None:
-                outcome[i] = final[i]
+            outcome[i] = final[i]
 
         prompts = self.prompts[:n].detach().float().cpu()
         records = []
@@ -261,32 +271,19 @@ class PerInstancePromptTuning(LightningModule):
             assert result is not None
             keep = result.passed or self.keep_rejected_prompts
             records.append(
-                {
-                    "instance_id": ids[i],
-                    "concept": item["concept"],
-                    "accepted": bool(result.passed),
-                    "reason": result.reason if not result.passed else "",
-                    "loss": float(losses[i]),
-                    "feature": features[i].clone() if keep else None,
-                    "prompt": prompts[i].clone() if keep else None,
-                }
+                InstanceRecord(
+                    ids[i], item.concept, result.passed, list(result.rejections), float(losses[i]),
+                    int(steps_taken[i]), features[i].clone() if keep else None, prompts[i].clone() if keep else None,
+                )
             )
         return records
 
-    def _early_stop(self, context: Any, active: torch.Tensor, outcome: list[GateResult | None]) -> None:
-        with torch.no_grad():
-            results = self.gate(context, self.prompts[: len(outcome)].detach())
-        for i, result in enumerate(results):
-            if active[i] and result.passed:
-                active[i] = False
-                outcome[i] = result
-
-    def _gather_from_ranks(self, results: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    def _gather_from_ranks(self, records: list[InstanceRecord]) -> list[InstanceRecord]:
         if self.trainer.world_size <= 1 or not (dist.is_available() and dist.is_initialized()):
-            return results
+            return records
         gathered: list[list[dict[str, Any]] | None] = [None] * self.trainer.world_size
-        dist.all_gather_object(gathered, results)
-        return [record for part in gathered for record in (part or [])]
+        dist.all_gather_object(gathered, [r.to_state() for r in records])
+        return [InstanceRecord.from_state(state) for part in gathered for state in (part or [])]
 
     # ------------------------------------------------------------------ end of run
     def on_train_epoch_end(self) -> None:
@@ -296,111 +293,149 @@ class PerInstancePromptTuning(LightningModule):
     def on_train_end(self) -> None:
         if not self.trainer.is_global_zero:
             return
-        pending = self._pending_count()
+        pending = self.pending_count()
         if pending:
             rank_zero_info(
                 f"{pending} instance(s) not finished; no pool written. Resume with --ckpt_path last to finish."
             )
             self._write_summary(complete=False)
             return
-        pool_path, added = self.write_pool()
+        run_pool, shared = self.write_pools()
         summary = self._write_summary(complete=True)
+        where = f"{run_pool}" + (f", merged into {shared[0]} ({shared[1]} added)" if shared else "")
         rank_zero_info(
-            f"Prompt pool: {pool_path} ({added} prompt(s) added; accepted {summary['accepted']} of "
-            f"{summary['tried']}, rejected {summary['rejected']})"
+            f"Prompt pool: {where}; accepted {summary['accepted']} of {summary['tried']}, "
+            f"rejected {summary['rejected']}"
         )
 
-    def _pending_count(self) -> int:
-        loader = self.trainer.train_dataloader
-        dataset = getattr(getattr(loader, "dataset", None), "dataset", None)
-        ids = getattr(dataset, "instance_ids", None)
-        return 0 if ids is None else sum(1 for i in ids if i not in self.records)
+    def pending_count(self) -> int:
+        """Instances of the run not finished yet (from the datamodule's plan)."""
+        if self.plan is None:
+            return 0
+        return sum(1 for i in self.plan.instance_ids if i not in self.records)
 
-    def resolved_pool_path(self) -> Path:
-        return Path(self.pool_path) if self.pool_path else Path(self.trainer.default_root_dir) / "pool.safetensors"
+    @property
+    def run_dir(self) -> Path:
+        return Path(self.trainer.default_root_dir)
 
     def build_pool(self) -> PromptPool:
         """A pool of every accepted instance recorded so far."""
-        return pool_from_records(self.pool_spec(), self.records)
+        return pool_from_records(self.tool.pool_spec(), self.records.values())
 
-    def write_pool(self) -> tuple[Path, int]:
-        path = self.resolved_pool_path()
+    def write_pools(self) -> tuple[Path, tuple[Path, int] | None]:
+        """The run directory's pool and tool description; the merge into ``pool_path`` when it is another file.
+
+        ``on_existing_pool`` applies to both files; with ``error`` both are checked before either is written.
+        """
         pool = self.build_pool()
-        added = len(pool)
-        if path.exists():
-            if self.on_existing_pool == "error":
-                raise PoolError(f"prompt pool {path} already exists (on_existing_pool='error')")
-            if self.on_existing_pool == "merge":
-                existing = PromptPool.load(path, expected=pool.spec)
-                added = existing.merge(pool)
-                pool = existing
+        targets = [self.run_dir / POOL_FILE]
+        if self.pool_path and Path(self.pool_path).resolve() != targets[0].resolve():
+            targets.append(Path(self.pool_path))
+        if self.on_existing_pool == "error":
+            for path in targets:
+                if path.exists():
+                    raise PoolError(f"prompt pool {path} already exists (on_existing_pool='error')")
+        added = [self._merge_into(path, pool) for path in targets]
+        write_json_atomic(self.run_dir / TOOL_FILE, self.tool.describe())
+        return targets[0], (targets[1], added[1]) if len(targets) > 1 else None
+
+    def _merge_into(self, path: Path, pool: PromptPool) -> int:
+        if path.exists() and self.on_existing_pool == "merge":
+            existing = PromptPool.load(path, expected=pool.spec)
+            added = existing.merge(pool)
+            existing.save(path)
+            return added
         pool.save(path)
-        write_json_atomic(path.with_name("tool.json"), self.describe_tool())
-        return path, added
+        return len(pool)
 
     def summary(self) -> dict[str, Any]:
-        """Counts of tried / accepted / rejected instances, per concept, and of rejections per reason."""
-        records = list(self.records.values())
+        """Counts of tried / accepted / rejected instances, per concept, and of rejections per kind."""
+        records = sorted(self.records.values(), key=lambda r: r.instance_id)
         per_concept: dict[str, dict[str, int]] = {}
         for r in records:
-            entry = per_concept.setdefault(r["concept"], {"tried": 0, "accepted": 0, "rejected": 0})
+            entry = per_concept.setdefault(str(r.concept), {"tried": 0, "accepted": 0, "rejected": 0})
             entry["tried"] += 1
-            entry["accepted" if r["accepted"] else "rejected"] += 1
-        # One count per failure kind per instance ("held-out positive", "held-out negative", ...).
-        reasons = Counter(
-            kind
-            for r in records
-            if not r["accepted"]
-            for kind in sorted({part.split(":")[0].strip() for part in r["reason"].split(";")})
-        )
+            entry["accepted" if r.accepted else "rejected"] += 1
+        reasons = Counter(kind for r in records if not r.accepted for kind in sorted({x.kind for x in r.rejections}))
         return {
+            "tool": self.tool.name,
             "tried": len(records),
-            "accepted": sum(r["accepted"] for r in records),
-            "rejected": sum(not r["accepted"] for r in records),
+            "accepted": sum(r.accepted for r in records),
+            "rejected": sum(not r.accepted for r in records),
             "per_concept": per_concept,
             "rejection_reasons": dict(reasons),
-            "instances": [
-                {k: r[k] for k in ("instance_id", "concept", "accepted", "reason", "loss")}
-                for r in sorted(records, key=lambda r: r["instance_id"])
-            ],
+            "instances": [r.summary() for r in records],
         }
 
     def _write_summary(self, complete: bool) -> dict[str, Any]:
         summary = {"complete": complete, **self.summary()}
-        write_json_atomic(self.resolved_pool_path().with_name("summary.json"), summary)
+        write_json_atomic(self.run_dir / SUMMARY_FILE, summary)
         return summary
+
+    # ------------------------------------------------------------------ validate / test
+    def evaluation_pool(self) -> PromptPool:
+        """This run's accepted prompts; else the pool at ``pool_path`` or in the run directory; else empty."""
+        if any(r.accepted for r in self.records.values()):
+            return self.build_pool()
+        for path in (Path(self.pool_path) if self.pool_path else None, self.run_dir / POOL_FILE):
+            if path is not None and path.is_file():
+                return PromptPool.load(path, expected=self.tool.pool_spec())
+        return PromptPool(self.tool.pool_spec())
+
+    def on_validation_epoch_start(self) -> None:
+        self._server = PromptToolServer(self.tool, self.evaluation_pool())
+
+    on_test_epoch_start = on_validation_epoch_start
+
+    def _evaluate(self, batch: Any, stage: str) -> None:
+        assert self._server is not None
+        with torch.no_grad():
+            values = self.tool.evaluate(self._server, batch)
+        for name, per_sample in values.items():
+            metric = self.metrics[name]
+            metric.update(per_sample.to(self.device))
+            self.log(f"{stage}/{name}", metric, batch_size=len(per_sample), prog_bar=True)
+
+    def validation_step(self, batch: Any, batch_idx: int) -> None:
+        self._evaluate(batch, "val")
+
+    def test_step(self, batch: Any, batch_idx: int) -> None:
+        self._evaluate(batch, "test")
 
     # ------------------------------------------------------------------ checkpoints
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         # The frozen tool and the working prompts are not state: only the finished instances are.
         checkpoint["state_dict"] = {}
-        checkpoint[CHECKPOINT_KEY] = {"records": self.records, "tool": self.describe_tool()}
+        checkpoint[CHECKPOINT_KEY] = {
+            "records": {k: r.to_state() for k, r in self.records.items()},
+            "tool": self.tool.describe(),
+        }
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         state = checkpoint.get(CHECKPOINT_KEY)
         if state is None:
             raise ModelError("checkpoint holds no prompt-tuning state (was it written by another module?)")
-        saved, current = state["tool"], self.describe_tool()
+        saved, current = state["tool"], self.tool.describe()
         if saved["identity"] != current["identity"] or saved["prompt_shape"] != current["prompt_shape"]:
             raise ModelError(
                 f"checkpoint was written for tool {saved['identity']} with prompt shape {saved['prompt_shape']}, "
                 f"but this run has {current['identity']} with prompt shape {current['prompt_shape']}"
             )
-        self.records = dict(state["records"])
+        self.records = {k: InstanceRecord.from_state(r) for k, r in state["records"].items()}
 
 
-def pool_from_records(spec: PoolSpec, records: dict[str, dict[str, Any]]) -> PromptPool:
-    """Build a pool of the accepted records (sorted by instance id, so the order is reproducible)."""
+def pool_from_records(spec: PoolSpec, records: Any) -> PromptPool:
+    """A pool of the accepted records (sorted by instance id, so the order is reproducible)."""
     pool = PromptPool(spec)
-    by_concept: dict[str, list[dict[str, Any]]] = {}
-    for record in sorted(records.values(), key=lambda r: r["instance_id"]):
-        if record["accepted"]:
-            by_concept.setdefault(record["concept"], []).append(record)
+    by_concept: dict[str | None, list[InstanceRecord]] = {}
+    for record in sorted(records, key=lambda r: r.instance_id):
+        if record.accepted:
+            by_concept.setdefault(record.concept, []).append(record)
     for concept, recs in by_concept.items():
         pool.add(
             concept,
-            torch.stack([r["feature"] for r in recs]),
-            torch.stack([r["prompt"] for r in recs]),
-            [r["instance_id"] for r in recs],
+            torch.stack([r.feature for r in recs]),
+            torch.stack([r.prompt for r in recs]),
+            [r.instance_id for r in recs],
         )
     return pool

@@ -15,9 +15,10 @@ from clova_train.tiny_models import make_tiny_clip
 
 REPO = Path(__file__).resolve().parents[1]
 FAST_MODEL_ARGS = [
-    "--model.class_path=clova_train.models.ClipPromptTuning",
-    "--model.init_args.pretrained=null",
-    "--model.init_args.num_prompt_tokens=4",
+    "--model.class_path=clova_train.models.PromptTuning",
+    "--model.init_args.tool.class_path=clova_train.tools.clip.PromptedClip",
+    "--model.init_args.tool.init_args.pretrained=null",
+    "--model.init_args.tool.init_args.num_prompt_tokens=4",
     "--model.init_args.steps=15",
 ]
 
@@ -47,7 +48,7 @@ def fit_args(tiny_clip_dir: Path, data_root: Path, run_dir: Path, *extra: str) -
         "--trainer.enable_model_summary=false",
         f"--trainer.default_root_dir={run_dir}",
         *FAST_MODEL_ARGS,
-        f"--model.init_args.model_name=local-dir:{tiny_clip_dir}",
+        f"--model.init_args.tool.init_args.model_name=local-dir:{tiny_clip_dir}",
         "--data.class_path=clova_train.datamodules.ConceptFolderDataModule",
         f"--data.init_args.root={data_root}",
         "--data.init_args.image_size=32",

@@ -46,15 +46,18 @@ def test_paper_config_keeps_paper_values(capsys: pytest.CaptureFixture) -> None:
 
     run_fit("fit", "--config", str(REPO / "configs/paper/clip_prompt_vit_l14.yaml"), "--print_config")
     model = yaml.safe_load(capsys.readouterr().out)["model"]["init_args"]
-    assert (model["model_name"], model["pretrained"]) == ("ViT-L-14", "openai")
-    assert (model["num_prompt_tokens"], model["prompt_depth"], model["lr"], model["steps"]) == (100, 3, 0.01, 100)
+    tool = model["tool"]["init_args"]
+    assert (tool["model_name"], tool["pretrained"]) == ("ViT-L-14", "openai")
+    assert (tool["num_prompt_tokens"], tool["prompt_depth"], model["lr"], model["steps"]) == (100, 3, 0.01, 100)
 
 
 def test_help_documents_model_arguments(capsys: pytest.CaptureFixture) -> None:
-    assert run_fit("fit", "--model.help", "clova_train.models.ClipPromptTuning") == 0
+    assert run_fit("fit", "--model.help", "clova_train.models.PromptTuning") == 0
     text = capsys.readouterr().out
-    assert "prompt tokens in each prompted vision block" in text
-    assert "Adam learning rate" in text
+    assert "Adam learning rate" in text and "clova_train.tools.clip.PromptedClip" in text
+    assert run_fit("fit", "--model.class_path=clova_train.models.PromptTuning",
+                   "--model.tool.help", "clova_train.tools.clip.PromptedClip") == 0
+    assert "prompt tokens in each prompted vision block" in capsys.readouterr().out
 
 
 def test_repeated_config_and_dotted_override(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
@@ -141,9 +144,10 @@ def test_sharding_strategies_are_refused_with_reason(tiny_clip_dir: Path) -> Non
     from lightning.pytorch.strategies import FSDPStrategy
 
     from clova_train.core.errors import ModelError
-    from clova_train.models import ClipPromptTuning
+    from clova_train.models import PromptTuning
+    from clova_train.tools.clip import PromptedClip
 
-    module = ClipPromptTuning(f"local-dir:{tiny_clip_dir}", None, num_prompt_tokens=4)
+    module = PromptTuning(PromptedClip(f"local-dir:{tiny_clip_dir}", None, num_prompt_tokens=4))
     module._trainer = SimpleNamespace(strategy=FSDPStrategy())
     with pytest.raises(ModelError, match="not FSDPStrategy: sharding strategies would split and average"):
         module._check_strategy()

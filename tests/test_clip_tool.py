@@ -11,12 +11,12 @@ import torch.nn.functional as F
 
 from clova_train.core.errors import ModelError
 from clova_train.tiny_models import make_tiny_clip
-from clova_train.tools.clip import ClipSource, PromptConfig, PromptedClip
+from clova_train.tools.clip import PromptedClip
 
 
 @pytest.fixture(scope="module")
 def tool(tiny_clip_dir: Path) -> PromptedClip:
-    return PromptedClip(ClipSource(f"local-dir:{tiny_clip_dir}"), PromptConfig(num_prompt_tokens=5, prompt_depth=2))
+    return PromptedClip(f"local-dir:{tiny_clip_dir}", None, num_prompt_tokens=5, prompt_depth=2)
 
 
 def test_no_prompt_is_the_unmodified_tool(tool: PromptedClip) -> None:
@@ -44,22 +44,22 @@ def test_prompt_layout_is_checked(tool: PromptedClip, tiny_clip_dir: Path) -> No
     with pytest.raises(ModelError, match=r"prompts have shape \(1, 2, 5, 64\), expected \(2, 2, 5, 64\)"):
         tool.encode_image(torch.rand(2, 3, 32, 32), torch.zeros(1, *tool.prompt_shape))
     with pytest.raises(ModelError, match="prompt_depth=9 but the CLIP image tower has 3 blocks"):
-        PromptedClip(ClipSource(f"local-dir:{tiny_clip_dir}"), PromptConfig(4, 9))
+        PromptedClip(f"local-dir:{tiny_clip_dir}", None, 4, 9)
 
 
 def test_loading_errors_name_the_directory(tiny_clip_dir: Path, tmp_path: Path) -> None:
     with pytest.raises(ModelError, match="CLIP model directory not found"):
-        PromptedClip(ClipSource(f"local-dir:{tmp_path / 'missing'}"))
+        PromptedClip(f"local-dir:{tmp_path / 'missing'}", None)
     no_weights = tmp_path / "no-weights"
     no_weights.mkdir()
     shutil.copy(tiny_clip_dir / "open_clip_config.json", no_weights)
     with pytest.raises(ModelError, match=f"CLIP model directory {no_weights} has no weights"):
-        PromptedClip(ClipSource(f"local-dir:{no_weights}"))
+        PromptedClip(f"local-dir:{no_weights}", None)
 
 
 def test_identity_follows_the_weights(tool: PromptedClip, tiny_clip_dir: Path, tmp_path: Path) -> None:
-    same = PromptedClip(ClipSource(f"local-dir:{tiny_clip_dir}"), PromptConfig(5, 2))
-    other = PromptedClip(ClipSource(f"local-dir:{make_tiny_clip(tmp_path / 'other', seed=1, pretrain_steps=0)}"))
+    same = PromptedClip(f"local-dir:{tiny_clip_dir}", None, 5, 2)
+    other = PromptedClip(f"local-dir:{make_tiny_clip(tmp_path / 'other', seed=1, pretrain_steps=0)}", None)
     assert same.identity == tool.identity != other.identity
     description = tool.describe()
     description["identity"] = other.identity
@@ -72,9 +72,9 @@ def test_prompted_forward_matches_plain_deep_vpt(tool: PromptedClip) -> None:
     images = torch.rand(2, 3, 32, 32)
     prompts = torch.randn(2, *tool.prompt_shape) * 0.5
     x = tool.embed_patches(images)
-    n = tool.prompt_config.num_prompt_tokens
+    n = tool.num_prompt_tokens
     for index, block in enumerate(tool.model.visual.transformer.resblocks):
-        if index < tool.prompt_config.prompt_depth:
+        if index < tool.prompt_depth:
             x = torch.cat([x[:, :1], prompts[:, index], x[:, 1 if index == 0 else 1 + n :]], dim=1)
         x = block(x)
     x = torch.cat([x[:, :1], x[:, 1 + n :]], dim=1)
@@ -82,3 +82,31 @@ def test_prompted_forward_matches_plain_deep_vpt(tool: PromptedClip) -> None:
     expected = F.normalize(pooled @ tool.model.visual.proj, dim=-1)
     assert tool._class_token_only  # the tiny CLIP pools the class token, so the shortcut is in use
     torch.testing.assert_close(tool.encode_image(images, prompts), expected, rtol=1e-5, atol=1e-6)
+
+
+def test_clip_passes_check_tool(tool: PromptedClip, concept_root: Path) -> None:
+    from clova_train.datamodules import ConceptFolderDataModule
+    from clova_train.tools.check import check_tool
+
+    dm = ConceptFolderDataModule(str(concept_root), image_size=32, val_per_concept=2, negatives_per_instance=2)
+    dm.setup()
+    report = check_tool(tool, [dm.instances[i] for i in (0, 5, 9)])
+    assert report["max_cross_row_gradient"] == 0.0 and report["rebuilt"]
+
+
+def test_check_tool_catches_a_loss_that_mixes_instances(tool: PromptedClip, concept_root: Path) -> None:
+    """The checker is live: a tool whose losses are a batch mean (trap (a) of DESIGN.md) fails it."""
+    from clova_train.datamodules import ConceptFolderDataModule
+    from clova_train.tools.check import ToolCheckError, check_tool
+
+    class MeanLossClip(PromptedClip):
+        def instance_losses(self, ctx, prompts):
+            losses = super().instance_losses(ctx, prompts)
+            return losses.mean().expand_as(losses)
+
+    broken = MeanLossClip.__new__(MeanLossClip)
+    broken.__dict__.update(tool.__dict__)
+    dm = ConceptFolderDataModule(str(concept_root), image_size=32, val_per_concept=2, negatives_per_instance=2)
+    dm.setup()
+    with pytest.raises(ToolCheckError, match="has a gradient on other instances' prompts"):
+        check_tool(broken, [dm.instances[i] for i in (0, 5)], rebuild=False)

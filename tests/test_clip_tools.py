@@ -11,17 +11,17 @@ from clova_train.envs.clip_tools import ClipPromptTools, clip_tools_factory, ren
 from clova_train.envs.world import COLOURS, SceneTools, make_task
 from clova_train.core.pool import PromptPool
 from clova_train.agents.sandbox import PatchRef
-from clova_train.tools.serving import ClipPromptServer, clip_pool_spec
-from clova_train.tools.clip import ClipSource, PromptConfig, PromptedClip
+from clova_train.tools.clip import PromptedClip
+from clova_train.tools.serving import PromptToolServer
 
 
 @pytest.fixture(scope="module")
-def server(tiny_clip_dir: Path) -> ClipPromptServer:
-    tool = PromptedClip(ClipSource(f"local-dir:{tiny_clip_dir}"), PromptConfig(num_prompt_tokens=5, prompt_depth=2))
-    return ClipPromptServer(tool, PromptPool(clip_pool_spec(tool)))  # empty pool: the unprompted tool
+def server(tiny_clip_dir: Path) -> PromptToolServer:
+    tool = PromptedClip(f"local-dir:{tiny_clip_dir}", None, num_prompt_tokens=5, prompt_depth=2)
+    return PromptToolServer(tool, PromptPool(tool.pool_spec()))  # empty pool: the unprompted tool
 
 
-def test_verify_property_is_answered_by_clip_on_the_rendered_scene(server: ClipPromptServer) -> None:
+def test_verify_property_is_answered_by_clip_on_the_rendered_scene(server: PromptToolServer) -> None:
     right = total = 0
     for task_id in range(1, 30):
         task = make_task(task_id)
@@ -36,7 +36,7 @@ def test_verify_property_is_answered_by_clip_on_the_rendered_scene(server: ClipP
     assert right / total > 0.7, f"CLIP's verify_property matched the annotations {right}/{total} times"
 
 
-def test_env_runs_with_clip_tools(server: ClipPromptServer) -> None:
+def test_env_runs_with_clip_tools(server: PromptToolServer) -> None:
     env = ReasoningLoopEnv(ReasoningLoopConfig(), tools_factory=clip_tools_factory(server, COLOURS))
     try:
         for task_id in (i for i in range(1, 300) if make_task(i).question_type == "colour"):

@@ -9,10 +9,10 @@ import pytest
 import torch
 
 from clova_train.cli import main
-from clova_train.datamodules.concept_folders import list_images, load_image
+from clova_train.tools.images import list_images, load_image
 from clova_train.core.errors import ExportError
 from clova_train.core.pool import PromptPool
-from clova_train.tools.serving import ClipPromptServer
+from clova_train.tools.serving import PromptToolServer
 from conftest import fit_args, run_cli_subprocess, run_fit
 
 
@@ -62,15 +62,14 @@ def test_export_errors_keep_previous_export(finished_run: Path, tmp_path: Path, 
 def test_server_uses_pool_and_matches_training_encoder(finished_run: Path, concept_root: Path, tmp_path: Path) -> None:
     out = tmp_path / "export"
     main(["export", str(finished_run), "-o", str(out)])
-    server = ClipPromptServer.from_export(out)
+    server = PromptToolServer.from_export(out)
     concept = server.pool.concepts[0]
     images = torch.stack([load_image(p, 32) for p in list_images(concept_root / concept)[:3]])
-    tokens = server.tool.embed_patches(images)
-    prompts = server.prompts_for(concept, tokens)
-    base = server.tool.encode_tokens(tokens, None)
+    base = server.tool.encode_image(images)
+    prompts = server.prompts_for(concept, base)
     expected = server.pool.retrieve(concept, base)
     assert prompts is not None and torch.allclose(prompts, expected)
-    assert server.prompts_for("zebra", tokens) is None  # unknown concept: unmodified tool
+    assert server.prompts_for("zebra", base) is None  # unknown concept: unmodified tool
     labels, scores = server.classify(images, server.pool.concepts)
     assert len(labels) == 3 and scores.shape == (3, len(server.pool.concepts))
     assert torch.all((scores >= 0) & (scores <= 1))
@@ -83,8 +82,8 @@ def test_server_in_a_fresh_process_without_lightning(finished_run: Path, tmp_pat
     main(["export", str(finished_run), "-o", str(out)])
     code = (
         "import sys, torch\n"
-        "from clova_train.tools.serving import ClipPromptServer\n"
-        f"s = ClipPromptServer.from_export({str(out)!r})\n"
+        "from clova_train.tools.serving import PromptToolServer\n"
+        f"s = PromptToolServer.from_export({str(out)!r})\n"
         "labels, _ = s.classify(torch.rand(2, 3, 32, 32), s.pool.concepts)\n"
         "assert 'lightning' not in sys.modules, 'serving imported lightning'\n"
         "print('served', len(labels))\n"
@@ -103,10 +102,8 @@ def test_server_refuses_export_for_other_weights(finished_run: Path, tmp_path: P
     tool = json.loads((out / "tool.json").read_text())
     tool["identity"] = "open_clip:0000000000000000"
     (out / "tool.json").write_text(json.dumps(tool))
-    from clova_train.core.errors import ModelError
-
-    with pytest.raises(ModelError, match="prompts were trained on open_clip:0000000000000000"):
-        ClipPromptServer.from_export(out)
+    with pytest.raises(ExportError, match="prompts were trained on open_clip:0000000000000000"):
+        PromptToolServer.from_export(out)
     (out / "pool.safetensors").unlink()
     with pytest.raises(ExportError, match="pool.safetensors missing"):
-        ClipPromptServer.from_export(out)
+        PromptToolServer.from_export(out)

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from clova_train.models.prompt_tuning import PerInstancePromptTuning
+from clova_train.models.prompt_tuning import PromptTuning
 from clova_train.tiny_models import make_tiny_clip
 from conftest import fit_args, run_cli_subprocess, run_fit
 from test_prompt_tuning import assert_same_pools, load_run
@@ -50,13 +50,13 @@ def test_killed_run_resumes_to_the_same_pool(
     assert checkpoint.is_file()
 
     tuned: list[str] = []
-    original = PerInstancePromptTuning.tune_chunk
+    original = PromptTuning.tune_chunk
 
     def spy(self, chunk):
-        tuned.extend(item["instance_id"] for item in chunk)
+        tuned.extend(item.instance_id for item in chunk)
         return original(self, chunk)
 
-    monkeypatch.setattr(PerInstancePromptTuning, "tune_chunk", spy)
+    monkeypatch.setattr(PromptTuning, "tune_chunk", spy)
     assert run_fit(*fit_args(tiny_clip_dir, concept_root, tmp_path, f"--ckpt_path={checkpoint}")) == 0
     assert len(tuned) == 8, "the resumed run must tune only the 8 instances the killed run had not finished"
     pool, summary = load_run(tmp_path)

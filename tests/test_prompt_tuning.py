@@ -39,7 +39,7 @@ def test_prompts_do_not_depend_on_chunk_size(tiny_clip_dir: Path, concept_root: 
     assert summary1["accepted"] > 0, "the test needs accepted prompts to compare"
     assert_same_pools(pool1, pool8)
     for x, y in zip(summary1["instances"], summary8["instances"]):
-        assert (x["instance_id"], x["accepted"], x["reason"]) == (y["instance_id"], y["accepted"], y["reason"])
+        assert (x["instance_id"], x["accepted"], x["rejections"]) == (y["instance_id"], y["accepted"], y["rejections"])
         assert x["loss"] == pytest.approx(y["loss"], abs=1e-5)
 
 
@@ -52,7 +52,8 @@ def test_run_writes_pool_summary_and_tool(tiny_clip_dir: Path, concept_root: Pat
     assert set(summary["per_concept"]) == {"red", "green", "blue", "purple"}
     assert tool["prompt_shape"] == [3, 4, 64] and pool.spec.model_identity == tool["identity"]
     for record in summary["instances"]:
-        assert record["accepted"] == (record["reason"] == "")
+        assert record["accepted"] == (record["rejections"] == [])
+        assert all(set(r) == {"kind", "detail"} for r in record["rejections"])
     assert (tmp_path / "checkpoints" / "last.ckpt").is_file()
 
 
@@ -68,8 +69,14 @@ def test_existing_pool_is_merged_not_lost(tiny_clip_dir: Path, concept_root: Pat
     assert run_fit(*fit_args(tiny_clip_dir, concept_root, second, "--data.init_args.concepts=[blue, purple]",
                              f"--model.init_args.pool_path={pool_path}")) == 0
     merged = PromptPool.load(pool_path)
+    second_pool, second_summary = load_run(second)  # the run directory keeps its own pool and summary
     assert set(first_pool.concepts) <= set(merged.concepts)
-    assert len(merged) == len(first_pool) + json.loads((pool_path.parent / "summary.json").read_text())["accepted"]
+    assert len(merged) == len(first_pool) + second_summary["accepted"] == len(first_pool) + len(second_pool)
+    assert sorted(p.name for p in pool_path.parent.iterdir()) == ["pool.safetensors"]  # nothing else written there
+    from clova_train.cli import main
+
+    assert main(["export", str(second), "-o", str(tmp_path / "export")]) == 0
+    assert len(PromptPool.load(tmp_path / "export" / "pool.safetensors")) == len(second_pool)
 
 
 def gate_fixture(root: Path, tmp: Path, mislabel: bool) -> Path:
@@ -94,7 +101,8 @@ def test_gate_rejects_wrong_label_and_accepts_clean(tiny_clip_dir: Path, concept
     (record,) = summary["instances"]
     assert record["instance_id"] == "red/red_zz_mislabelled.png"
     assert not record["accepted"]
-    assert "held-out" in record["reason"]
+    assert {r["kind"] for r in record["rejections"]} <= {"held-out positive", "held-out negative"}
+    assert record["rejections"]
 
     clean = gate_fixture(concept_root, tmp_path, mislabel=False)
     run_dir = tmp_path / "clean_run"
@@ -110,7 +118,7 @@ def test_gate_negatives_catch_prompt_that_pulls_everything(tiny_clip_dir: Path, 
               "--model.init_args.lr=0.05")
     positives_only = tmp_path / "positives_only"
     assert run_fit(*fit_args(tiny_clip_dir, concept_root, positives_only, *common,
-                             "--model.init_args.gate_negatives=false")) == 0
+                             "--model.init_args.tool.init_args.gate_negatives=false")) == 0
     with_negatives = tmp_path / "with_negatives"
     assert run_fit(*fit_args(tiny_clip_dir, concept_root, with_negatives, *common)) == 0
     _, loose = load_run(positives_only)
@@ -139,20 +147,21 @@ def test_validate_and_test_report_accuracy_with_and_without_pool(
     from lightning import Trainer
 
     from clova_train.datamodules import ConceptFolderDataModule
-    from clova_train.datamodules.concept_folders import list_images, load_image
+    from clova_train.tools.images import list_images, load_image
     from clova_train.synthetic.shapes import write_concept_folders
-    from clova_train.models import ClipPromptTuning
-    from clova_train.tools.serving import ClipPromptServer
+    from clova_train.models import PromptTuning
+    from clova_train.tools.clip import PromptedClip
+    from clova_train.tools.serving import PromptToolServer
 
     assert run_fit(*fit_args(tiny_clip_dir, concept_root, tmp_path, "--model.init_args.steps=30")) == 0
     test_root = write_concept_folders(tmp_path / "test", ["red", "green", "blue", "purple"], 3, 32, seed=99)
-    module = ClipPromptTuning(f"local-dir:{tiny_clip_dir}", None, num_prompt_tokens=4, pool_path=str(tmp_path / "pool.safetensors"))
+    module = PromptTuning(PromptedClip(f"local-dir:{tiny_clip_dir}", None, num_prompt_tokens=4))
     dm = ConceptFolderDataModule(str(concept_root), image_size=32, val_per_concept=2, test_root=str(test_root))
     trainer = Trainer(accelerator="cpu", logger=False, enable_progress_bar=False, default_root_dir=str(tmp_path))
     (val,) = trainer.validate(module, dm)
     (test,) = trainer.test(module, dm)
 
-    server = ClipPromptServer.from_export(tmp_path)  # the run dir has pool.safetensors and tool.json
+    server = PromptToolServer.from_export(tmp_path)  # the run dir has pool.safetensors and tool.json
     names = ["blue", "green", "purple", "red"]
     for metrics, files in (
         (val, [(p, c) for c in names for p in list_images(concept_root / c)[:2]]),
@@ -172,9 +181,10 @@ def test_empty_pool_is_the_unmodified_tool(tiny_clip_dir: Path, concept_root: Pa
     from lightning import Trainer
 
     from clova_train.datamodules import ConceptFolderDataModule
-    from clova_train.models import ClipPromptTuning
+    from clova_train.models import PromptTuning
+    from clova_train.tools.clip import PromptedClip
 
-    module = ClipPromptTuning(f"local-dir:{tiny_clip_dir}", None, num_prompt_tokens=4, pool_path=str(tmp_path / "none.safetensors"))
+    module = PromptTuning(PromptedClip(f"local-dir:{tiny_clip_dir}", None, num_prompt_tokens=4), pool_path=str(tmp_path / "none.safetensors"))
     dm = ConceptFolderDataModule(str(concept_root), image_size=32, val_per_concept=2)
     (val,) = Trainer(accelerator="cpu", logger=False, enable_progress_bar=False).validate(module, dm)
     assert val["val/accuracy_pool"] == val["val/accuracy_no_prompt"]

@@ -1,5 +1,8 @@
 """Export a trained controller for serving: the SB3 ``.zip``, a TorchScript Q-network and a JSON description.
 
+The directory is staged and swapped in atomically and carries the same ``export.json`` / ``versions.json``
+as every other export (``clova_train.core.manifest``).
+
 ``controller.json`` says how to rebuild the observation (the text template, the layout, the embedder's
 identity and dimension, N) and what each action means, so a serving stack can embed its own planner
 output, run ``q_network.pt`` (``torch.jit.load``; input ``[batch, observation_dim]`` float32, output
@@ -14,7 +17,8 @@ from pathlib import Path
 
 import torch
 
-from clova_train.core.atomic import atomic_path, write_json_atomic
+from clova_train.core.atomic import write_json_atomic
+from clova_train.core.manifest import staged_directory, write_manifest
 from clova_train.controller.trainer import ControllerConfig
 from clova_train.envs import ReasoningLoopEnv
 from clova_train.core.errors import ExportError
@@ -37,10 +41,6 @@ def export_controller(checkpoint: str | Path, output: str | Path, config: Contro
     if model.observation_space.shape != expected:
         raise ExportError(f"{checkpoint} takes observations of shape {model.observation_space.shape}, but the "
                           f"configured environment gives {expected}: export with the config it was trained with")
-    output.mkdir(parents=True, exist_ok=True)
-    with atomic_path(output / "controller.zip") as tmp:
-        shutil.copyfile(checkpoint, tmp)
-
     q_net = model.q_net.eval()
     example = torch.rand(4, *expected) * 2 - 1
     with torch.no_grad(), warnings.catch_warnings():
@@ -49,13 +49,14 @@ def export_controller(checkpoint: str | Path, output: str | Path, config: Contro
         check = torch.rand(8, *expected) * 2 - 1
         if not torch.allclose(scripted(check), q_net(check), atol=1e-6):
             raise ExportError("the TorchScript Q-network does not reproduce the SB3 one")
-    with atomic_path(output / "q_network.pt") as tmp:
-        scripted.save(str(tmp))
-    write_json_atomic(output / "controller.json", {
-        **description,
-        "q_network": {"file": "q_network.pt", "format": "torchscript", "input_shape": ["batch", *expected],
-                      "output_shape": ["batch", description["num_samples"] + 1], "action": "argmax"},
-        "sb3_zip": "controller.zip",
-        "versions": {"torch": torch.__version__, "stable_baselines3": __import__("stable_baselines3").__version__},
-    })
+    with staged_directory(output) as staging:
+        shutil.copyfile(checkpoint, staging / "controller.zip")
+        scripted.save(str(staging / "q_network.pt"))
+        write_json_atomic(staging / "controller.json", {
+            **description,
+            "q_network": {"file": "q_network.pt", "format": "torchscript", "input_shape": ["batch", *expected],
+                          "output_shape": ["batch", description["num_samples"] + 1], "action": "argmax"},
+            "sb3_zip": "controller.zip",
+        })
+        write_manifest(staging, "controller", {"kind": "checkpoint", "path": str(checkpoint.resolve())})
     return output

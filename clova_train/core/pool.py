@@ -5,6 +5,7 @@ validation and the prompts ``p_1..p_n`` themselves:  ``P = {concept: ([f_1..f_n]
 
 Retrieval for a query feature ``f_x`` (the prompt ensemble):
 
+* a tool without concepts (VQA) stores every prompt under the concept ``None``;
 * concept not in the pool -> ``None``: the caller runs the unmodified tool (no prompt tokens at all);
 * otherwise ``p' = sum_i w_i p_i / sum_i w_i`` with ``w_i = cos(f_x, f_i)``, over all stored prompts of
   the concept, or over the ``top_k`` most similar ones when ``top_k`` is set;
@@ -80,6 +81,11 @@ class PoolSpec:
         return problems
 
 
+def _key(concept: object) -> object:
+    """Pools of tools without concepts keep their prompts under ``None``, stored as the empty name."""
+    return "" if concept is None else concept
+
+
 @dataclass
 class _ConceptEntry:
     features: torch.Tensor  # [n, d]
@@ -119,23 +125,23 @@ class PromptPool:
         return sorted(self._entries)
 
     def __contains__(self, concept: object) -> bool:
-        return concept in self._entries
+        return _key(concept) in self._entries
 
     def __len__(self) -> int:
         return sum(len(e.instance_ids) for e in self._entries.values())
 
-    def num_prompts(self, concept: str) -> int:
-        entry = self._entries.get(concept)
+    def num_prompts(self, concept: str | None) -> int:
+        entry = self._entries.get(_key(concept))
         return 0 if entry is None else len(entry.instance_ids)
 
-    def entry(self, concept: str) -> tuple[torch.Tensor, torch.Tensor, list[str]]:
+    def entry(self, concept: str | None) -> tuple[torch.Tensor, torch.Tensor, list[str]]:
         """(features [n, d], prompts [n, *shape], instance ids) stored for ``concept``."""
-        e = self._entries[concept]
+        e = self._entries[_key(concept)]
         return e.features, e.prompts, list(e.instance_ids)
 
     def add(
         self,
-        concept: str,
+        concept: str | None,
         features: torch.Tensor,
         prompts: torch.Tensor,
         instance_ids: list[str] | None = None,
@@ -144,6 +150,7 @@ class PromptPool:
 
         Returns the number of prompts actually added.
         """
+        concept = _key(concept)
         features = torch.as_tensor(features).detach().to("cpu", torch.float32)
         prompts = torch.as_tensor(prompts).detach().to("cpu", torch.float32)
         if features.ndim == 1:
@@ -202,7 +209,7 @@ class PromptPool:
 
     # ------------------------------------------------------------------ retrieval
     def retrieve(
-        self, concept: str, query_features: torch.Tensor, top_k: int | None = None
+        self, concept: str | None, query_features: torch.Tensor, top_k: int | None = None
     ) -> torch.Tensor | None:
         """Ensembled prompt for each query, or ``None`` when ``concept`` has no prompts.
 
@@ -215,7 +222,7 @@ class PromptPool:
             ``[*prompt_shape]`` (or ``[q, *prompt_shape]`` for batched queries) on the query's device,
             or ``None`` (use the unmodified tool).
         """
-        entry = self._entries.get(concept)
+        entry = self._entries.get(_key(concept))
         if entry is None:
             return None
         single = query_features.ndim == 1

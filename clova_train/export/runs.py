@@ -17,11 +17,7 @@ from __future__ import annotations
 
 import json
 import os
-import platform
 import shutil
-import tempfile
-from datetime import datetime, timezone
-from importlib import metadata
 from pathlib import Path
 from typing import Any
 
@@ -29,19 +25,8 @@ import torch
 
 from clova_train.core.atomic import write_json_atomic
 from clova_train.core.errors import ExportError
+from clova_train.core.manifest import staged_directory, write_manifest
 from clova_train.core.pool import PoolSpec, PromptPool
-
-EXPORT_FORMAT_VERSION = 1
-
-
-def package_versions() -> dict[str, str]:
-    versions = {"python": platform.python_version()}
-    for name in ("clova-train", "torch", "lightning", "open_clip_torch", "transformers", "peft", "safetensors"):
-        try:
-            versions[name] = metadata.version(name)
-        except metadata.PackageNotFoundError:
-            pass
-    return versions
 
 
 def _find_config(run_dir: Path) -> Path | None:
@@ -82,22 +67,23 @@ def load_checkpoint(ckpt: Path) -> dict[str, Any]:
 
 def _from_checkpoint(ckpt: Path, checkpoint: dict[str, Any], staging: Path) -> dict[str, Any]:
     from clova_train.models.prompt_tuning import CHECKPOINT_KEY, pool_from_records
+    from clova_train.tools.contracts import InstanceRecord
 
     state = checkpoint.get(CHECKPOINT_KEY)
     if state is None:
         raise ExportError(f"checkpoint {ckpt} holds no prompt-tuning state")
     tool = state["tool"]
-    pool = pool_from_records(PoolSpec.from_tool_description(tool), state["records"])
+    records = [InstanceRecord.from_state(r) for r in state["records"].values()]
+    pool = pool_from_records(PoolSpec.from_tool_description(tool), records)
     pool.save(staging / "pool.safetensors")
     write_json_atomic(staging / "tool.json", tool)
-    records = state["records"].values()
     write_json_atomic(
         staging / "summary.json",
         {
             "complete": None,
             "tried": len(records),
-            "accepted": sum(r["accepted"] for r in records),
-            "rejected": sum(not r["accepted"] for r in records),
+            "accepted": sum(r.accepted for r in records),
+            "rejected": sum(not r.accepted for r in records),
         },
     )
     hparams = checkpoint.get("hyper_parameters")
@@ -111,48 +97,21 @@ def export_run(source: str | os.PathLike[str], output: str | os.PathLike[str], m
 
     ``merged`` (LoRA runs only) also writes the adapter merged into its base model.
     """
-    source, output = Path(source), Path(output)
+    source = Path(source)
     if not source.exists():
         raise ExportError(f"export source not found: {source}")
-    output.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{output.name}.", dir=output.parent))
-    try:
-        from clova_train.export.lora import LORA_CHECKPOINT_KEY, export_lora_run, is_lora_run_dir
+    from clova_train.export.lora import LORA_CHECKPOINT_KEY, export_lora_run, is_lora_run_dir
 
+    with staged_directory(output) as staging:
         if source.is_dir():
             lora = is_lora_run_dir(source)
             origin = export_lora_run(source, staging, merged) if lora else _from_run_dir(source, staging)
         else:
             checkpoint = load_checkpoint(source)
-            if LORA_CHECKPOINT_KEY in checkpoint:
+            lora = LORA_CHECKPOINT_KEY in checkpoint
+            if lora:
                 origin = export_lora_run(source, staging, merged, checkpoint)
             else:
                 origin = _from_checkpoint(source, checkpoint, staging)
-        write_json_atomic(staging / "versions.json", package_versions())
-        write_json_atomic(
-            staging / "export.json",
-            {
-                "format_version": EXPORT_FORMAT_VERSION,
-                "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-                "source": origin,
-                "files": sorted(p.name for p in staging.iterdir()) + ["export.json"],
-                "merged": merged,
-            },
-        )
-        _replace_dir(staging, output)
-    except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
-        raise
-    return output
-
-
-def _replace_dir(staging: Path, output: Path) -> None:
-    """Move ``staging`` to ``output``; an existing ``output`` is swapped out, then removed."""
-    if output.exists():
-        old = output.with_name(f".{output.name}.old")
-        shutil.rmtree(old, ignore_errors=True)
-        os.replace(output, old)
-        os.replace(staging, output)
-        shutil.rmtree(old, ignore_errors=True)
-    else:
-        os.replace(staging, output)
+        write_manifest(staging, "lora_tool_llm" if lora else "prompt_tool", origin, merged=merged)
+    return Path(output)

@@ -1,12 +1,22 @@
 """CLIP (open_clip) as the SELECT / CLASSIFY tool, with deep visual prompts (VPT-deep, CLOVA supp. 9.4).
 
-The frozen CLIP network takes learned prompt tokens in its vision transformer: for each of the first
-``prompt_depth`` blocks, ``num_prompt_tokens`` tokens are placed right after the class token (replacing the
-previous block's outputs at those positions, as in VPT-deep); after the last block the prompt positions
-are dropped, so pooling and projection see exactly the unprompted token layout. With no prompt the
-forward is open_clip's own (no tokens added), i.e. the unmodified tool.
+Where the prompt enters: for each of the first ``prompt_depth`` vision blocks, ``num_prompt_tokens`` tokens
+are placed right after the class token (replacing the previous block's outputs at those positions, as in
+VPT-deep); after the last block the prompt positions are dropped, so pooling and projection see exactly the
+unprompted token layout. With no prompt the forward is open_clip's own: the unmodified tool.
 
-This module needs no Lightning: the training module and the serving loader both use it.
+Loss: cross-entropy of each image (the instance's positive image and its negative training images, all
+seen through the instance's prompt) over the text prompts of the instance's candidate concepts (the concept
+and its distinct negatives), averaged over the instance's own images. Text features: once per run.
+
+Gate: with the instance's prompt, every held-out positive image of the concept must be classified as the
+concept and (unless ``gate_negatives`` is off) no held-out negative may be; a prompt that pulls every image
+to the concept passes a positives-only gate, so the negative check matters.
+
+Pool feature: the unprompted, normalised image embedding of the instance's positive image. Serving:
+CLASSIFY scores label ``l`` of image ``x`` as ``softmax_l(scale * f(x; p_l) . t)`` with ``p_l`` label ``l``'s
+ensembled prompt (unprompted if it has none); SELECT encodes each crop with the concept's ensembled prompt
+and returns the crop closest to the concept's text.
 """
 
 from __future__ import annotations
@@ -14,15 +24,19 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-from dataclasses import asdict, dataclass
+from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, ClassVar
 
 import open_clip
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from clova_train.core.errors import ModelError
+from clova_train.core.errors import DataError, ModelError
+from clova_train.tools.base import PromptLookup, PromptTool
+from clova_train.tools.contracts import GateResult, Rejection, TrainingInstance
 
 LOCAL_DIR_PREFIX = "local-dir:"
 WEIGHT_FILE = "open_clip_model.safetensors"
@@ -88,55 +102,98 @@ def save_open_clip(model: nn.Module, model_config: dict, directory: str | Path) 
     return directory
 
 
-@dataclass(frozen=True)
-class PromptConfig:
-    """Deep visual prompt layout.
+@dataclass(kw_only=True)
+class ClipInstance(TrainingInstance):
+    """A CLIP training instance: one positive image of ``concept``, negatives, and held-out validation images.
 
     Args:
-        num_prompt_tokens: prompt tokens per prompted block (paper: 100).
-        prompt_depth: number of leading vision-transformer blocks that get their own prompt (paper: 3).
+        candidates: the concept names the images are classified over (the concept first).
+        images: ``[1 + K, 3, S, S]`` in [0, 1]: the positive image, then ``K`` negative training images.
+        labels: the concept of each training image.
+        val_images: ``[V, 3, S, S]`` held-out positives of the concept and held-out negatives.
+        val_labels: the concept of each held-out image.
+        val_files: where each held-out image came from (named in rejection details).
     """
 
-    num_prompt_tokens: int = 100
-    prompt_depth: int = 3
+    candidates: list[str]
+    images: torch.Tensor
+    labels: list[str]
+    val_images: torch.Tensor
+    val_labels: list[str]
+    val_files: list[str]
 
 
-class PromptedClip(nn.Module):
-    """A frozen open_clip model whose image tower accepts per-image deep visual prompts.
+@dataclass
+class ClipChunk:
+    """Prompt-independent tensors of one chunk."""
+
+    tokens: torch.Tensor  # [N, L, W] patch tokens of all training images
+    images: torch.Tensor  # [N, 3, S, S] the training images (for the unmodified forward)
+    owner: torch.Tensor  # [N] instance index of each training image
+    labels: torch.Tensor  # [N] index of each image's concept in ``names``
+    first_image: torch.Tensor  # [n] row of each instance's positive image in ``tokens``
+    candidates: torch.Tensor  # [n, T] which names each instance is classified over
+    text: torch.Tensor  # [T, d] text features of ``names``
+    names: list[str]
+    concepts: list[str]  # [n]
+    val_tokens: torch.Tensor
+    val_owner: torch.Tensor
+    val_labels: torch.Tensor
+    val_files: list[str]
+
+
+class PromptedClip(PromptTool):
+    """A frozen open_clip model whose image tower takes per-image deep visual prompts (SELECT / CLASSIFY).
 
     Args:
-        source: where the CLIP weights come from.
-        prompt: prompt layout (tokens per block, number of prompted blocks).
-        text_template: how a concept name becomes a text prompt; ``{}`` is replaced by the concept
-            (underscores in concept names become spaces).
+        model_name: open_clip architecture (``ViT-L-14``), ``hf-hub:org/repo`` or ``local-dir:/path`` (a
+            directory with ``open_clip_config.json`` and weights, the layout ``save_for_hf`` writes).
+        pretrained: open_clip pretrained tag or checkpoint path (ignored with ``hf-hub:``/``local-dir:``).
+        num_prompt_tokens: prompt tokens in each prompted vision block (paper: 100).
+        prompt_depth: leading vision blocks that get their own prompt tokens (paper: 3).
+        text_template: text prompt of a concept; ``{}`` is the concept with underscores as spaces.
+        gate_negatives: the gate also requires held-out negatives not to be classified as the concept.
     """
+
+    name: ClassVar[str] = "clip"
+    default_lr: ClassVar[float] = 1e-2
+    default_steps: ClassVar[int] = 100
+    evaluation_metrics: ClassVar[tuple[str, ...]] = ("accuracy_no_prompt", "accuracy_pool")
+    served_operations: ClassVar[tuple[str, ...]] = ("score", "classify", "select")
 
     def __init__(
-        self, source: ClipSource, prompt: PromptConfig = PromptConfig(), text_template: str = "a photo of a {}."
+        self,
+        model_name: str = "ViT-L-14",
+        pretrained: str | None = "openai",
+        num_prompt_tokens: int = 100,
+        prompt_depth: int = 3,
+        text_template: str = "a photo of a {}.",
+        gate_negatives: bool = True,
     ) -> None:
         super().__init__()
-        model, tokenizer = load_open_clip(source)
-        self.source = source
-        self.prompt_config = prompt
+        self.source = ClipSource(model_name, pretrained)
+        model, tokenizer = load_open_clip(self.source)
+        self.num_prompt_tokens, self.prompt_depth = num_prompt_tokens, prompt_depth
         self.text_template = text_template
-        self.model = model.eval().requires_grad_(False)
+        self.gate_negatives = gate_negatives
+        self.model = self.freeze(model)
         self.tokenizer = tokenizer
         visual = self.model.visual
         self.num_blocks = len(visual.transformer.resblocks)
-        if not 1 <= prompt.prompt_depth <= self.num_blocks:
-            raise ModelError(
-                f"prompt_depth={prompt.prompt_depth} but the CLIP image tower has {self.num_blocks} blocks"
-            )
-        if prompt.num_prompt_tokens < 1:
-            raise ModelError(f"num_prompt_tokens must be >= 1, got {prompt.num_prompt_tokens}")
+        if not 1 <= prompt_depth <= self.num_blocks:
+            raise ModelError(f"prompt_depth={prompt_depth} but the CLIP image tower has {self.num_blocks} blocks")
+        if num_prompt_tokens < 1:
+            raise ModelError(f"num_prompt_tokens must be >= 1, got {num_prompt_tokens}")
         self.width = int(visual.conv1.out_channels)
         size = visual.image_size
         self.image_size = tuple(size) if isinstance(size, (tuple, list)) else (size, size)
         preprocess = open_clip.get_model_preprocess_cfg(self.model)
         self.register_buffer("mean", torch.tensor(preprocess["mean"]).view(1, 3, 1, 1), persistent=False)
         self.register_buffer("std", torch.tensor(preprocess["std"]).view(1, 3, 1, 1), persistent=False)
-        self.feature_dim = int(self.model.text_projection.shape[1]) if self.model.text_projection is not None else self.width
+        projection = self.model.text_projection
+        self._feature_dim = int(projection.shape[1]) if projection is not None else self.width
         self.identity = self._fingerprint()
+        self._text_cache: dict[str, torch.Tensor] = {}
         # With class-token pooling only the class token of the last block is read, so the prompted forward
         # computes that block's queries, attention output and MLP for the class token alone (exact).
         self._class_token_only = (
@@ -150,7 +207,18 @@ class PromptedClip(nn.Module):
     # ------------------------------------------------------------------ description
     @property
     def prompt_shape(self) -> tuple[int, int, int]:
-        return (self.prompt_config.prompt_depth, self.prompt_config.num_prompt_tokens, self.width)
+        return (self.prompt_depth, self.num_prompt_tokens, self.width)
+
+    @property
+    def feature_dim(self) -> int:
+        return self._feature_dim
+
+    def init_args(self) -> dict[str, Any]:
+        return {
+            "model_name": self.source.model_name, "pretrained": self.source.pretrained,
+            "num_prompt_tokens": self.num_prompt_tokens, "prompt_depth": self.prompt_depth,
+            "text_template": self.text_template, "gate_negatives": self.gate_negatives,
+        }
 
     def init_scale(self) -> float:
         """VPT's uniform init bound: sqrt(6 / (3 * patch_area + width))."""
@@ -168,41 +236,23 @@ class PromptedClip(nn.Module):
                 digest.update(state[name].detach().cpu().float().numpy().tobytes())
         return f"open_clip:{digest.hexdigest()[:16]}"
 
-    def describe(self) -> dict:
-        """JSON-serialisable description that rebuilds this tool (see :meth:`from_description`)."""
-        return {
-            "tool": "clip",
-            "source": asdict(self.source),
-            "prompt": asdict(self.prompt_config),
-            "text_template": self.text_template,
-            "identity": self.identity,
-            "prompt_shape": list(self.prompt_shape),
-            "feature_dim": self.feature_dim,
-        }
-
-    @classmethod
-    def from_description(cls, description: dict) -> PromptedClip:
-        tool = cls(
-            ClipSource(**description["source"]),
-            PromptConfig(**description["prompt"]),
-            description.get("text_template", "a photo of a {}."),
-        )
-        if description.get("identity") and description["identity"] != tool.identity:
-            raise ModelError(
-                f"CLIP weights loaded from {tool.source.model_name!r} have identity {tool.identity}, "
-                f"but the prompts were trained on {description['identity']}"
-            )
-        return tool
-
     # ------------------------------------------------------------------ text
     def text_prompt(self, concept: str) -> str:
         return self.text_template.format(concept.replace("_", " "))
 
     @torch.no_grad()
-    def encode_text(self, concepts: list[str]) -> torch.Tensor:
+    def encode_text(self, concepts: Sequence[str]) -> torch.Tensor:
         """Normalised text features ``[len(concepts), feature_dim]`` of the concepts' text prompts."""
         tokens = self.tokenizer([self.text_prompt(c) for c in concepts]).to(self.mean.device)
         return F.normalize(self.model.encode_text(tokens), dim=-1)
+
+    def text_features(self, names: Sequence[str]) -> torch.Tensor:
+        """:meth:`encode_text`, each name computed once per tool (the text tower never sees a prompt)."""
+        missing = [n for n in dict.fromkeys(names) if n not in self._text_cache]
+        if missing:
+            for name, feature in zip(missing, self.encode_text(missing)):
+                self._text_cache[name] = feature
+        return torch.stack([self._text_cache[n] for n in names]).to(self.mean.device)
 
     @property
     def logit_scale(self) -> torch.Tensor:
@@ -213,7 +263,7 @@ class PromptedClip(nn.Module):
         """``[N, 3, H, W]`` floats in [0, 1] -> resized to the model's input size and normalised."""
         if images.ndim != 4 or images.shape[1] != 3:
             raise ModelError(f"expected images of shape [N, 3, H, W], got {tuple(images.shape)}")
-        images = images.to(self.mean.dtype)
+        images = images.to(self.mean.device, self.mean.dtype)
         if tuple(images.shape[-2:]) != self.image_size:
             images = F.interpolate(images, size=self.image_size, mode="bicubic", antialias=True, align_corners=False)
         return (images - self.mean) / self.std
@@ -237,23 +287,25 @@ class PromptedClip(nn.Module):
             expected = (tokens.shape[0], *self.prompt_shape)
             if tuple(prompts.shape) != expected:
                 raise ModelError(f"prompts have shape {tuple(prompts.shape)}, expected {expected}")
-            n_prompt = self.prompt_config.num_prompt_tokens
+            n_prompt = self.num_prompt_tokens
             prompts = prompts.to(tokens.dtype)
             x = tokens if transformer.batch_first else tokens.transpose(0, 1)
             seq_dim = 1 if transformer.batch_first else 0
             blocks = list(transformer.resblocks)
-            shortcut = self._class_token_only and self.prompt_config.prompt_depth < len(blocks)
+            shortcut = self._class_token_only and self.prompt_depth < len(blocks)
             for index, block in enumerate(blocks):
-                if index < self.prompt_config.prompt_depth:
+                if index < self.prompt_depth:
                     layer_prompt = prompts[:, index] if transformer.batch_first else prompts[:, index].transpose(0, 1)
-                    rest = x.narrow(seq_dim, 1 if index == 0 else 1 + n_prompt, x.shape[seq_dim] - (1 if index == 0 else 1 + n_prompt))
+                    start = 1 if index == 0 else 1 + n_prompt
+                    rest = x.narrow(seq_dim, start, x.shape[seq_dim] - start)
                     x = torch.cat([x.narrow(seq_dim, 0, 1), layer_prompt, rest], dim=seq_dim)
                 if shortcut and index == len(blocks) - 1:
                     x = _class_token_output(block, x)
                 else:
                     x = block(x)
             if not shortcut:
-                x = torch.cat([x.narrow(seq_dim, 0, 1), x.narrow(seq_dim, 1 + n_prompt, x.shape[seq_dim] - 1 - n_prompt)], dim=seq_dim)
+                rest = x.narrow(seq_dim, 1 + n_prompt, x.shape[seq_dim] - 1 - n_prompt)
+                x = torch.cat([x.narrow(seq_dim, 0, 1), rest], dim=seq_dim)
             if not transformer.batch_first:
                 x = x.transpose(0, 1)
         pooled, _ = visual._pool(x)
@@ -264,6 +316,124 @@ class PromptedClip(nn.Module):
     def encode_image(self, images: torch.Tensor, prompts: torch.Tensor | None = None) -> torch.Tensor:
         """Normalised image features of ``[N, 3, H, W]`` images in [0, 1], optionally prompted."""
         return self.encode_tokens(self.embed_patches(images), prompts)
+
+    # ------------------------------------------------------------------ training hooks
+    def prepare(self, instances: Sequence[ClipInstance]) -> ClipChunk:
+        names = sorted({c for item in instances for c in [*item.candidates, *item.labels, *item.val_labels]})
+        index = {name: k for k, name in enumerate(names)}
+        device = self.mean.device
+        candidates = torch.zeros(len(instances), len(names), dtype=torch.bool, device=device)
+        for i, item in enumerate(instances):
+            candidates[i, [index[c] for c in item.candidates]] = True
+
+        def stack(images: list[torch.Tensor], labels: list[list[str]]) -> tuple[torch.Tensor, ...]:
+            batch = torch.cat(images).to(device)
+            owner = torch.cat([torch.full((len(x),), i) for i, x in enumerate(images)]).to(device)
+            label_index = torch.tensor([index[c] for group in labels for c in group], device=device)
+            return batch, self.embed_patches(batch), owner, label_index
+
+        images, tokens, owner, labels = stack([x.images for x in instances], [x.labels for x in instances])
+        _, val_tokens, val_owner, val_labels = stack(
+            [x.val_images for x in instances], [x.val_labels for x in instances]
+        )
+        sizes = torch.tensor([len(item.images) for item in instances])
+        first = torch.cat([torch.zeros(1, dtype=torch.long), sizes.cumsum(0)[:-1]]).to(device)
+        return ClipChunk(
+            tokens, images, owner, labels, first, candidates, self.text_features(names), names,
+            [str(item.concept) for item in instances], val_tokens, val_owner, val_labels,
+            [f for item in instances for f in item.val_files],
+        )
+
+    def _logits(self, tokens: torch.Tensor, owner: torch.Tensor, prompts: torch.Tensor, ctx: ClipChunk) -> torch.Tensor:
+        features = self.encode_tokens(tokens, prompts[owner])
+        logits = self.logit_scale * features @ ctx.text.to(features.dtype).T
+        return logits.masked_fill(~ctx.candidates[owner], float("-inf"))
+
+    def instance_losses(self, ctx: ClipChunk, prompts: torch.Tensor) -> torch.Tensor:
+        logits = self._logits(ctx.tokens, ctx.owner, prompts, ctx)
+        per_image = F.cross_entropy(logits, ctx.labels, reduction="none")
+        n = prompts.shape[0]
+        total = torch.zeros(n, dtype=per_image.dtype, device=per_image.device).index_add(0, ctx.owner, per_image)
+        return total / torch.bincount(ctx.owner, minlength=n).to(per_image.dtype)
+
+    def gate(self, ctx: ClipChunk, prompts: torch.Tensor) -> list[GateResult]:
+        predicted = self._logits(ctx.val_tokens, ctx.val_owner, prompts, ctx).argmax(-1).tolist()
+        failures: list[list[Rejection]] = [[] for _ in ctx.concepts]
+        for k, (i, label, pred) in enumerate(zip(ctx.val_owner.tolist(), ctx.val_labels.tolist(), predicted)):
+            concept, file = ctx.concepts[i], Path(ctx.val_files[k]).name
+            if ctx.names[label] == concept and ctx.names[pred] != concept:
+                failures[i].append(Rejection("held-out positive", f"{file} classified as {ctx.names[pred]!r}"))
+            elif self.gate_negatives and ctx.names[label] != concept and ctx.names[pred] == concept:
+                failures[i].append(Rejection("held-out negative", f"{file} ({ctx.names[label]}) classified as {concept!r}"))
+        return [GateResult(tuple(f)) for f in failures]
+
+    def pool_features(self, ctx: ClipChunk) -> torch.Tensor:
+        return self.encode_tokens(ctx.tokens[ctx.first_image], None)
+
+    def unmodified_outputs(self, ctx: ClipChunk) -> torch.Tensor:
+        return F.normalize(self.model.encode_image(self.preprocess(ctx.images)), dim=-1)
+
+    def prompted_outputs(self, ctx: ClipChunk, prompts: torch.Tensor | None) -> torch.Tensor:
+        return self.encode_tokens(ctx.tokens, None if prompts is None else prompts[ctx.owner])
+
+    # ------------------------------------------------------------------ serving
+    def score(self, lookup: PromptLookup, images: torch.Tensor, labels: Sequence[str]) -> tuple[torch.Tensor, torch.Tensor]:
+        """CLASSIFY scores with the pool and the unmodified tool's logits, both ``[N, len(labels)]``.
+
+        The unprompted forward runs once: it gives the retrieval features, the unmodified logits, and the
+        scores of labels without prompts.
+        """
+        if not labels:
+            raise ValueError("classify needs at least one label")
+        tokens = self.embed_patches(images)
+        text = self.text_features(list(labels))
+        base = self.encode_tokens(tokens, None)
+        base_logits = self.logit_scale * base @ text.T
+        scores = torch.empty(len(images), len(labels), device=tokens.device)
+        for k, label in enumerate(labels):
+            prompts = lookup.prompts_for(label, base)
+            logits = base_logits if prompts is None else self.logit_scale * self.encode_tokens(tokens, prompts) @ text.T
+            scores[:, k] = logits.softmax(-1)[:, k]
+        return scores, base_logits
+
+    def classify(self, lookup: PromptLookup, images: torch.Tensor, labels: Sequence[str]) -> tuple[list[str], torch.Tensor]:
+        """Label each of ``images`` (``[N, 3, H, W]`` in [0, 1]) with one of ``labels``; also the scores."""
+        scores, _ = self.score(lookup, images, labels)
+        return [labels[i] for i in scores.argmax(-1).tolist()], scores.cpu()
+
+    def select(self, lookup: PromptLookup, crops: torch.Tensor, concept: str) -> tuple[int, torch.Tensor]:
+        """Index of the crop (``[M, 3, H, W]`` in [0, 1]) that best matches ``concept``, and all scores."""
+        tokens = self.embed_patches(crops)
+        prompts = lookup.prompts_for(concept, self.encode_tokens(tokens, None))
+        scores = self.encode_tokens(tokens, prompts) @ self.text_features([concept])[0]
+        return int(scores.argmax()), scores.cpu()
+
+    def evaluate(self, lookup: PromptLookup, batch: dict[str, Any]) -> dict[str, torch.Tensor]:
+        """CLASSIFY correctness over ``batch["names"]``, without prompts and with the pool."""
+        names, labels = batch["names"], batch["labels"]
+        scores, base_logits = self.score(lookup, batch["images"], names)
+        correct = {
+            key: torch.tensor([names[i] == y for i, y in zip(values.argmax(-1).tolist(), labels)], dtype=torch.float)
+            for key, values in (("accuracy_no_prompt", base_logits), ("accuracy_pool", scores))
+        }
+        return correct
+
+    def serve_request(self, lookup: PromptLookup, request: dict[str, Any]) -> dict[str, Any]:
+        """``{"images": [paths], "labels": [...]}`` -> CLASSIFY; ``{"images": [...], "concept": c}`` -> SELECT."""
+        from clova_train.tools.images import load_images
+
+        images = load_images(request.get("images"), self.image_size[0], "images")
+        if "labels" in request:
+            labels = request["labels"]
+            if not isinstance(labels, list) or not labels or not all(isinstance(x, str) for x in labels):
+                raise DataError("request field 'labels' must be a non-empty list of strings")
+            predicted, scores = self.classify(lookup, images, labels)
+            return {"labels": predicted, "scores": scores.tolist()}
+        concept = request.get("concept")
+        if not isinstance(concept, str) or not concept:
+            raise DataError("a CLIP request needs 'labels' (CLASSIFY) or 'concept' (SELECT)")
+        index, scores = self.select(lookup, images, concept)
+        return {"index": index, "scores": scores.tolist()}
 
 
 def _class_token_output(block: nn.Module, x: torch.Tensor) -> torch.Tensor:

@@ -1,0 +1,183 @@
+"""The prompt-tool base class: everything tool-specific about per-instance prompt tuning, in one class.
+
+A tool is ``T_{theta,P}(x) = theta([x, P])``: a frozen network theta and a learned prompt P. A concrete tool
+(one file in ``clova_train/tools/``) subclasses :class:`PromptTool` and says:
+
+* how the frozen network is built from its arguments, and its identity (architecture + weights);
+* the prompt shape, the retrieval-feature size, the paper's learning rate and step count;
+* ``prepare``: the prompt-independent work for a chunk of instances, done once (no gradients);
+* ``instance_losses``: one loss per instance, entry i depending on prompt row i only;
+* ``gate`` (and optionally a cheaper ``quick_gate`` used while early stopping): the validation gate;
+* ``pool_features``: the unprompted features the pool retrieves by;
+* ``unmodified_outputs`` / ``prompted_outputs``: the tool's outputs through its library's own forward and
+  through the prompted path (``check_tool`` asserts they agree with no prompt);
+* serving: the operations a server offers (``served_operations``, methods taking a :class:`PromptLookup`
+  first) and ``serve_request`` for JSON requests.
+
+The engine (``clova_train.models.PromptTuning``), the pool, export, serving and the CLI only use this
+interface. ``describe()`` / ``from_description()`` make a tool rebuildable from JSON (``tool.json``).
+"""
+
+from __future__ import annotations
+
+import importlib
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+from typing import Any, ClassVar, Protocol
+
+import torch
+from torch import nn
+
+from clova_train.core.errors import ModelError
+from clova_train.core.pool import PoolSpec
+from clova_train.tools.contracts import GateResult, TrainingInstance
+
+
+class PromptLookup(Protocol):
+    """Where a serving tool gets its ensembled prompts (a :class:`~clova_train.tools.serving.PromptToolServer`)."""
+
+    def prompts_for(self, concept: str | None, features: torch.Tensor) -> torch.Tensor | None:
+        """``[q, *prompt_shape]`` ensembled prompts for queries with ``features`` ``[q, d]``, or ``None``."""
+        ...
+
+
+class PromptTool(nn.Module, ABC):
+    """A frozen visual tool that takes learned prompts. Subclass it once per tool (see module docstring).
+
+    Class attributes a subclass sets:
+        name: short tool name written into pools and ``tool.json`` (``"clip"``, ``"blip_vqa"``).
+        has_concepts: ``False`` for tools whose pool is one set of prompts for everything (VQA).
+        default_lr / default_steps: the paper's Adam learning rate and steps per instance.
+        default_top_k: ensemble only the k most similar stored prompts when serving (``None``: all).
+        evaluation_metrics: names of the per-sample values ``evaluate`` returns (validate / test).
+        served_operations: names of serving methods ``method(lookup, ...)`` a server exposes.
+    """
+
+    name: ClassVar[str]
+    has_concepts: ClassVar[bool] = True
+    default_lr: ClassVar[float]
+    default_steps: ClassVar[int]
+    default_top_k: ClassVar[int | None] = None
+    evaluation_metrics: ClassVar[tuple[str, ...]] = ()
+    served_operations: ClassVar[tuple[str, ...]] = ()
+
+    identity: str
+
+    # ------------------------------------------------------------------ description
+    @property
+    @abstractmethod
+    def prompt_shape(self) -> tuple[int, ...]:
+        """Shape of one instance's prompt."""
+
+    @property
+    @abstractmethod
+    def feature_dim(self) -> int:
+        """Size of the retrieval feature of an instance or a query."""
+
+    @abstractmethod
+    def init_args(self) -> dict[str, Any]:
+        """JSON-serialisable constructor arguments that rebuild this tool."""
+
+    def init_scale(self) -> float:
+        """Prompts start uniform in ``(-s, s)`` with this ``s``."""
+        return 1.0
+
+    def describe(self) -> dict[str, Any]:
+        """JSON description (``tool.json``): how to rebuild the tool, its identity and its shapes."""
+        cls = type(self)
+        return {
+            "tool": cls.name,
+            "class_path": f"{cls.__module__}.{cls.__qualname__}",
+            "init_args": self.init_args(),
+            "identity": self.identity,
+            "prompt_shape": list(self.prompt_shape),
+            "feature_dim": int(self.feature_dim),
+            "has_concepts": cls.has_concepts,
+        }
+
+    def pool_spec(self) -> PoolSpec:
+        return PoolSpec.from_tool_description(self.describe())
+
+    @classmethod
+    def from_description(cls, description: dict[str, Any]) -> PromptTool:
+        """Rebuild a tool from :meth:`describe` output and check it is the network the prompts were made for."""
+        tool_cls = tool_class(description)
+        if not issubclass(tool_cls, cls):
+            raise ModelError(f"tool.json describes {tool_cls.__name__}, which is not a {cls.__name__}")
+        tool = tool_cls(**description.get("init_args", {}))
+        expected = description.get("identity")
+        if expected and expected != tool.identity:
+            raise ModelError(
+                f"the {tool_cls.name} weights loaded from {description.get('init_args')} have identity "
+                f"{tool.identity}, but the prompts were trained on {expected}"
+            )
+        return tool
+
+    # ------------------------------------------------------------------ training
+    @abstractmethod
+    def prepare(self, instances: Sequence[TrainingInstance]) -> Any:
+        """Prompt-independent work for a chunk (run once per chunk, without gradients)."""
+
+    @abstractmethod
+    def instance_losses(self, context: Any, prompts: torch.Tensor) -> torch.Tensor:
+        """``[n]`` losses; entry i may depend only on ``prompts[i]`` (sums, never means over instances)."""
+
+    @abstractmethod
+    def gate(self, context: Any, prompts: torch.Tensor) -> list[GateResult]:
+        """Validate each instance with its own prompt on its held-out data."""
+
+    def quick_gate(self, context: Any, prompts: torch.Tensor) -> list[GateResult]:
+        """The gate as checked while early stopping; override with a cheaper test that gives the same verdict."""
+        return self.gate(context, prompts)
+
+    @abstractmethod
+    def pool_features(self, context: Any) -> torch.Tensor:
+        """``[n, feature_dim]`` retrieval features of the instances, computed without prompts."""
+
+    # ------------------------------------------------------------------ checked by check_tool
+    @abstractmethod
+    def unmodified_outputs(self, context: Any) -> torch.Tensor:
+        """The instances' outputs through the frozen network's own library forward (no prompt machinery)."""
+
+    @abstractmethod
+    def prompted_outputs(self, context: Any, prompts: torch.Tensor | None) -> torch.Tensor:
+        """The same outputs through the prompted path serving uses; ``None`` means no prompt."""
+
+    # ------------------------------------------------------------------ validate / test and serving
+    def evaluate(self, lookup: PromptLookup, batch: Any) -> dict[str, torch.Tensor]:
+        """Per-sample values of ``evaluation_metrics`` for an evaluation batch (the datamodule's format)."""
+        raise NotImplementedError(f"{type(self).__name__} defines no evaluation")
+
+    def serve_request(self, lookup: PromptLookup, request: dict[str, Any]) -> dict[str, Any]:
+        """Answer one JSON request (file paths for images) with the prompt ensemble."""
+        raise NotImplementedError(f"{type(self).__name__} does not serve JSON requests")
+
+    # ------------------------------------------------------------------ frozen network
+    def freeze(self, network: nn.Module) -> nn.Module:
+        """Eval mode and no gradients for a frozen part (called by subclasses on what they load)."""
+        return network.eval().requires_grad_(False)
+
+    def train(self, mode: bool = True) -> PromptTool:
+        # The frozen network stays in eval mode (dropout off) whatever Lightning asks.
+        return super().train(False)
+
+    @property
+    def device(self) -> torch.device:
+        for tensor in (*self.parameters(), *self.buffers()):
+            return tensor.device
+        return torch.device("cpu")
+
+
+def tool_class(description: dict[str, Any]) -> type[PromptTool]:
+    """The :class:`PromptTool` subclass a ``tool.json`` names by ``class_path``."""
+    class_path = description.get("class_path")
+    if not isinstance(class_path, str) or "." not in class_path:
+        raise ModelError(f"tool description has no class_path (keys: {sorted(description)})")
+    module_name, _, attribute = class_path.rpartition(".")
+    try:
+        tool_cls = getattr(importlib.import_module(module_name), attribute)
+    except (ImportError, AttributeError) as err:
+        raise ModelError(f"tool class {class_path!r} cannot be imported: {err}") from err
+    if not (isinstance(tool_cls, type) and issubclass(tool_cls, PromptTool)):
+        raise ModelError(f"{class_path!r} is not a PromptTool subclass")
+    return tool_cls
