@@ -7,8 +7,10 @@ STAMP := $(VENV)/.installed
 DEMO_RUN := checkpoints/quickstart_clip
 TINY_CLIP := checkpoints/models/tiny-clip
 TINY_LLAMA := checkpoints/models/tiny-llama
+TINY_BLIP := checkpoints/models/tiny-blip
+VQA_RUN := checkpoints/quickstart_vqa
 
-.PHONY: demo demo-llm demo-controller test install benchmark clean
+.PHONY: demo demo-vqa demo-llm demo-controller test install benchmark clean
 
 install: $(STAMP)
 
@@ -26,6 +28,17 @@ demo: $(STAMP) $(TINY_CLIP)/open_clip_config.json
 	$(BIN)/clova-train fit --config configs/quickstart/clip_prompt.yaml --model.init_args.on_existing_pool=overwrite
 	$(BIN)/clova-train export $(DEMO_RUN) --output $(DEMO_RUN)/export
 	$(BIN)/python -m clova_train.demo $(DEMO_RUN)/export
+
+# The VQA prompt tool (BLIP): fit on a tiny BLIP and synthetic shape questions, export, then serve held-out
+# questions without Lightning (per-answer accuracy without prompts and with the pool; one JSON request too).
+$(TINY_BLIP)/config.json: | $(STAMP)
+	$(BIN)/clova-train tiny-model blip $(TINY_BLIP) --pretrain-steps 300
+
+demo-vqa: $(STAMP) $(TINY_BLIP)/config.json
+	$(BIN)/clova-train fit --config configs/quickstart/vqa_prompt.yaml --model.init_args.on_existing_pool=overwrite
+	$(BIN)/clova-train export $(VQA_RUN) --output $(VQA_RUN)/export
+	$(BIN)/python -m clova_train.demo_vqa $(VQA_RUN)/export
+	$(BIN)/clova-train serve $(VQA_RUN)/export --request '{"image": "checkpoints/data/synthetic_vqa/images/eval_orange_000.png", "question": "what colour is the circle?"}'
 
 # The tool-using LLM quickstart (LoRA on a tiny Llama, synthetic GPT4Tools data, CPU).
 $(TINY_LLAMA)/config.json: | $(STAMP)
@@ -51,4 +64,4 @@ benchmark: $(STAMP)
 	$(BIN)/python benchmarks/controller.py
 
 clean:
-	rm -rf $(VENV) checkpoints/quickstart_clip checkpoints/quickstart_llm checkpoints/controller_quickstart checkpoints/models checkpoints/data
+	rm -rf $(VENV) checkpoints/quickstart_clip checkpoints/quickstart_vqa checkpoints/quickstart_llm checkpoints/controller_quickstart checkpoints/models checkpoints/data

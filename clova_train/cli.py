@@ -5,6 +5,8 @@
   ``ConceptFolderDataModule``, ...), ``--print_config`` shows the resolved config, ``--help`` documents
   every argument, and fits resume with ``--ckpt_path last``.
 * ``clova-train export`` writes a self-describing serving directory from a finished run or a checkpoint.
+* ``clova-train serve EXPORT --request '{...}'`` answers JSON requests with any exported prompt tool and its
+  prompt ensemble (one reply per line; requests also from stdin), without Lightning.
 * ``clova-train controller fit|evaluate|export --config <yaml>`` trains HYDRA's DQN controller on the
   reasoning-loop environment (stable-baselines3), evaluates it against the planner's top sample and a random
   one, and exports it (SB3 zip, TorchScript Q-network, JSON description). Reruns of ``fit`` resume.
@@ -22,22 +24,19 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from lightning import LightningDataModule, LightningModule
-from lightning.pytorch.cli import LightningCLI
-
-import clova_train.datamodules  # noqa: F401  (registers the data classes for class_path short names)
-import clova_train.models  # noqa: F401  (registers the model classes for class_path short names)
 from clova_train.core.errors import ClovaTrainError
 
-EXTRA_COMMANDS = ("export", "controller", "tiny-model")
-
-
-class ClovaCLI(LightningCLI):
-    """LightningCLI with clova-train's defaults: any LightningModule / DataModule chosen by class_path."""
+EXTRA_COMMANDS = ("export", "serve", "controller", "tiny-model")
 
 
 def run_lightning(args: Sequence[str] | None) -> None:
-    ClovaCLI(
+    from lightning import LightningDataModule, LightningModule
+    from lightning.pytorch.cli import LightningCLI
+
+    import clova_train.datamodules  # noqa: F401  (registers the data classes for class_path short names)
+    import clova_train.models  # noqa: F401  (registers the model classes for class_path short names)
+
+    LightningCLI(
         LightningModule,
         LightningDataModule,
         subclass_mode_model=True,
@@ -69,24 +68,56 @@ def run_export(args: Sequence[str]) -> None:
     print(f"exported to {out}")
 
 
+def run_serve(args: Sequence[str]) -> None:
+    import json
+
+    from clova_train.tools.serving import PromptToolServer
+
+    parser = argparse.ArgumentParser(
+        prog="clova-train serve",
+        description="Answer JSON requests with an exported prompt tool and its prompt ensemble (no Lightning). "
+        "CLIP: {\"images\": [paths], \"labels\": [...]} or {\"images\": [...], \"concept\": c}; "
+        "BLIP VQA: {\"image\": path, \"question\": text}. One JSON reply per line.",
+    )
+    parser.add_argument("export", help="directory written by clova-train export (or a finished run directory)")
+    parser.add_argument("--request", action="append", default=[], help="a JSON request (repeatable); "
+                        "without any, requests are read from stdin, one per line")
+    parser.add_argument("--top-k", type=int, default=None, help="ensemble the k most similar stored prompts")
+    parser.add_argument("--device", default="cpu", help="torch device")
+    parsed = parser.parse_args(list(args))
+    server = PromptToolServer.from_export(parsed.export, top_k=parsed.top_k, device=parsed.device)
+    lines = parsed.request or (line for line in sys.stdin if line.strip())
+    for number, line in enumerate(lines, 1):
+        try:
+            request = json.loads(line)
+        except json.JSONDecodeError as err:
+            raise ClovaTrainError(f"request {number} is not valid JSON: {err.msg}") from err
+        if not isinstance(request, dict):
+            raise ClovaTrainError(f"request {number} must be a JSON object")
+        print(json.dumps(server.serve(request)), flush=True)
+
+
 def run_tiny_model(args: Sequence[str]) -> None:
-    from clova_train.tiny_models import make_tiny_clip, make_tiny_llama, tool_corpus
+    from clova_train.tiny_models import make_tiny_blip, make_tiny_clip, make_tiny_llama, tool_corpus
 
     parser = argparse.ArgumentParser(
         prog="clova-train tiny-model",
         description="Write a tiny random-weight model of a real architecture, loadable by the normal loading code.",
     )
-    parser.add_argument("tool", choices=["clip", "llama"], help="CLIP (open_clip) or Llama (transformers)")
+    parser.add_argument("tool", choices=["clip", "blip", "llama"],
+                        help="CLIP (open_clip), BLIP VQA or Llama (transformers)")
     parser.add_argument("output", help="directory to write")
     parser.add_argument("--seed", type=int, default=0, help="weight initialisation and pretraining seed")
     parser.add_argument(
         "--pretrain-steps", type=int, default=200,
-        help="pretraining steps (CLIP: contrastive, on synthetic shapes; Llama: next-token, on tool prompts "
-        "without responses); 0 keeps random weights",
+        help="pretraining steps (CLIP: contrastive, on synthetic shapes; BLIP: answers to questions about "
+        "synthetic shapes; Llama: next-token, on tool prompts without responses); 0 keeps random weights",
     )
     parsed = parser.parse_args(list(args))
     if parsed.tool == "clip":
         out = make_tiny_clip(parsed.output, seed=parsed.seed, pretrain_steps=parsed.pretrain_steps)
+    elif parsed.tool == "blip":
+        out = make_tiny_blip(parsed.output, seed=parsed.seed, pretrain_steps=parsed.pretrain_steps)
     else:
         texts, prompts = tool_corpus(parsed.seed)
         out = make_tiny_llama(parsed.output, texts, prompts, parsed.pretrain_steps, seed=parsed.seed)
@@ -163,6 +194,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if args and args[0] == "export":
             run_export(args[1:])
+        elif args and args[0] == "serve":
+            run_serve(args[1:])
         elif args and args[0] == "controller":
             run_controller(args[1:])
         elif args and args[0] == "tiny-model":

@@ -115,7 +115,7 @@ class PromptTuningDataModule(LightningDataModule):
             self.setup("fit")
         assert self.instances is not None
         self._finished = finished
-        return ChunkPlan(self.chunk_size, tuple(self.instances.instance_ids))
+        return ChunkPlan(self.chunk_size, tuple(self.instances.instance_ids), self.instances)
 
     def train_dataloader(self) -> DataLoader:
         if self.instances is None:

@@ -130,6 +130,9 @@ class PromptTuning(LightningModule):
                         f"got {type(datamodule).__name__}"
                     )
                 self.plan = datamodule.connect(lambda: set(self.records))
+                if type(self.tool).check_instance is not PromptTool.check_instance:
+                    for index in range(len(self.plan.instances)):
+                        self.tool.check_instance(self.plan.instances[index])
         if not hasattr(self, "prompts"):
             # Rows for the prompts of one chunk. Its shape is fixed before Lightning wraps the module
             # (DDP keeps autograd's per-parameter state, so the parameter must not be resized later).

@@ -64,9 +64,18 @@ def _draw(draw: ImageDraw.ImageDraw, shape: str, box: tuple[int, int, int, int],
 
 
 def render_scene(
-    objects: list[tuple[str, str]], size: int = 64, rng: np.random.Generator | None = None
+    objects: list[tuple[str, str]],
+    size: int = 64,
+    rng: np.random.Generator | None = None,
+    palette: dict[str, tuple[int, int, int]] | None = None,
+    object_size: tuple[float, float] = (0.25, 0.5),
 ) -> Scene:
-    """Render ``objects`` (``(colour, shape)`` pairs) at random non-overlapping places on a noisy background."""
+    """Render ``objects`` (``(colour, shape)`` pairs) at random non-overlapping places on a noisy background.
+
+    ``palette`` overrides the RGB of some colour names (default :data:`COLOURS`); each object's side is a
+    random fraction of ``size`` in ``object_size``.
+    """
+    palette = {**COLOURS, **(palette or {})}
     rng = rng or np.random.default_rng()
     background = rng.integers(90, 170, size=3)
     noise = rng.normal(0, 12, size=(size, size, 3))
@@ -75,14 +84,14 @@ def render_scene(
     placed: list[ShapeObject] = []
     for colour, shape in objects:
         for _ in range(50):
-            side = int(rng.integers(size // 4, size // 2 + 1))
+            side = int(rng.integers(max(1, int(size * object_size[0])), int(size * object_size[1]) + 1))
             x0 = int(rng.integers(0, size - side + 1))
             y0 = int(rng.integers(0, size - side + 1))
             box = (x0, y0, x0 + side - 1, y0 + side - 1)
             if all(_disjoint(box, other.box) for other in placed):
                 break
         jitter = rng.integers(-20, 21, size=3)
-        fill = tuple(int(v) for v in np.clip(np.array(COLOURS[colour]) + jitter, 0, 255))
+        fill = tuple(int(v) for v in np.clip(np.array(palette[colour]) + jitter, 0, 255))
         mask_image = Image.new("L", (size, size), 0)
         _draw(ImageDraw.Draw(mask_image), shape, box, 255)
         _draw(ImageDraw.Draw(image), shape, box, fill)

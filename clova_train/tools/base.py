@@ -48,7 +48,8 @@ class PromptTool(nn.Module, ABC):
         name: short tool name written into pools and ``tool.json`` (``"clip"``, ``"blip_vqa"``).
         has_concepts: ``False`` for tools whose pool is one set of prompts for everything (VQA).
         default_lr / default_steps: the paper's Adam learning rate and steps per instance.
-        default_top_k: ensemble only the k most similar stored prompts when serving (``None``: all).
+        default_top_k: ensemble only the k most similar stored prompts when serving (``None``: all); a
+            tool may make it an argument by overriding ``serving_top_k``.
         evaluation_metrics: names of the per-sample values ``evaluate`` returns (validate / test).
         served_operations: names of serving methods ``method(lookup, ...)`` a server exposes.
     """
@@ -82,6 +83,11 @@ class PromptTool(nn.Module, ABC):
         """Prompts start uniform in ``(-s, s)`` with this ``s``."""
         return 1.0
 
+    @property
+    def serving_top_k(self) -> int | None:
+        """How many of the most similar stored prompts a query ensembles (``None``: all of its concept's)."""
+        return self.default_top_k
+
     def describe(self) -> dict[str, Any]:
         """JSON description (``tool.json``): how to rebuild the tool, its identity and its shapes."""
         cls = type(self)
@@ -114,6 +120,13 @@ class PromptTool(nn.Module, ABC):
         return tool
 
     # ------------------------------------------------------------------ training
+    def check_instance(self, instance: TrainingInstance) -> None:
+        """Raise :class:`~clova_train.core.errors.DataError` naming the instance if it cannot be trained on.
+
+        The engine calls it for every instance before training starts (tools that can say more than the
+        datamodule, such as answer lengths in tokens, override it).
+        """
+
     @abstractmethod
     def prepare(self, instances: Sequence[TrainingInstance]) -> Any:
         """Prompt-independent work for a chunk (run once per chunk, without gradients)."""

@@ -115,10 +115,12 @@ class ChunkPlan:
     Args:
         chunk_size: instances tuned together in one training step (the only chunk-size setting).
         instance_ids: every instance of the run, finished or not (the module counts what is pending).
+        instances: the instances themselves (the module has the tool check them before training).
     """
 
     chunk_size: int
     instance_ids: tuple[str, ...]
+    instances: InstanceDataset
 
 
 @runtime_checkable

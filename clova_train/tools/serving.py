@@ -48,7 +48,7 @@ class PromptToolServer:
     Args:
         tool: the frozen tool.
         pool: prompts learned for it (checked against the tool's identity and shapes).
-        top_k: ensemble only the ``top_k`` most similar stored prompts (default: the tool's own default).
+        top_k: ensemble only the ``top_k`` most similar stored prompts (default: the tool's ``serving_top_k``).
     """
 
     def __init__(self, tool: PromptTool, pool: PromptPool, top_k: int | None = None) -> None:
@@ -57,7 +57,7 @@ class PromptToolServer:
             raise ExportError(f"prompt pool does not fit this {tool.name} tool: " + "; ".join(problems))
         self.tool = tool.eval()
         self.pool = pool
-        self.top_k = top_k if top_k is not None else tool.default_top_k
+        self.top_k = top_k if top_k is not None else tool.serving_top_k
 
     @classmethod
     def from_export(
