@@ -41,12 +41,14 @@ def read_records(path: Path, required: tuple[str, ...] = REQUIRED) -> list[dict[
     if not text.strip():
         raise DataError(f"VQA records file {path} is empty")
     records: list[tuple[str, Any]] = []
+    whole: Any = None
     if text.lstrip().startswith("["):
         try:
-            data = json.loads(text)
-        except json.JSONDecodeError as err:
-            raise DataError(f"{path} is not valid JSON: {err}") from err
-        records = [(f"record {i + 1}", item) for i, item in enumerate(data)]
+            whole = json.loads(text)
+        except json.JSONDecodeError:
+            whole = None  # not one JSON document: read it as JSON lines
+    if isinstance(whole, list) and (not whole or any(isinstance(item, dict) for item in whole)):
+        records = [(f"record {i + 1}", item) for i, item in enumerate(whole)]
     else:
         for number, line in enumerate(text.splitlines(), 1):
             if not line.strip():

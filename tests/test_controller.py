@@ -102,6 +102,11 @@ def test_export_writes_zip_torchscript_and_description(quickstart_run: Path, tmp
     with torch.no_grad():
         torch.testing.assert_close(q_network(obs), model.q_net(obs))
     np.testing.assert_array_equal(q_network(obs).argmax(1).numpy(), model.predict(obs.numpy(), deterministic=True)[0])
+    manifest = json.loads((tmp_path / "export" / "export.json").read_text())  # the manifest every export writes
+    assert manifest["learner"] == "controller" and manifest["format_version"] == 1
+    assert set(manifest["files"]) == {p.name for p in (tmp_path / "export").iterdir()}
+    assert "stable-baselines3" in json.loads((tmp_path / "export" / "versions.json").read_text())
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]  # no staging directory left behind
 
     evaluation = run_cli_subprocess(["controller", "evaluate", "--config", config,
                                      f"--train.output_dir={quickstart_run}", "--episodes=20"])
@@ -110,6 +115,7 @@ def test_export_writes_zip_torchscript_and_description(quickstart_run: Path, tmp
     mismatch = run_cli_subprocess(["controller", "export", "--config", config, "--env.embedder.dim=32",
                                    f"--train.output_dir={quickstart_run}", f"--output={tmp_path / 'bad'}"])
     assert mismatch.returncode == 2 and "takes observations of shape (389,)" in mismatch.stderr
+    assert not (tmp_path / "bad").exists()
 
 
 def test_a_failing_backend_stops_training_with_a_checkpoint_to_resume_from(tmp_path: Path,

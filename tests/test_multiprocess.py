@@ -22,7 +22,9 @@ def reference_run(tiny_clip_dir: Path, concept_root: Path, tmp_path_factory: pyt
 
 
 def test_ddp_two_ranks_match_one_device(tiny_clip_dir: Path, concept_root: Path, reference_run: Path, tmp_path: Path) -> None:
-    args = fit_args(tiny_clip_dir, concept_root, tmp_path, "--trainer.devices=2", "--trainer.strategy=ddp")
+    """16 instances in chunks of 6: 3 chunks on 2 ranks (one rank pads with an empty chunk), vs chunks of 4 on one."""
+    args = fit_args(tiny_clip_dir, concept_root, tmp_path, "--trainer.devices=2", "--trainer.strategy=ddp",
+                    "--data.init_args.chunk_size=6")
     result = run_cli_subprocess(args)
     assert result.returncode == 0, result.stderr[-3000:]
     pool, summary = load_run(tmp_path)
