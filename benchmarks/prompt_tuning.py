@@ -1,18 +1,20 @@
-"""Per-instance CLIP prompt tuning: our engine against two sequential baselines, in one run.
+"""Per-instance prompt tuning (CLIP or BLIP VQA): our engine against two sequential baselines, in one run.
 
 Methods (same model, data, steps, learning rate, initial prompts and threads):
 
-* ``engine``: clova-train's ``ClipPromptTuning`` under a Lightning ``Trainer`` (chunks of instances in
-  lockstep, frozen weights, patch embeddings and text features computed once, only the class token
-  through the last block, a checkpoint per chunk).
-* ``reference``: the public CLOVA procedure (its ``CLASSIFY.train_prompt``): one instance at a time, the
-  frozen model's weights still require gradients (their gradients are computed every step), the image
-  tower runs in full (every token through every block), the text features are recomputed every step, and after every step the prompted
-  tool is run on the validation images (the public code's early-stop check; here its result is ignored
-  so that every method takes the same number of steps).
+* ``engine``: clova-train's ``PromptTuning`` with the tool under a Lightning ``Trainer`` (chunks of
+  instances in lockstep, frozen weights, prompt-independent work done once per instance, a checkpoint per
+  chunk). CLIP: patch embeddings and text features once, only the class token through the last block.
+  VQA: image and question encoders once per instance, only the answer decoder per step.
+* ``reference``: the public CLOVA procedure. CLIP (its ``CLASSIFY.train_prompt``): one instance at a
+  time, the frozen model's weights still require gradients (computed every step), the image tower in full
+  (every token through every block), text features recomputed every step, and after every step the
+  prompted tool run on the validation images. VQA (its BLIP prompt training): one instance at a time, the
+  whole model (image encoder, question encoder, answer decoder) re-run every step with weights that still
+  require gradients, and greedy generation of the answer after every step (the public code's early-stop
+  check; here its result is ignored so that every method takes the same number of steps).
 * ``sequential``: a fair sequential loop: one instance at a time, but with frozen weights, the
-  prompt-independent work (patch embeddings, text features) done once per instance and the same
-  prompted forward as the engine.
+  prompt-independent work done once per instance and the same prompted forward as the engine.
 
 All methods run in float32. Each is timed ``--repeats`` times (fresh process each time) and the best
 run counts, which damps the noise of a shared machine.
@@ -21,7 +23,8 @@ Each method runs in its own spawned process so that its peak memory (RSS above t
 CPU, ``max_memory_allocated`` on a GPU) is its own. The learned prompts of all methods are compared with
 the engine's (max absolute difference). Results are appended to ``benchmarks/results/prompt_tuning.md``.
 
-    python benchmarks/prompt_tuning.py                      # CPU defaults
+    python benchmarks/prompt_tuning.py                      # CLIP, CPU defaults
+    python benchmarks/prompt_tuning.py --tool vqa           # BLIP VQA
     python benchmarks/prompt_tuning.py --device cuda --chunk-size 32 --instances 64 --model ViT-B-16
 """
 
@@ -34,6 +37,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import torch
 import torch.nn.functional as F
@@ -54,9 +58,25 @@ def _peak_rss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
+# A BLIP of the real architecture at a CPU-friendly size (random weights: the timing does not need answers).
+BENCH_BLIP = {"image_size": 64, "hidden_size": 128, "layers": 4}
+
+
 def _build(args: argparse.Namespace, workdir: Path) -> tuple[str, Path]:
     from clova_train.synthetic.shapes import write_concept_folders
     from clova_train.tiny_models import make_tiny_clip
+
+    if args.tool == "vqa":
+        from clova_train.synthetic.vqa import write_vqa_records
+        from clova_train.tiny_models import build_tiny_blip
+
+        model, processor = build_tiny_blip(seed=0, **BENCH_BLIP)
+        model.save_pretrained(workdir / "blip")
+        processor.save_pretrained(workdir / "blip")
+        colours = ["orange", "purple", "red", "green"]
+        data = write_vqa_records(workdir / "data", colours, [], images_per_colour=args.instances // 4 + 1,
+                                 wrong_answers=0, eval_per_colour=1, image_size=BENCH_BLIP["image_size"], seed=0)
+        return str(workdir / "blip"), data
 
     model_dir = workdir / "model"
     config = None
@@ -71,20 +91,30 @@ def _build(args: argparse.Namespace, workdir: Path) -> tuple[str, Path]:
 
 
 def _module(args: argparse.Namespace, model_name: str):
-    from clova_train.models import ClipPromptTuning
+    from clova_train.models import PromptTuning
 
-    return ClipPromptTuning(
-        model_name, None, num_prompt_tokens=args.prompt_tokens, prompt_depth=3, lr=args.lr, steps=args.steps,
-        keep_rejected_prompts=True, on_existing_pool="overwrite",
-    )
+    if args.tool == "vqa":
+        from clova_train.tools.blip_vqa import BlipVqa
+
+        tool = BlipVqa(model_name, num_prompt_tokens=args.prompt_tokens, max_answer_tokens=4)
+    else:
+        from clova_train.tools.clip import PromptedClip
+
+        tool = PromptedClip(model_name, None, num_prompt_tokens=args.prompt_tokens, prompt_depth=3)
+    return PromptTuning(tool, lr=args.lr, steps=args.steps, keep_rejected_prompts=True, on_existing_pool="overwrite")
 
 
 def _datamodule(args: argparse.Namespace, data: Path, chunk_size: int):
-    from clova_train.datamodules import ConceptFolderDataModule
+    if args.tool == "vqa":
+        from clova_train.datamodules import VqaRecordDataModule
 
-    dm = ConceptFolderDataModule(
-        str(data), image_size=args.image_size, val_per_concept=1, negatives_per_instance=3, chunk_size=chunk_size
-    )
+        dm = VqaRecordDataModule(str(data / "train.jsonl"), chunk_size=chunk_size)
+    else:
+        from clova_train.datamodules import ConceptFolderDataModule
+
+        dm = ConceptFolderDataModule(
+            str(data), image_size=args.image_size, val_per_concept=1, negatives_per_instance=3, chunk_size=chunk_size
+        )
     dm.setup()
     return dm
 
@@ -99,7 +129,11 @@ def run_engine(args: argparse.Namespace, model_name: str, data: Path, out: Path)
     module = _module(args, model_name).to(args.device)
     dm = _datamodule(args, data, args.chunk_size)
     ids = dm.instances.instance_ids[: args.instances]
-    dm.instances.items = dm.instances.items[: args.instances]
+    if args.tool == "vqa":
+        dm.instances.records = dm.instances.records[: args.instances]
+        dm.instances.images = dm.instances.images[: args.instances]
+    else:
+        dm.instances.items = dm.instances.items[: args.instances]
     dm.instances.instance_ids = ids
     trainer = Trainer(
         accelerator="gpu" if args.device.startswith("cuda") else "cpu", devices=1, max_epochs=1, logger=False,
@@ -112,18 +146,18 @@ def run_engine(args: argparse.Namespace, model_name: str, data: Path, out: Path)
     trainer.fit(module, dm)
     _sync(args)
     seconds = time.perf_counter() - start
-    prompts = {i: module.records[i]["prompt"] for i in ids}
+    prompts = {i: module.records[i].prompt for i in ids}
     return _result(args, seconds, base, prompts)
 
 
 def _fair_prompt(module, item: dict, device: str) -> torch.Tensor:
     tool = module.tool
     with torch.no_grad():
-        tokens = tool.embed_patches(item["images"].to(device))
-        names = item["candidates"]
+        tokens = tool.embed_patches(item.images.to(device))
+        names = item.candidates
         text = tool.encode_text(names)
-    labels = torch.tensor([names.index(c) for c in item["labels"]], device=device)
-    prompt = module.init_prompt(item["instance_id"]).float().to(device)[None].requires_grad_()
+    labels = torch.tensor([names.index(c) for c in item.labels], device=device)
+    prompt = module.init_prompt(item.instance_id).float().to(device)[None].requires_grad_()
     optimizer = torch.optim.Adam([prompt], lr=module.lr)
     for _ in range(module.steps):
         features = tool.encode_tokens(tokens, prompt.expand(len(tokens), *prompt.shape[1:]))
@@ -138,12 +172,12 @@ def _reference_prompt(module, item: dict, device: str) -> torch.Tensor:
     tool = module.tool
     tool.model.requires_grad_(True)  # the public code never froze the tool
     tool._class_token_only = False  # and ran every vision block in full for every token
-    names = item["candidates"]
-    labels = torch.tensor([names.index(c) for c in item["labels"]], device=device)
+    names = item.candidates
+    labels = torch.tensor([names.index(c) for c in item.labels], device=device)
     texts = tool.tokenizer([tool.text_prompt(c) for c in names]).to(device)
-    images = item["images"].to(device)
-    val_images = item["val_images"].to(device)
-    prompt = module.init_prompt(item["instance_id"]).float().to(device)[None].requires_grad_()
+    images = item.images.to(device)
+    val_images = item.val_images.to(device)
+    prompt = module.init_prompt(item.instance_id).float().to(device)[None].requires_grad_()
     optimizer = torch.optim.Adam([prompt], lr=module.lr)
     for _ in range(module.steps):
         text = F.normalize(tool.model.encode_text(texts), dim=-1)  # recomputed every step
@@ -159,16 +193,57 @@ def _reference_prompt(module, item: dict, device: str) -> torch.Tensor:
     return prompt.detach()[0].cpu()
 
 
+def _vqa_loss(tool, encoded, answers, prompt: torch.Tensor) -> torch.Tensor:
+    return tool.instance_losses(SimpleNamespace(question=encoded, answers=answers), prompt).sum()
+
+
+def _fair_vqa_prompt(module, item, device: str) -> torch.Tensor:
+    tool = module.tool
+    with torch.no_grad():
+        ctx = tool.prepare([item])
+    prompt = module.init_prompt(item.instance_id).float().to(device)[None].requires_grad_()
+    optimizer = torch.optim.Adam([prompt], lr=module.lr)
+    for _ in range(module.steps):
+        loss = tool.instance_losses(ctx, prompt).sum()
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+    return prompt.detach()[0].cpu()
+
+
+def _reference_vqa_prompt(module, item, device: str) -> torch.Tensor:
+    tool = module.tool
+    tool.model.requires_grad_(True)  # the public code never froze the tool
+    pixels = tool.pixel_values([item.image])
+    ids, mask = tool.tokenize_questions([item.question])
+    answers = tool.encode_answers([item.answer])
+    prompt = module.init_prompt(item.instance_id).float().to(device)[None].requires_grad_()
+    optimizer = torch.optim.Adam([prompt], lr=module.lr)
+    for _ in range(module.steps):
+        encoded = tool.encode_questions(tool.image_embeddings(pixels), ids, mask)  # the whole model, every step
+        loss = _vqa_loss(tool, encoded, answers, prompt)
+        optimizer.zero_grad()
+        tool.model.zero_grad()
+        loss.backward()
+        optimizer.step()
+        with torch.no_grad():  # greedy answer after every step (its early-stop check), from the images again
+            tool.greedy(tool.encode_questions(tool.image_embeddings(pixels), ids, mask), prompt)
+    return prompt.detach()[0].cpu()
+
+
 def run_loop(args: argparse.Namespace, model_name: str, data: Path, kind: str) -> dict:
     module = _module(args, model_name).to(args.device)
     dm = _datamodule(args, data, 1)
-    step = _reference_prompt if kind == "reference" else _fair_prompt
+    if args.tool == "vqa":
+        step = _reference_vqa_prompt if kind == "reference" else _fair_vqa_prompt
+    else:
+        step = _reference_prompt if kind == "reference" else _fair_prompt
     base = _peak_rss_mb()
     _reset_cuda(args)
     start = time.perf_counter()
     prompts = {}
     for item in _instances(dm, args.instances):
-        prompts[item["instance_id"]] = step(module, item, args.device)
+        prompts[item.instance_id] = step(module, item, args.device)
     _sync(args)
     return _result(args, time.perf_counter() - start, base, prompts)
 
@@ -215,18 +290,21 @@ def measure(kind: str, args: argparse.Namespace, model_name: str, data: Path, wo
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--tool", choices=["clip", "vqa"], default="clip", help="which prompt tool to tune")
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--instances", type=int, default=16)
     parser.add_argument("--chunk-size", type=int, default=16)
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--prompt-tokens", type=int, default=16)
-    parser.add_argument("--lr", type=float, default=1e-2)
+    parser.add_argument("--lr", type=float, default=None, help="default: 1e-2 (CLIP), 1e-3 (VQA)")
     parser.add_argument("--image-size", type=int, default=64)
     parser.add_argument("--threads", type=int, default=torch.get_num_threads())
     parser.add_argument("--repeats", type=int, default=2, help="runs per method; the fastest counts")
     parser.add_argument("--model", default=None, help="open_clip architecture (random weights); default: a small ViT")
     parser.add_argument("--no-record", action="store_true", help="print only; do not append to the results file")
     args = parser.parse_args()
+    if args.lr is None:
+        args.lr = 1e-3 if args.tool == "vqa" else 1e-2
 
     with tempfile.TemporaryDirectory() as tmp:
         workdir = Path(tmp)
@@ -247,12 +325,18 @@ def main() -> None:
             f"| {kind} | {args.instances / r['seconds']:.2f} | {r['seconds'] / engine['seconds']:.2f}x | "
             f"{r['memory_mb']:.0f} | {diff:.2e} |"
         )
-    model = args.model or "small ViT (width 256, 6 blocks, patch 8)"
+    if args.tool == "vqa":
+        b = BENCH_BLIP
+        what = (f"tool BLIP VQA (BlipForQuestionAnswering, hidden {b['hidden_size']}, {b['layers']} layers per tower, "
+                f"image {b['image_size']}px, patch 8), {args.prompt_tokens} prompt tokens, {args.steps} steps, "
+                f"{args.instances} instances (one question each)")
+    else:
+        model = args.model or "small ViT (width 256, 6 blocks, patch 8)"
+        what = (f"tool CLIP, model {model}, image {args.image_size}px, {args.prompt_tokens} prompt tokens x 3 blocks, "
+                f"{args.steps} steps, {args.instances} instances (1 positive + 3 negative images each)")
     publish(
         "prompt_tuning", "Prompt-tuning benchmark results", f"{args.device}: {machine()}",
-        f"model {model}, image {args.image_size}px, {args.prompt_tokens} prompt tokens x 3 blocks, "
-        f"{args.steps} steps, {args.instances} instances (1 positive + 3 negative images each), "
-        f"engine chunk size {args.chunk_size}, {args.threads} threads, best of {args.repeats} runs per method",
+        f"{what}, engine chunk size {args.chunk_size}, {args.threads} threads, best of {args.repeats} runs per method",
         ["method", "instances/s", "engine speed-up over it", "peak memory MB", "max abs prompt diff vs engine"],
         rows, record=not args.no_record,
     )

@@ -52,7 +52,7 @@ def test_validation_images_are_never_trained_on(concept_root: Path) -> None:
         assert item["val_labels"][:2] == [item["concept"]] * 2
         assert [p.name for p in item["val_files"][:2]] == [f"{item['concept']}_000.png", f"{item['concept']}_001.png"]
     sample = instances[0]
-    assert sample["images"].shape == (6, 3, 16, 16) and float(sample["images"].max()) <= 1.0
+    assert sample.images.shape == (6, 3, 16, 16) and float(sample.images.max()) <= 1.0
 
 
 def test_explicit_train_val_split(concept_root: Path, tmp_path: Path) -> None:
