@@ -17,7 +17,8 @@ CONFIGS = sorted((REPO / "configs").rglob("*.yaml"))
 
 def test_configs_exist() -> None:
     names = {p.relative_to(REPO / "configs").as_posix() for p in CONFIGS}
-    assert {"quickstart/clip_prompt.yaml", "paper/clip_prompt_vit_l14.yaml"} <= names
+    assert {"quickstart/clip_prompt.yaml", "paper/clip_prompt_vit_l14.yaml", "quickstart/vqa_prompt.yaml",
+            "paper/vqa_prompt_blip.yaml"} <= names
 
 
 @pytest.mark.parametrize("config", CONFIGS, ids=lambda p: p.relative_to(REPO / "configs").as_posix())
@@ -49,6 +50,16 @@ def test_paper_config_keeps_paper_values(capsys: pytest.CaptureFixture) -> None:
     tool = model["tool"]["init_args"]
     assert (tool["model_name"], tool["pretrained"]) == ("ViT-L-14", "openai")
     assert (tool["num_prompt_tokens"], tool["prompt_depth"], model["lr"], model["steps"]) == (100, 3, 0.01, 100)
+
+
+def test_paper_vqa_config_keeps_paper_values(capsys: pytest.CaptureFixture) -> None:
+    import yaml
+
+    run_fit("fit", "--config", str(REPO / "configs/paper/vqa_prompt_blip.yaml"), "--print_config")
+    model = yaml.safe_load(capsys.readouterr().out)["model"]["init_args"]
+    tool = model["tool"]["init_args"]
+    assert (tool["model_name"], tool["num_prompt_tokens"], tool["top_k"]) == ("Salesforce/blip-vqa-capfilt-large", 16, 20)
+    assert (model["lr"], model["steps"]) == (0.001, 100)
 
 
 def test_help_documents_model_arguments(capsys: pytest.CaptureFixture) -> None:

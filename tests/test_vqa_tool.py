@@ -68,7 +68,7 @@ def vqa_fit_args(blip_dir: Path, records_file: Path, run_dir: Path, *extra: str)
         "--model.init_args.lr=0.03", "--model.init_args.steps=20",
         "--data.class_path=clova_train.datamodules.VqaRecordDataModule",
         f"--data.init_args.records={records_file}",
-        "--data.init_args.chunk_size=3",
+        "--data.init_args.chunk_size=8",
         *extra,
     ]
 
