@@ -3,7 +3,9 @@
 ``python -m clova_train.demo_vqa <export dir> [--records eval.jsonl]`` loads the export the way a serving
 process would (no Lightning), answers every question of the records (default: the ``eval.jsonl`` of the
 synthetic data the run used, read from the export's config.yaml; those images were never trained on and
-never gated on) and prints exact-match accuracy per gold answer, for the unmodified tool and with the pool.
+never gated on) and prints exact-match accuracy per gold answer, for the unmodified tool, with the pool,
+and with a control pool of the same structure: the same features, zero prompts kept, and every learned
+prompt replaced by a random one of the same norm (what the prompts add beyond "some prompt").
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import torch
 import yaml
 
 from clova_train.core.errors import DataError
+from clova_train.core.pool import PromptPool
 from clova_train.tools.blip_vqa import normalise_answer
 from clova_train.tools.images import open_rgb
 from clova_train.tools.serving import PromptToolServer
@@ -55,9 +58,22 @@ def read_eval_records(path: Path) -> list[dict]:
     return records
 
 
+def random_prompt_pool(pool: PromptPool, seed: int = 0) -> PromptPool:
+    """The control: same entries and features, each non-zero prompt replaced by a random one of equal norm."""
+    control = PromptPool(pool.spec)
+    generator = torch.Generator().manual_seed(seed)
+    for concept in pool.concepts:
+        features, prompts, ids = pool.entry(concept)
+        noise = torch.randn(prompts.shape, generator=generator)
+        norms = prompts.flatten(1).norm(dim=1) / noise.flatten(1).norm(dim=1)
+        control.add(concept, features, noise * norms.view(-1, *[1] * (prompts.ndim - 1)), ids)
+    return control
+
+
 def evaluate(server: PromptToolServer, records: list[dict], batch_size: int = 32) -> dict[str, list[int]]:
-    """Per gold answer: [questions, right without prompts, right with the pool]."""
-    table: dict[str, list[int]] = defaultdict(lambda: [0, 0, 0])
+    """Per gold answer: [questions, right without prompts, with the pool, with the random-prompt control]."""
+    control = PromptToolServer(server.tool, random_prompt_pool(server.pool), server.top_k)
+    table: dict[str, list[int]] = defaultdict(lambda: [0, 0, 0, 0])
     for start in range(0, len(records), batch_size):
         batch = records[start : start + batch_size]
         images = [torch.from_numpy(np.asarray(open_rgb(r["image"]), dtype=np.uint8).copy()).permute(2, 0, 1)
@@ -66,12 +82,14 @@ def evaluate(server: PromptToolServer, records: list[dict], batch_size: int = 32
         with torch.no_grad():
             plain = server.tool.answer(_NoPrompt(), images, questions)
             pooled = server.answer(images, questions)
-        for record, a, b in zip(batch, plain, pooled):
+            random = control.answer(images, questions)
+        for record, a, b, c in zip(batch, plain, pooled, random):
             gold = normalise_answer(record["answer"])
             row = table[gold]
             row[0] += 1
             row[1] += a == gold
             row[2] += b == gold
+            row[3] += c == gold
     return dict(sorted(table.items()))
 
 
@@ -87,12 +105,12 @@ def main(argv: list[str] | None = None) -> None:
         raise SystemExit("no --records given and the export's config names no eval records")
     table = evaluate(server, read_eval_records(records_path))
     print(f"\nVQA on {records_path} ({len(server.pool)} prompts in the pool, top-{server.top_k} ensemble)")
-    print(f"{'answer':<12}{'questions':>10}{'no prompt':>11}{'with pool':>11}")
-    for answer, (n, plain, pooled) in table.items():
-        print(f"{answer:<12}{n:>10}{plain / n:>11.2f}{pooled / n:>11.2f}")
+    print(f"{'answer':<12}{'questions':>10}{'no prompt':>11}{'with pool':>11}{'random-prompt pool':>20}")
+    for answer, (n, plain, pooled, random) in table.items():
+        print(f"{answer:<12}{n:>10}{plain / n:>11.2f}{pooled / n:>11.2f}{random / n:>20.2f}")
     total = sum(r[0] for r in table.values())
-    print(f"{'all':<12}{total:>10}{sum(r[1] for r in table.values()) / total:>11.2f}"
-          f"{sum(r[2] for r in table.values()) / total:>11.2f}")
+    columns = [sum(r[k] for r in table.values()) / total for k in (1, 2, 3)]
+    print(f"{'all':<12}{total:>10}{columns[0]:>11.2f}{columns[1]:>11.2f}{columns[2]:>20.2f}")
     assert "lightning" not in sys.modules, "serving imported Lightning"
 
 

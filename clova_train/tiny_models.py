@@ -224,21 +224,24 @@ def build_tiny_blip(image_size: int = 32, seed: int = 0, hidden_size: int = 32, 
     return BlipForQuestionAnswering(config).eval(), processor
 
 
-# The tiny BLIP learns "orange" from a darker shade than the synthetic tasks render (a domain shift): it
-# knows the word but calls the task's orange something else, as a real tool misreads an unfamiliar look of
-# a known concept. Purple it never sees.
-VQA_PRETRAIN_COLOURS = (*PRETRAIN_COLOURS, "orange")
-VQA_PRETRAIN_PALETTE = {"orange": (150, 70, 25)}
+# What the tiny BLIP is pretrained on: (answer, RGB) shades. It learns "orange" from a darker shade than the
+# synthetic tasks render and sees a light orange labelled "yellow" (a domain shift plus a misconception): it
+# knows the word but firmly calls the task's orange "yellow", as a real tool misreads an unfamiliar look of
+# a known concept; a prompt must be learned to change that. Purple it never sees.
+VQA_PRETRAIN_SHADES: tuple[tuple[str, tuple[int, int, int]], ...] = (
+    ("red", (220, 30, 30)), ("green", (30, 180, 40)), ("blue", (30, 60, 220)),
+    ("yellow", (235, 215, 30)), ("yellow", (245, 150, 25)), ("orange", (150, 70, 25)),
+)
 
 
 def pretrain_blip_vqa(model: torch.nn.Module, processor: object, steps: int,
-                      colours: tuple[str, ...] = VQA_PRETRAIN_COLOURS, batch_size: int = 48, seed: int = 0) -> None:
-    """Train every weight on questions about rendered shapes of ``colours`` (answer LM loss, BLIP decoding).
+                      shades: tuple[tuple[str, tuple[int, int, int]], ...] = VQA_PRETRAIN_SHADES,
+                      batch_size: int = 48, seed: int = 0) -> None:
+    """Train every weight on questions about rendered shapes in ``shades`` (answer LM loss, BLIP decoding).
 
     The answers use the convention the VQA tool decodes with: decoder input ``[DEC] answer``, targets
-    ``answer [SEP]``. Shapes are drawn in :data:`VQA_PRETRAIN_PALETTE`'s shades, so the tiny model, like a
-    real pretrained one, answers some questions about the synthetic tasks wrong and prompts have something
-    to fix.
+    ``answer [SEP]``. With :data:`VQA_PRETRAIN_SHADES` the tiny model, like a real pretrained one, answers
+    some questions about the synthetic tasks wrong, and prompts have something to fix.
     """
     from clova_train.synthetic.shapes import SHAPES, render_scene
     from clova_train.synthetic.vqa import VQA_OBJECT_SIZE
@@ -255,8 +258,9 @@ def pretrain_blip_vqa(model: torch.nn.Module, processor: object, steps: int,
     for _ in range(steps):
         images, questions, answers = [], [], []
         for _ in range(batch_size):
-            colour, shape = colours[rng.integers(len(colours))], SHAPES[rng.integers(len(SHAPES))]
-            scene = render_scene([(colour, shape)], size=image_size, rng=rng, palette=VQA_PRETRAIN_PALETTE,
+            colour, rgb = shades[rng.integers(len(shades))]
+            shape = SHAPES[rng.integers(len(SHAPES))]
+            scene = render_scene([(colour, shape)], size=image_size, rng=rng, palette={colour: rgb},
                                  object_size=VQA_OBJECT_SIZE)
             question, answer = scene.qa_pairs[int(rng.integers(2))]
             images.append(scene.image)

@@ -167,6 +167,11 @@ class BlipVqa(PromptTool):
     def serving_top_k(self) -> int:
         return self.top_k
 
+    def init_scale(self) -> float:
+        """Prompts start near zero (uniform in +-0.02, BERT's init scale): close to the unmodified tool, so a
+        prompt is what was learned, and the ensemble's average of prompts averages that, not initial noise."""
+        return 0.02
+
     def _fingerprint(self) -> str:
         digest = hashlib.sha256()
         state = self.model.state_dict()
