@@ -11,25 +11,19 @@ prompt replaced by a random one of the same norm (what the prompts add beyond "s
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from collections import defaultdict
 from pathlib import Path
 
-import numpy as np
 import torch
 import yaml
 
-from clova_train.core.errors import DataError
 from clova_train.core.pool import PromptPool
+from clova_train.tools.base import NoPrompt
 from clova_train.tools.blip_vqa import normalise_answer
-from clova_train.tools.images import open_rgb
+from clova_train.tools.images import load_image_uint8
 from clova_train.tools.serving import PromptToolServer
-
-
-class _NoPrompt:
-    def prompts_for(self, concept: str | None, features: torch.Tensor) -> None:
-        return None
+from clova_train.tools.vqa_records import read_records, record_image
 
 
 def _default_records(export_dir: Path) -> Path | None:
@@ -44,18 +38,8 @@ def _default_records(export_dir: Path) -> Path | None:
 
 
 def read_eval_records(path: Path) -> list[dict]:
-    if not path.is_file():
-        raise DataError(f"records file not found: {path}")
-    records = []
-    for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
-        if line.strip():
-            try:
-                record = json.loads(line)
-                records.append({"image": path.parent / record["image"], "question": record["question"],
-                                "answer": record["answer"]})
-            except (json.JSONDecodeError, KeyError, TypeError) as err:
-                raise DataError(f"{path}, line {number}: not an {{image, question, answer}} record ({err})") from err
-    return records
+    """The ``{image, question, answer}`` records of a JSON or JSONL file, image paths resolved."""
+    return [{**r, "image": record_image(path, r["image"])} for r in read_records(path)]
 
 
 def random_prompt_pool(pool: PromptPool, seed: int = 0) -> PromptPool:
@@ -76,11 +60,10 @@ def evaluate(server: PromptToolServer, records: list[dict], batch_size: int = 32
     table: dict[str, list[int]] = defaultdict(lambda: [0, 0, 0, 0])
     for start in range(0, len(records), batch_size):
         batch = records[start : start + batch_size]
-        images = [torch.from_numpy(np.asarray(open_rgb(r["image"]), dtype=np.uint8).copy()).permute(2, 0, 1)
-                  for r in batch]
+        images = [load_image_uint8(r["image"]) for r in batch]
         questions = [r["question"] for r in batch]
         with torch.no_grad():
-            plain = server.tool.answer(_NoPrompt(), images, questions)
+            plain = server.tool.answer(NoPrompt(), images, questions)
             pooled = server.answer(images, questions)
             random = control.answer(images, questions)
         for record, a, b, c in zip(batch, plain, pooled, random):

@@ -13,77 +13,16 @@ one message naming the file and the record.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-import torch
 from torch.utils.data import DataLoader
 
 from clova_train.core.errors import DataError
 from clova_train.datamodules.chunks import PromptTuningDataModule
 from clova_train.tools.blip_vqa import VqaInstance
-from clova_train.tools.images import check_image, open_rgb
-
-REQUIRED = ("image", "question", "answer")
-OPTIONAL = ("id", "val_question", "val_answer", "correct")
-
-
-def read_records(path: Path, required: tuple[str, ...] = REQUIRED) -> list[dict[str, Any]]:
-    """Records of a JSON list or JSONL file, each checked; errors name the file and the record number."""
-    if not path.is_file():
-        raise DataError(f"VQA records file not found: {path}")
-    try:
-        text = path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as err:
-        raise DataError(f"cannot read VQA records file {path}: {err}") from err
-    if not text.strip():
-        raise DataError(f"VQA records file {path} is empty")
-    records: list[tuple[str, Any]] = []
-    whole: Any = None
-    if text.lstrip().startswith("["):
-        try:
-            whole = json.loads(text)
-        except json.JSONDecodeError:
-            whole = None  # not one JSON document: read it as JSON lines
-    if isinstance(whole, list) and (not whole or any(isinstance(item, dict) for item in whole)):
-        records = [(f"record {i + 1}", item) for i, item in enumerate(whole)]
-    else:
-        for number, line in enumerate(text.splitlines(), 1):
-            if not line.strip():
-                continue
-            try:
-                records.append((f"line {number}", json.loads(line)))
-            except json.JSONDecodeError as err:
-                raise DataError(f"{path}, line {number}: not valid JSON ({err.msg})") from err
-    if not records:
-        raise DataError(f"VQA records file {path} holds no records")
-    checked = []
-    for where, record in records:
-        place = f"{path}, {where}"
-        if not isinstance(record, dict):
-            raise DataError(f"{place}: a record must be a JSON object, got {type(record).__name__}")
-        for key in required:
-            if key not in record:
-                raise DataError(f"{place}: missing field {key!r}")
-        for key in ("question", "answer", "val_question", "val_answer", "image", "id"):
-            if key in record and (not isinstance(record[key], str) or not record[key].strip()):
-                raise DataError(f"{place}: field {key!r} must be a non-empty string")
-        if "correct" in record and not isinstance(record["correct"], bool):
-            raise DataError(f"{place}: field 'correct' must be true or false")
-        checked.append({**record, "_where": place})
-    return checked
-
-
-def _image_path(records_file: Path, image: str, image_root: Path | None) -> Path:
-    path = Path(image)
-    return path if path.is_absolute() else (image_root or records_file.parent) / path
-
-
-def _load_uint8(path: Path) -> torch.Tensor:
-    return torch.from_numpy(np.asarray(open_rgb(path), dtype=np.uint8).copy()).permute(2, 0, 1)
-
+from clova_train.tools.images import check_image, load_image_uint8
+from clova_train.tools.vqa_records import read_records, record_image
 
 class VqaRecords:
     """Map-style dataset of :class:`VqaInstance`, one per record."""
@@ -93,7 +32,7 @@ class VqaRecords:
         self.instance_ids: list[str] = []
         self.images: list[Path] = []
         for number, record in enumerate(self.records, 1):
-            image = _image_path(path, record["image"], image_root)
+            image = record_image(path, record["image"], image_root)
             if not image.is_file():
                 raise DataError(f"{record['_where']}: image not found: {image}")
             check_image(image)
@@ -107,7 +46,7 @@ class VqaRecords:
         record = self.records[index]
         return VqaInstance(
             instance_id=self.instance_ids[index], concept=None, keep_unchanged=bool(record.get("correct", False)),
-            image=_load_uint8(self.images[index]), question=record["question"], answer=record["answer"],
+            image=load_image_uint8(self.images[index]), question=record["question"], answer=record["answer"],
             val_question=record.get("val_question", record["question"]),
             val_answer=record.get("val_answer", record["answer"]), source=record["_where"],
         )
@@ -116,7 +55,7 @@ class VqaRecords:
 class _EvalRecords:
     def __init__(self, path: Path, image_root: Path | None) -> None:
         self.records = read_records(path)
-        self.images = [_image_path(path, r["image"], image_root) for r in self.records]
+        self.images = [record_image(path, r["image"], image_root) for r in self.records]
         for record, image in zip(self.records, self.images):
             if not image.is_file():
                 raise DataError(f"{record['_where']}: image not found: {image}")
@@ -126,7 +65,7 @@ class _EvalRecords:
 
     def __getitem__(self, index: int) -> dict[str, Any]:
         record = self.records[index]
-        return {"image": _load_uint8(self.images[index]), "question": record["question"], "answer": record["answer"]}
+        return {"image": load_image_uint8(self.images[index]), "question": record["question"], "answer": record["answer"]}
 
 
 def collate_eval(items: list[dict[str, Any]]) -> dict[str, Any]:

@@ -45,7 +45,7 @@ from clova_train.core.atomic import write_json_atomic
 from clova_train.core.errors import ModelError, PoolError
 from clova_train.core.pool import PoolSpec, PromptPool
 from clova_train.tools.base import PromptTool
-from clova_train.tools.contracts import ChunkPlan, ChunkSource, GateResult, InstanceRecord, TrainingInstance
+from clova_train.tools.contracts import ChunkPlan, ChunkSource, InstanceRecord, TrainingInstance
 from clova_train.tools.serving import POOL_FILE, TOOL_FILE, PromptToolServer
 
 CHECKPOINT_KEY = "clova_train.prompt_tuning"
@@ -242,7 +242,6 @@ class PromptTuning(LightningModule):
         optimizer.state.clear()
 
         active = torch.ones(n, dtype=torch.bool, device=self.prompts.device)
-        outcome: list[GateResult | None] = [None] * n
         steps_taken = torch.zeros(n, dtype=torch.long)
         losses = torch.zeros(n)
         for step in range(1, self.steps + 1):
@@ -257,21 +256,16 @@ class PromptTuning(LightningModule):
             if self.early_stop_every and step % self.early_stop_every == 0 and step < self.steps:
                 with torch.no_grad():
                     quick = self.tool.quick_gate(context, self.prompts[:n].detach())
-                for i, result in enumerate(quick):
-                    if active[i] and result.passed:
-                        active[i] = False
+                active &= torch.tensor([not r.passed for r in quick], device=active.device)
                 if not active.any():
                     break
+        # Every instance is judged by the full gate; an early-stopped one on the prompt frozen when it passed.
         with torch.no_grad():
             final = self.tool.gate(context, self.prompts[:n].detach())
-        for i in range(n):
-            outcome[i] = final[i]
 
         prompts = self.prompts[:n].detach().float().cpu()
         records = []
-        for i, item in enumerate(chunk):
-            result = outcome[i]
-            assert result is not None
+        for i, (item, result) in enumerate(zip(chunk, final)):
             keep = result.passed or self.keep_rejected_prompts
             records.append(
                 InstanceRecord(

@@ -41,6 +41,13 @@ class PromptLookup(Protocol):
         ...
 
 
+class NoPrompt:
+    """The lookup that never gives a prompt: serving through it is the unmodified tool."""
+
+    def prompts_for(self, concept: str | None, features: torch.Tensor) -> None:
+        return None
+
+
 class PromptTool(nn.Module, ABC):
     """A frozen visual tool that takes learned prompts. Subclass it once per tool (see module docstring).
 

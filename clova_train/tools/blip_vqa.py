@@ -36,7 +36,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from clova_train.core.errors import DataError, ModelError
-from clova_train.tools.base import PromptLookup, PromptTool
+from clova_train.tools.base import NoPrompt, PromptLookup, PromptTool
 from clova_train.tools.contracts import GateResult, Rejection, TrainingInstance
 
 DEFAULT_MODEL = "Salesforce/blip-vqa-capfilt-large"
@@ -358,7 +358,7 @@ class BlipVqa(PromptTool):
     def evaluate(self, lookup: PromptLookup, batch: dict[str, Any]) -> dict[str, torch.Tensor]:
         """Exact-match accuracy (normalised text) of the answers, without prompts and with the pool."""
         gold = [normalise_answer(a) for a in batch["answers"]]
-        no_prompt = self.answer(_NoPrompt(), batch["images"], batch["questions"])
+        no_prompt = self.answer(NoPrompt(), batch["images"], batch["questions"])
         pooled = self.answer(lookup, batch["images"], batch["questions"])
         return {
             "accuracy_no_prompt": torch.tensor([a == g for a, g in zip(no_prompt, gold)], dtype=torch.float),
@@ -367,15 +367,14 @@ class BlipVqa(PromptTool):
 
     def serve_request(self, lookup: PromptLookup, request: dict[str, Any]) -> dict[str, Any]:
         """``{"image": path, "question": text}`` -> ``{"answer": text}``."""
-        from clova_train.tools.images import open_rgb
+        from clova_train.tools.images import load_image_uint8
 
         image, question = request.get("image"), request.get("question")
         if not isinstance(image, str) or not image:
             raise DataError("a VQA request needs 'image': a path")
         if not isinstance(question, str) or not question.strip():
             raise DataError("a VQA request needs 'question': a non-empty string")
-        rgb = torch.from_numpy(np.asarray(open_rgb(Path(image)), dtype=np.uint8).copy()).permute(2, 0, 1)
-        return {"answer": self.answer(lookup, [rgb], [question])[0]}
+        return {"answer": self.answer(lookup, [load_image_uint8(Path(image))], [question])[0]}
 
 
 def honour_cross_attention_masks(model: nn.Module) -> int:
@@ -419,11 +418,6 @@ def _mask_applied(model: nn.Module) -> bool:
     masked = decoder(input_ids=ids, encoder_hidden_states=extra, use_cache=False,
                      encoder_attention_mask=torch.tensor([[1, 1, 1, 0, 0]] * 2, device=device)).logits
     return torch.allclose(plain, masked, atol=1e-5)
-
-
-class _NoPrompt:
-    def prompts_for(self, concept: str | None, features: torch.Tensor) -> None:
-        return None
 
 
 def _pad_rows(rows: list[torch.Tensor], pad: int) -> torch.Tensor:

@@ -6,6 +6,7 @@ import warnings
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 from PIL import Image, UnidentifiedImageError
 
@@ -50,6 +51,11 @@ def load_image(path: Path, size: int) -> torch.Tensor:
     rgb = open_rgb(Path(path)).resize((size, size), Image.BICUBIC)
     data = torch.frombuffer(bytearray(rgb.tobytes()), dtype=torch.uint8)
     return data.view(size, size, 3).permute(2, 0, 1).float() / 255.0
+
+
+def load_image_uint8(path: Path) -> torch.Tensor:
+    """``[3, H, W]`` uint8 tensor of the image at ``path`` as stored (tools with their own processor)."""
+    return torch.from_numpy(np.asarray(open_rgb(Path(path)), dtype=np.uint8).copy()).permute(2, 0, 1)
 
 
 def load_images(paths: Any, size: int, field: str) -> torch.Tensor:

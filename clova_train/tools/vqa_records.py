@@ -1,0 +1,69 @@
+"""The VQA record format (JSON list or JSONL), read and checked without Lightning.
+
+A record is ``{"image", "question", "answer"}`` with optional ``"id"``, ``"val_question"``, ``"val_answer"``
+and ``"correct"`` (see ``clova_train.datamodules.vqa_records``). The datamodule and the serving demo both
+read records here; every error names the file and the record.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from clova_train.core.errors import DataError
+
+REQUIRED = ("image", "question", "answer")
+OPTIONAL = ("id", "val_question", "val_answer", "correct")
+
+
+def read_records(path: Path, required: tuple[str, ...] = REQUIRED) -> list[dict[str, Any]]:
+    """Records of a JSON list or JSONL file, each checked; errors name the file and the record number."""
+    if not path.is_file():
+        raise DataError(f"VQA records file not found: {path}")
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as err:
+        raise DataError(f"cannot read VQA records file {path}: {err}") from err
+    if not text.strip():
+        raise DataError(f"VQA records file {path} is empty")
+    records: list[tuple[str, Any]] = []
+    whole: Any = None
+    if text.lstrip().startswith("["):
+        try:
+            whole = json.loads(text)
+        except json.JSONDecodeError:
+            whole = None  # not one JSON document: read it as JSON lines
+    if isinstance(whole, list) and (not whole or any(isinstance(item, dict) for item in whole)):
+        records = [(f"record {i + 1}", item) for i, item in enumerate(whole)]
+    else:
+        for number, line in enumerate(text.splitlines(), 1):
+            if not line.strip():
+                continue
+            try:
+                records.append((f"line {number}", json.loads(line)))
+            except json.JSONDecodeError as err:
+                raise DataError(f"{path}, line {number}: not valid JSON ({err.msg})") from err
+    if not records:
+        raise DataError(f"VQA records file {path} holds no records")
+    checked = []
+    for where, record in records:
+        place = f"{path}, {where}"
+        if not isinstance(record, dict):
+            raise DataError(f"{place}: a record must be a JSON object, got {type(record).__name__}")
+        for key in required:
+            if key not in record:
+                raise DataError(f"{place}: missing field {key!r}")
+        for key in ("question", "answer", "val_question", "val_answer", "image", "id"):
+            if key in record and (not isinstance(record[key], str) or not record[key].strip()):
+                raise DataError(f"{place}: field {key!r} must be a non-empty string")
+        if "correct" in record and not isinstance(record["correct"], bool):
+            raise DataError(f"{place}: field 'correct' must be true or false")
+        checked.append({**record, "_where": place})
+    return checked
+
+
+def record_image(records_file: Path, image: str, image_root: Path | None = None) -> Path:
+    """Where a record's image is: absolute, or relative to ``image_root`` (default: the records file's folder)."""
+    path = Path(image)
+    return path if path.is_absolute() else (image_root or records_file.parent) / path
