@@ -81,6 +81,18 @@ class PoolSpec:
         return problems
 
 
+def ensemble_prompt(query: torch.Tensor, features: torch.Tensor, prompts: torch.Tensor) -> torch.Tensor:
+    """``sum_i w_i p_i / sum_i w_i`` with ``w_i = cos(query, f_i)`` (plain mean if the weights sum to <= 0).
+
+    For callers that choose the candidates themselves (the LOC tool keeps those it detects with).
+    """
+    weights = F.normalize(features.float(), dim=-1) @ F.normalize(query.float(), dim=-1)
+    flat = prompts.float().reshape(len(prompts), -1)
+    total = weights.sum()
+    result = (weights @ flat) / total if float(total) > 1e-6 else flat.mean(0)
+    return result.reshape(prompts.shape[1:])
+
+
 def _key(concept: object) -> object:
     """Pools of tools without concepts keep their prompts under ``None``, stored as the empty name."""
     return "" if concept is None else concept

@@ -40,11 +40,19 @@ class PromptLookup(Protocol):
         """``[q, *prompt_shape]`` ensembled prompts for queries with ``features`` ``[q, d]``, or ``None``."""
         ...
 
+    def candidates(self, concept: str | None) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """Every stored ``(features [n, d], prompts [n, *prompt_shape])`` of ``concept``, or ``None``
+        (for tools that choose among the candidates themselves, like LOC)."""
+        ...
+
 
 class NoPrompt:
     """The lookup that never gives a prompt: serving through it is the unmodified tool."""
 
     def prompts_for(self, concept: str | None, features: torch.Tensor) -> None:
+        return None
+
+    def candidates(self, concept: str | None) -> None:
         return None
 
 

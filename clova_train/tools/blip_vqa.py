@@ -24,13 +24,11 @@ embedding (vision hidden size); serving ensembles the top-20 by cosine.
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
 
-import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -38,6 +36,7 @@ from torch import nn
 from clova_train.core.errors import DataError, ModelError
 from clova_train.tools.base import NoPrompt, PromptLookup, PromptTool
 from clova_train.tools.contracts import GateResult, Rejection, TrainingInstance
+from clova_train.tools.pretrained import load_pretrained, processed_pixels, weights_fingerprint
 
 DEFAULT_MODEL = "Salesforce/blip-vqa-capfilt-large"
 
@@ -129,14 +128,7 @@ class BlipVqa(PromptTool):
             raise ModelError(f"top_k must be >= 1, got {top_k}")
         self.model_name, self.num_prompt_tokens, self.max_answer_tokens = model_name, num_prompt_tokens, max_answer_tokens
         self.top_k = top_k
-        local = Path(model_name).expanduser()
-        if (model_name.startswith((".", "/", "~")) or local.exists()) and not (local / "config.json").is_file():
-            raise ModelError(f"BLIP model directory {local} not found or has no config.json")
-        try:
-            model = BlipForQuestionAnswering.from_pretrained(model_name)
-            self.processor = BlipProcessor.from_pretrained(model_name)
-        except (OSError, ValueError, KeyError) as err:
-            raise ModelError(f"could not load BLIP VQA model {model_name!r}: {err}") from err
+        model, self.processor = load_pretrained(BlipForQuestionAnswering, BlipProcessor, model_name, "BLIP VQA")
         self.model = self.freeze(model)
         honour_cross_attention_masks(self.model)
         text = model.config.text_config
@@ -173,22 +165,13 @@ class BlipVqa(PromptTool):
         return 0.02
 
     def _fingerprint(self) -> str:
-        digest = hashlib.sha256()
-        state = self.model.state_dict()
-        for name in sorted(state):
-            digest.update(f"{name}:{tuple(state[name].shape)};".encode())
-        for name in ("vision_model.embeddings.class_embedding", "vision_model.post_layernorm.weight",
-                     "text_decoder.cls.predictions.bias", "text_encoder.embeddings.LayerNorm.weight"):
-            if name in state:
-                digest.update(state[name].detach().cpu().float().numpy().tobytes())
-        digest.update(str(len(self.processor.tokenizer)).encode())
-        return f"blip_vqa:{digest.hexdigest()[:16]}"
+        probes = ("vision_model.embeddings.class_embedding", "vision_model.post_layernorm.weight",
+                  "text_decoder.cls.predictions.bias", "text_encoder.embeddings.LayerNorm.weight")
+        return weights_fingerprint("blip_vqa", self.model, probes, len(self.processor.tokenizer))
 
     # ------------------------------------------------------------------ encoders (prompt-independent)
     def pixel_values(self, images: Sequence[torch.Tensor]) -> torch.Tensor:
-        arrays = [np.ascontiguousarray(image.permute(1, 2, 0).cpu().numpy()) for image in images]
-        values = self.processor.image_processor(images=arrays, return_tensors="pt")["pixel_values"]
-        return values.to(self.device)
+        return processed_pixels(self.processor.image_processor, images, self.device)
 
     def image_embeddings(self, pixel_values: torch.Tensor) -> torch.Tensor:
         return self.model.vision_model(pixel_values=pixel_values).last_hidden_state

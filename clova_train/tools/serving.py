@@ -84,6 +84,15 @@ class PromptToolServer:
             return None
         return self.pool.retrieve(concept, features, top_k=self.top_k).to(features.device)
 
+    def candidates(self, concept: str | None) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """The stored (features, prompts) of ``concept``, or ``None`` when it has none."""
+        if not self.tool.has_concepts:
+            concept = None
+        if concept not in self.pool:
+            return None
+        features, prompts, _ = self.pool.entry(concept)
+        return features, prompts
+
     def serve(self, request: dict[str, Any]) -> dict[str, Any]:
         """Answer one JSON request (its fields are the tool's; see the tool's ``serve_request``)."""
         with torch.no_grad():

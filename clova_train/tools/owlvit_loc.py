@@ -1,0 +1,377 @@
+"""OWL-ViT (transformers' ``OwlViTForObjectDetection``) as the LOC prompt tool (CLOVA supp. 9.2).
+
+Where the prompt enters: ``num_prompt_tokens`` vectors (paper: 100 x 768, the vision width) are appended to
+the vision encoder's input after its pre-layernorm and removed from its output, so the box and class heads
+see exactly the original class token and patch tokens. A prompt token that is exactly zero is masked out of
+attention: a zero prompt, and no prompt, are the unmodified detector.
+
+Queries per image: the concept, one other category present in the image and ``num_negatives`` (paper: 13)
+category names known to be absent, chosen with a generator seeded by the instance id. Text embeddings are
+prompt-independent and computed once per chunk.
+
+Loss: OWL-ViT's own (``detection_losses``): Hungarian matching, sigmoid focal classification loss, L1 and
+GIoU box losses. Adam 5e-4, up to 100 steps.
+
+Gate (paper): on the training image every positive query is detected (some patch whose best query it is
+scores >= ``score_threshold``, 0.1) and the mean IoU of the positive ground-truth boxes with their best
+detection exceeds ``gate_iou`` (0.6); on each held-out image of the instance, the same for the concept's
+boxes (the other classes there are not what the prompt was tuned for).
+
+Pool feature: the image's class embedding (the vision model's pooled, post-layernorm class token, without
+prompt). Serving (paper): the concept's stored prompts are the candidates; each runs on the query image and
+only those under which the concept scores above ``score_threshold`` are kept, then ensembled with cosine
+weights; if none is kept the detector runs unmodified.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, ClassVar
+
+import torch
+import torch.nn.functional as F
+from torchvision.ops import box_convert
+
+from clova_train.core.errors import DataError, ModelError
+from clova_train.core.pool import ensemble_prompt
+from clova_train.tools.base import NoPrompt, PromptLookup, PromptTool
+from clova_train.tools.contracts import GateResult, Rejection
+from clova_train.tools.detection_losses import BoxTargets, detection_losses
+from clova_train.tools.grounding import GroundedImage, GroundingInstance, best_box_iou, instance_rng, queries_for
+from clova_train.tools.pretrained import load_pretrained, processed_pixels, weights_fingerprint
+
+DEFAULT_MODEL = "google/owlvit-base-patch32"
+
+
+@dataclass
+class DetectionViews:
+    """Images prepared for prompted detection (everything that does not depend on the prompt)."""
+
+    embedded: torch.Tensor  # [m, 1 + P, D] vision tokens after the pre-layernorm
+    queries: torch.Tensor  # [m, Q, Dt] query embeddings, padded
+    query_mask: torch.Tensor  # [m, Q] True for real queries
+    query_ids: torch.Tensor  # [m * Q, T] token ids (all-zero rows for padding: the library's convention)
+    query_attention: torch.Tensor  # [m * Q, T]
+    pixel_values: torch.Tensor  # [m, 3, S, S]
+    names: list[list[str]]
+    positives: list[int]  # positive queries per view (the first ones)
+    targets: list[BoxTargets]  # normalised cxcywh boxes, labels index the view's queries
+    boxes: list[torch.Tensor]  # [t, 4] xyxy pixels of the same objects
+    sizes: list[tuple[int, int]]
+    sources: list[str]
+    owner: torch.Tensor  # [m] the instance (prompt row) of each view
+
+
+@dataclass
+class LocChunk:
+    """Prompt-independent tensors of one chunk: training views (one per instance) and held-out views."""
+
+    features: torch.Tensor  # [n, Dv]
+    train: DetectionViews
+    val: DetectionViews | None
+
+
+class OwlVitLoc(PromptTool):
+    """A frozen OWL-ViT detector whose vision encoder also attends to a learned prompt (LOC tool).
+
+    Args:
+        model_name: a hub id (``google/owlvit-base-patch32``) or a local directory with an
+            ``OwlViTForObjectDetection`` checkpoint and its processor, loaded with ``from_pretrained``.
+        num_prompt_tokens: prompt vectors appended to the vision encoder's input (paper: 100).
+        num_negatives: absent category names queried per image besides the positives (paper: 13).
+        score_threshold: a box is a detection when its query's sigmoid score reaches this (paper: 0.1).
+        gate_iou: the gate's mean IoU with the ground truth must exceed this (paper: 0.6).
+        max_candidates: serving runs at most this many of the concept's stored prompts (the most similar
+            by image feature) before filtering by confidence; ``None``: all of them (paper).
+    """
+
+    name: ClassVar[str] = "owlvit_loc"
+    default_lr: ClassVar[float] = 5e-4
+    default_steps: ClassVar[int] = 100
+    evaluation_metrics: ClassVar[tuple[str, ...]] = ("detected_no_prompt", "detected_pool")
+    served_operations: ClassVar[tuple[str, ...]] = ("detect",)
+
+    def __init__(
+        self,
+        model_name: str = DEFAULT_MODEL,
+        num_prompt_tokens: int = 100,
+        num_negatives: int = 13,
+        score_threshold: float = 0.1,
+        gate_iou: float = 0.6,
+        max_candidates: int | None = None,
+    ) -> None:
+        super().__init__()
+        from transformers import OwlViTForObjectDetection, OwlViTProcessor
+
+        if num_prompt_tokens < 1:
+            raise ModelError(f"num_prompt_tokens must be >= 1, got {num_prompt_tokens}")
+        if num_negatives < 0:
+            raise ModelError(f"num_negatives must be >= 0, got {num_negatives}")
+        if not 0 < score_threshold < 1 or not 0 < gate_iou < 1:
+            raise ModelError(f"score_threshold and gate_iou must be in (0, 1), got {score_threshold}, {gate_iou}")
+        if max_candidates is not None and max_candidates < 1:
+            raise ModelError(f"max_candidates must be >= 1 or null, got {max_candidates}")
+        self.model_name, self.num_prompt_tokens, self.num_negatives = model_name, num_prompt_tokens, num_negatives
+        self.score_threshold, self.gate_iou, self.max_candidates = score_threshold, gate_iou, max_candidates
+        model, self.processor = load_pretrained(OwlViTForObjectDetection, OwlViTProcessor, model_name, "OWL-ViT")
+        self.model = self.freeze(model)
+        self.width = int(model.config.vision_config.hidden_size)
+        self.max_text_length = int(model.config.text_config.max_position_embeddings)
+        self.identity = self._fingerprint()
+
+    # ------------------------------------------------------------------ description
+    @property
+    def prompt_shape(self) -> tuple[int, int]:
+        return (self.num_prompt_tokens, self.width)
+
+    @property
+    def feature_dim(self) -> int:
+        return self.width
+
+    def init_args(self) -> dict[str, Any]:
+        return {"model_name": self.model_name, "num_prompt_tokens": self.num_prompt_tokens,
+                "num_negatives": self.num_negatives, "score_threshold": self.score_threshold,
+                "gate_iou": self.gate_iou, "max_candidates": self.max_candidates}
+
+    def init_scale(self) -> float:
+        """Prompts start small (uniform in +-0.02) next to layer-normalised tokens: close to the unmodified tool."""
+        return 0.02
+
+    def _fingerprint(self) -> str:
+        probes = ("owlvit.vision_model.embeddings.class_embedding", "owlvit.vision_model.post_layernorm.weight",
+                  "box_head.dense2.weight", "class_head.dense0.weight", "owlvit.text_projection.weight")
+        return weights_fingerprint("owlvit_loc", self.model, probes, len(self.processor.tokenizer))
+
+    # ------------------------------------------------------------------ prompt-independent parts
+    def pixel_values(self, images: Sequence[torch.Tensor]) -> torch.Tensor:
+        return processed_pixels(self.processor.image_processor, images, self.device)
+
+    def embed_tokens(self, pixel_values: torch.Tensor) -> torch.Tensor:
+        vision = self.model.owlvit.vision_model
+        return vision.pre_layernorm(vision.embeddings(pixel_values))
+
+    def image_features(self, pixel_values: torch.Tensor) -> torch.Tensor:
+        """The pool feature: the pooled class embedding, without prompt."""
+        return self.model.owlvit.vision_model(pixel_values=pixel_values).pooler_output
+
+    def tokenize_queries(self, names: Sequence[Sequence[str]]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(ids ``[m * Q, T]``, attention ``[m * Q, T]``, mask ``[m, Q]``), padded queries all-zero ids."""
+        width = max(len(row) for row in names)
+        flat = [name for row in names for name in row]
+        tokens = self.processor.tokenizer(flat, padding="max_length", max_length=self.max_text_length,
+                                          truncation=True, return_tensors="pt")
+        ids = torch.zeros(len(names) * width, self.max_text_length, dtype=torch.long)
+        attention = torch.zeros_like(ids)
+        mask = torch.zeros(len(names), width, dtype=torch.bool)
+        k = 0
+        for i, row in enumerate(names):
+            for j in range(len(row)):
+                ids[i * width + j], attention[i * width + j] = tokens["input_ids"][k], tokens["attention_mask"][k]
+                mask[i, j] = True
+                k += 1
+        return ids.to(self.device), attention.to(self.device), mask.to(self.device)
+
+    def embed_queries(self, ids: torch.Tensor, attention: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        text = self.model.owlvit.get_text_features(input_ids=ids, attention_mask=attention).pooler_output
+        return text.reshape(*mask.shape, -1)
+
+    def views(self, images: Sequence[GroundedImage], names: list[list[str]], positives: list[int],
+              owner: Sequence[int]) -> DetectionViews:
+        pixel_values = self.pixel_values([item.image for item in images])
+        ids, attention, mask = self.tokenize_queries(names)
+        targets, boxes = [], []
+        for item, row in zip(images, names):
+            keep = [i for i, label in enumerate(item.labels) if label in row]
+            xyxy = item.boxes[keep].float()
+            height, width = item.size
+            scale = torch.tensor([width, height, width, height], dtype=torch.float)
+            targets.append(BoxTargets(torch.tensor([row.index(item.labels[i]) for i in keep], dtype=torch.long),
+                                      box_convert(xyxy / scale, "xyxy", "cxcywh")))
+            boxes.append(xyxy)
+        return DetectionViews(
+            self.embed_tokens(pixel_values), self.embed_queries(ids, attention, mask), mask, ids, attention,
+            pixel_values, names, positives, targets, boxes, [item.size for item in images],
+            [item.source for item in images], torch.as_tensor(list(owner), dtype=torch.long),
+        )
+
+    def check_instance(self, instance: GroundingInstance) -> None:
+        for image in (instance.train, *instance.val):
+            if not len(image.objects_of(instance.concept)):
+                raise DataError(f"{image.source}: no object of {instance.concept!r} in this image")
+
+    # ------------------------------------------------------------------ the prompted detector
+    def detect_tokens(self, embedded: torch.Tensor, prompts: torch.Tensor | None, queries: torch.Tensor,
+                      query_mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(logits ``[m, P, Q]``, boxes ``[m, P, 4]`` cxcywh) with ``prompts`` ``[m, K, D]`` (or none)."""
+        vision = self.model.owlvit.vision_model
+        tokens, attention = embedded, None
+        length = embedded.shape[1]
+        if prompts is not None:
+            expected = (embedded.shape[0], *self.prompt_shape)
+            if tuple(prompts.shape) != expected:
+                raise ModelError(f"prompts have shape {tuple(prompts.shape)}, expected {expected}")
+            prompts = prompts.to(embedded.dtype)
+            tokens = torch.cat([embedded, prompts], 1)
+            absent = (prompts == 0).all(-1)  # an all-zero token is no token
+            if bool(absent.any()):
+                keys = torch.cat([torch.zeros_like(embedded[..., 0], dtype=torch.bool), absent], 1)
+                attention = torch.zeros(keys.shape, dtype=embedded.dtype, device=embedded.device)
+                attention = attention.masked_fill(keys, torch.finfo(embedded.dtype).min)[:, None, None, :]
+        hidden = vision.encoder(inputs_embeds=tokens, attention_mask=attention).last_hidden_state[:, :length]
+        hidden = vision.post_layernorm(hidden)
+        merged = self.model.layer_norm(hidden[:, 1:] * hidden[:, :1])
+        side = int(round(merged.shape[1] ** 0.5))
+        feature_map = merged.reshape(merged.shape[0], side, side, merged.shape[-1])
+        logits = self.model.class_predictor(merged, queries, query_mask)[0]
+        boxes = self.model.box_predictor(merged, feature_map)
+        return logits, boxes
+
+    def _view_prompts(self, views: DetectionViews, prompts: torch.Tensor | None) -> torch.Tensor | None:
+        return None if prompts is None else prompts[views.owner.to(prompts.device)]
+
+    def detect_views(self, views: DetectionViews, prompts: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.detect_tokens(views.embedded, self._view_prompts(views, prompts), views.queries, views.query_mask)
+
+    def _detections(self, logits: torch.Tensor, boxes: torch.Tensor, mask: torch.Tensor, size: tuple[int, int],
+                    query: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """(pixel xyxy boxes, scores) of one view's detections of ``query``: best query and score >= threshold."""
+        scores = logits.float().sigmoid().masked_fill(~mask[None], 0.0)
+        best = scores.argmax(-1)
+        keep = (best == query) & (scores[:, query] >= self.score_threshold)
+        height, width = size
+        scale = torch.tensor([width, height, width, height], dtype=torch.float, device=boxes.device)
+        found = box_convert(boxes[keep].float(), "cxcywh", "xyxy") * scale
+        return torch.minimum(found.clamp_min(0), scale), scores[keep, query]
+
+    def _judge(self, views: DetectionViews, prompts: torch.Tensor | None, all_positives: bool) -> list[list[Rejection]]:
+        logits, boxes = self.detect_views(views, prompts)
+        verdicts = []
+        for v in range(len(views.names)):
+            positives = range(views.positives[v] if all_positives else 1)
+            problems, ious = [], []
+            for q in positives:
+                found, _ = self._detections(logits[v], boxes[v], views.query_mask[v], views.sizes[v], q)
+                objects = views.targets[v].labels == q
+                if not len(found):
+                    problems.append(Rejection("not detected", f"{views.names[v][q]!r} in {views.sources[v]}"))
+                ious.append(best_box_iou(found.cpu(), views.boxes[v][objects]))
+            mean_iou = float(torch.cat(ious).mean()) if ious else 0.0
+            if not problems and mean_iou <= self.gate_iou:
+                problems.append(Rejection("low IoU", f"mean IoU {mean_iou:.2f} <= {self.gate_iou} in {views.sources[v]}"))
+            verdicts.append(problems)
+        return verdicts
+
+    # ------------------------------------------------------------------ training hooks
+    def prepare(self, instances: Sequence[GroundingInstance]) -> LocChunk:
+        train_names, train_positives = [], []
+        for item in instances:
+            names, positives = queries_for(item.train, item.concept, self.num_negatives, instance_rng(item.instance_id, "train"))
+            train_names.append(names)
+            train_positives.append(positives)
+        train = self.views([item.train for item in instances], train_names, train_positives, range(len(instances)))
+        val_images, val_names, val_positives, owners = [], [], [], []
+        for i, item in enumerate(instances):
+            for j, image in enumerate(item.val):
+                names, positives = queries_for(image, item.concept, self.num_negatives,
+                                               instance_rng(item.instance_id, f"val{j}"))
+                val_images.append(image)
+                val_names.append(names)
+                val_positives.append(positives)
+                owners.append(i)
+        val = self.views(val_images, val_names, val_positives, owners) if val_images else None
+        return LocChunk(self.image_features(train.pixel_values), train, val)
+
+    def instance_losses(self, ctx: LocChunk, prompts: torch.Tensor) -> torch.Tensor:
+        logits, boxes = self.detect_views(ctx.train, prompts)
+        return detection_losses(logits, boxes, ctx.train.query_mask, ctx.train.targets)
+
+    def gate(self, ctx: LocChunk, prompts: torch.Tensor) -> list[GateResult]:
+        problems = self._judge(ctx.train, prompts, all_positives=True)
+        if ctx.val is not None:
+            for v, found in enumerate(self._judge(ctx.val, prompts, all_positives=False)):
+                problems[int(ctx.val.owner[v])].extend(found)
+        return [GateResult(tuple(p)) for p in problems]
+
+    def pool_features(self, ctx: LocChunk) -> torch.Tensor:
+        return ctx.features
+
+    def unmodified_outputs(self, ctx: LocChunk) -> torch.Tensor:
+        """OWL-ViT's own forward on the training views: sigmoid scores and boxes."""
+        views = ctx.train
+        out = self.model(input_ids=views.query_ids, attention_mask=views.query_attention, pixel_values=views.pixel_values)
+        return torch.cat([out.logits.float().sigmoid().flatten(1), out.pred_boxes.flatten(1)], 1)
+
+    def prompted_outputs(self, ctx: LocChunk, prompts: torch.Tensor | None) -> torch.Tensor:
+        logits, boxes = self.detect_views(ctx.train, prompts)
+        return torch.cat([logits.float().sigmoid().flatten(1), boxes.flatten(1)], 1)
+
+    # ------------------------------------------------------------------ serving
+    def prompt_for_image(self, lookup: PromptLookup, concept: str, embedded: torch.Tensor, feature: torch.Tensor,
+                         queries: torch.Tensor, query_mask: torch.Tensor) -> torch.Tensor | None:
+        """The paper's LOC ensemble for one image: keep the concept's stored prompts under which it is detected
+        (score above the threshold), ensemble those by cosine; ``None`` when there are none."""
+        stored = lookup.candidates(concept)
+        if stored is None:
+            return None
+        features, prompts = stored
+        if self.max_candidates is not None and len(prompts) > self.max_candidates:
+            top = F.cosine_similarity(features, feature.cpu()[None].float(), dim=-1).topk(self.max_candidates).indices
+            features, prompts = features[top], prompts[top]
+        m = len(prompts)
+        logits, _ = self.detect_tokens(embedded.expand(m, -1, -1), prompts.to(embedded), queries.expand(m, -1, -1),
+                                       query_mask.expand(m, -1))
+        confident = logits[..., 0].float().sigmoid().amax(-1) > self.score_threshold
+        if not bool(confident.any()):
+            return None
+        keep = confident.cpu()
+        return ensemble_prompt(feature.cpu().float(), features[keep], prompts[keep]).to(embedded)
+
+    def detect(self, lookup: PromptLookup, images: Sequence[torch.Tensor], concept: str,
+               other_queries: Sequence[str] = ()) -> list[dict[str, Any]]:
+        """Boxes of ``concept`` in each image (``[3, H, W]`` uint8), with the pool's prompt for it.
+
+        Returns, per image, ``{"boxes": [[x0, y0, x1, y1], ...] (pixels), "scores": [...], "prompted": bool}``;
+        ``other_queries`` compete with the concept for each box (a box is the concept's when it is its best query).
+        """
+        if not images or not isinstance(concept, str) or not concept.strip():
+            raise DataError("detect needs at least one image and a concept name")
+        names = [concept, *other_queries]
+        ids, attention, mask = self.tokenize_queries([names])
+        queries = self.embed_queries(ids, attention, mask)
+        results = []
+        for image in images:
+            pixel_values = self.pixel_values([image])
+            embedded = self.embed_tokens(pixel_values)
+            feature = self.image_features(pixel_values)[0]
+            prompt = self.prompt_for_image(lookup, concept, embedded, feature, queries, mask)
+            logits, boxes = self.detect_tokens(embedded, None if prompt is None else prompt[None], queries, mask)
+            found, scores = self._detections(logits[0], boxes[0], mask[0], (int(image.shape[1]), int(image.shape[2])), 0)
+            order = scores.argsort(descending=True)
+            results.append({"boxes": found[order].tolist(), "scores": scores[order].tolist(), "prompted": prompt is not None})
+        return results
+
+    def evaluate(self, lookup: PromptLookup, batch: list[tuple[GroundedImage, str]]) -> dict[str, torch.Tensor]:
+        """Per image, whether the concept is detected with mean IoU above ``gate_iou`` (without / with the pool)."""
+        values: dict[str, list[float]] = {"detected_no_prompt": [], "detected_pool": []}
+        for key, source in (("detected_no_prompt", NoPrompt()), ("detected_pool", lookup)):
+            for image, concept in batch:
+                found = self.detect(source, [image.image], concept)[0]
+                iou = best_box_iou(torch.tensor(found["boxes"]).reshape(-1, 4), image.boxes[image.objects_of(concept)])
+                values[key].append(float(bool(found["boxes"]) and float(iou.mean()) > self.gate_iou))
+        return {k: torch.tensor(v) for k, v in values.items()}
+
+    def serve_request(self, lookup: PromptLookup, request: dict[str, Any]) -> dict[str, Any]:
+        """``{"image": path, "concept": name, "other_queries": [names]}`` -> ``{"boxes", "scores", "prompted"}``."""
+        from clova_train.tools.images import load_image_uint8
+
+        image, concept = request.get("image"), request.get("concept")
+        others = request.get("other_queries", [])
+        if not isinstance(image, str) or not image:
+            raise DataError("a LOC request needs 'image': a path")
+        if not isinstance(concept, str) or not concept.strip():
+            raise DataError("a LOC request needs 'concept': a non-empty string")
+        if not isinstance(others, list) or not all(isinstance(o, str) for o in others):
+            raise DataError("'other_queries' must be a list of strings")
+        return self.detect(lookup, [load_image_uint8(Path(image))], concept, others)[0]
