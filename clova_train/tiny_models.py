@@ -388,6 +388,8 @@ def pretrain_owlvit(model: torch.nn.Module, processor: object, steps: int, batch
                     lr: float = 3e-4, log_every: int = 0) -> None:
     """Train every weight to detect the shapes of :data:`GROUNDING_PRETRAIN_COLOURS` by name (OWL-ViT losses)."""
     from clova_train.synthetic.grounding import category_name, scene_targets
+    from torchvision.ops import box_convert
+
     from clova_train.tools.detection_losses import BoxTargets, detection_losses
 
     rng = np.random.default_rng(seed)
@@ -402,9 +404,7 @@ def pretrain_owlvit(model: torch.nn.Module, processor: object, steps: int, batch
         targets = []
         for scene in scenes:
             labels, boxes, _ = scene_targets(scene, names)
-            xyxy = torch.from_numpy(boxes) / image_size
-            cxcywh = torch.stack([(xyxy[:, 0] + xyxy[:, 2]) / 2, (xyxy[:, 1] + xyxy[:, 3]) / 2,
-                                  xyxy[:, 2] - xyxy[:, 0], xyxy[:, 3] - xyxy[:, 1]], -1)
+            cxcywh = box_convert(torch.from_numpy(boxes) / image_size, "xyxy", "cxcywh")
             targets.append(BoxTargets(torch.tensor(labels, dtype=torch.long), cxcywh))
         ids = text["input_ids"].repeat(batch_size, 1)
         mask = text["attention_mask"].repeat(batch_size, 1)
@@ -416,7 +416,7 @@ def pretrain_owlvit(model: torch.nn.Module, processor: object, steps: int, batch
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         optimizer.step()
         if log_every and step % log_every == 0:
-            print(f"owlvit pretrain step {step}: loss {float(loss):.3f}")
+            print(f"owlvit pretrain step {step}: loss {loss.item():.3f}")
     model.eval()
 
 

@@ -245,10 +245,6 @@ class _EvalImages:
         return self.annotations.grounded_image(self.ids[index]), self.concept
 
 
-def keep_list(items: list) -> list:
-    return items
-
-
 class GroundingDataModule(PromptTuningDataModule):
     """COCO / LVIS annotations of one concept -> per-image instances for LOC or SEG prompt tuning.
 
@@ -311,7 +307,7 @@ class GroundingDataModule(PromptTuningDataModule):
         if not split.eval_ids:
             raise DataError("validate/test need data.init_args.num_eval_images > 0 (held-out images of the concept)")
         return DataLoader(_EvalImages(annotations, split.eval_ids, split.concept), batch_size=self.eval_batch_size,
-                          num_workers=self.num_workers, collate_fn=keep_list)
+                          num_workers=self.num_workers, collate_fn=list)
 
     def val_dataloader(self) -> DataLoader | list:
         return self._eval_loader() if self.num_eval_images else []

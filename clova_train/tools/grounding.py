@@ -80,13 +80,6 @@ def queries_for(image: GroundedImage, concept: str, num_negatives: int, rng: np.
     return positives + [pool[int(i)] for i in chosen], len(positives)
 
 
-def mask_iou(predicted: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
-    """IoU of boolean masks ``[k, H, W]`` and ``[k, H, W]``, pairwise by index (1 where both are empty)."""
-    inter = (predicted & target).flatten(1).sum(-1).float()
-    union = (predicted | target).flatten(1).sum(-1).float()
-    return torch.where(union > 0, inter / union.clamp_min(1), torch.ones_like(union))
-
-
 def best_box_iou(predicted: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
     """For each target box ``[t, 4]``, the best IoU with any predicted box ``[p, 4]`` (0 without predictions)."""
     if predicted.numel() == 0:

@@ -152,9 +152,11 @@ class OwlVitLoc(PromptTool):
         vision = self.model.owlvit.vision_model
         return vision.pre_layernorm(vision.embeddings(pixel_values))
 
-    def image_features(self, pixel_values: torch.Tensor) -> torch.Tensor:
-        """The pool feature: the pooled class embedding, without prompt."""
-        return self.model.owlvit.vision_model(pixel_values=pixel_values).pooler_output
+    def image_features(self, embedded: torch.Tensor) -> torch.Tensor:
+        """The pool feature of images embedded by :meth:`embed_tokens`: the vision model's pooled output
+        (post-layernormed class token), without prompt."""
+        vision = self.model.owlvit.vision_model
+        return vision.post_layernorm(vision.encoder(inputs_embeds=embedded).last_hidden_state[:, 0])
 
     def tokenize_queries(self, names: Sequence[Sequence[str]]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """(ids ``[m * Q, T]``, attention ``[m * Q, T]``, mask ``[m, Q]``), padded queries all-zero ids."""
@@ -264,24 +266,22 @@ class OwlVitLoc(PromptTool):
         return verdicts
 
     # ------------------------------------------------------------------ training hooks
-    def prepare(self, instances: Sequence[GroundingInstance]) -> LocChunk:
-        train_names, train_positives = [], []
-        for item in instances:
-            names, positives = queries_for(item.train, item.concept, self.num_negatives, instance_rng(item.instance_id, "train"))
-            train_names.append(names)
-            train_positives.append(positives)
-        train = self.views([item.train for item in instances], train_names, train_positives, range(len(instances)))
-        val_images, val_names, val_positives, owners = [], [], [], []
+    def _queried_views(self, instances: Sequence[GroundingInstance], held_out: bool) -> DetectionViews | None:
+        """Views of the instances' training images (or of their held-out images), each with its queries."""
+        images, names, positives, owners = [], [], [], []
         for i, item in enumerate(instances):
-            for j, image in enumerate(item.val):
-                names, positives = queries_for(image, item.concept, self.num_negatives,
-                                               instance_rng(item.instance_id, f"val{j}"))
-                val_images.append(image)
-                val_names.append(names)
-                val_positives.append(positives)
+            chosen = [(f"val{j}", image) for j, image in enumerate(item.val)] if held_out else [("train", item.train)]
+            for purpose, image in chosen:
+                row, count = queries_for(image, item.concept, self.num_negatives, instance_rng(item.instance_id, purpose))
+                images.append(image)
+                names.append(row)
+                positives.append(count)
                 owners.append(i)
-        val = self.views(val_images, val_names, val_positives, owners) if val_images else None
-        return LocChunk(self.image_features(train.pixel_values), train, val)
+        return self.views(images, names, positives, owners) if images else None
+
+    def prepare(self, instances: Sequence[GroundingInstance]) -> LocChunk:
+        train = self._queried_views(instances, held_out=False)
+        return LocChunk(self.image_features(train.embedded), train, self._queried_views(instances, held_out=True))
 
     def instance_losses(self, ctx: LocChunk, prompts: torch.Tensor) -> torch.Tensor:
         logits, boxes = self.detect_views(ctx.train, prompts)
@@ -344,7 +344,7 @@ class OwlVitLoc(PromptTool):
         for image in images:
             pixel_values = self.pixel_values([image])
             embedded = self.embed_tokens(pixel_values)
-            feature = self.image_features(pixel_values)[0]
+            feature = self.image_features(embedded)[0]
             prompt = self.prompt_for_image(lookup, concept, embedded, feature, queries, mask)
             logits, boxes = self.detect_tokens(embedded, None if prompt is None else prompt[None], queries, mask)
             found, scores = self._detections(logits[0], boxes[0], mask[0], (int(image.shape[1]), int(image.shape[2])), 0)
