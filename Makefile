@@ -9,8 +9,12 @@ TINY_CLIP := checkpoints/models/tiny-clip
 TINY_LLAMA := checkpoints/models/tiny-llama
 TINY_BLIP := checkpoints/models/tiny-blip
 VQA_RUN := checkpoints/quickstart_vqa
+TINY_OWLVIT := checkpoints/models/tiny-owlvit
+LOC_RUN := checkpoints/quickstart_loc
+TINY_MASKFORMER := checkpoints/models/tiny-maskformer
+SEG_RUN := checkpoints/quickstart_seg
 
-.PHONY: demo demo-vqa demo-llm demo-controller test install benchmark clean
+.PHONY: demo demo-vqa demo-loc demo-seg demo-llm demo-controller test install benchmark clean
 
 install: $(STAMP)
 
@@ -22,7 +26,7 @@ $(STAMP): setup.cfg setup.py
 	touch $(STAMP)
 
 $(TINY_CLIP)/open_clip_config.json: | $(STAMP)
-	$(BIN)/clova-train tiny-model clip $(TINY_CLIP)
+	$(BIN)/clova-train tiny-model clip $(TINY_CLIP) --pretrain-steps 200
 
 demo: $(STAMP) $(TINY_CLIP)/open_clip_config.json
 	$(BIN)/clova-train fit --config configs/quickstart/clip_prompt.yaml --model.init_args.on_existing_pool=overwrite
@@ -39,6 +43,28 @@ demo-vqa: $(STAMP) $(TINY_BLIP)/config.json
 	$(BIN)/clova-train export $(VQA_RUN) --output $(VQA_RUN)/export
 	$(BIN)/python -m clova_train.demo_vqa $(VQA_RUN)/export
 	$(BIN)/clova-train serve $(VQA_RUN)/export --request '{"image": "checkpoints/data/synthetic_vqa/images/eval_orange_000.png", "question": "what colour is the circle?"}'
+
+# The LOC prompt tool (OWL-ViT): fit on a tiny detector and synthetic COCO-format scenes, export, then serve
+# held-out images without Lightning (detection rate without prompts, with the pool, with a random-prompt
+# pool; a picture with the boxes drawn) and one JSON request.
+$(TINY_OWLVIT)/config.json: | $(STAMP)
+	$(BIN)/clova-train tiny-model owlvit $(TINY_OWLVIT)
+
+demo-loc: $(STAMP) $(TINY_OWLVIT)/config.json
+	$(BIN)/clova-train fit --config configs/quickstart/loc_prompt.yaml --model.init_args.on_existing_pool=overwrite
+	$(BIN)/clova-train export $(LOC_RUN) --output $(LOC_RUN)/export
+	$(BIN)/python -m clova_train.demo_grounding $(LOC_RUN)/export
+	$(BIN)/clova-train serve $(LOC_RUN)/export --request '{"image": "checkpoints/data/synthetic_loc/images/00001.png", "concept": "purple circle", "other_queries": ["red square", "blue triangle"]}'
+
+# The SEG prompt tool (MaskFormer): the same on a tiny MaskFormer; the picture has the masks drawn.
+$(TINY_MASKFORMER)/config.json: | $(STAMP)
+	$(BIN)/clova-train tiny-model maskformer $(TINY_MASKFORMER)
+
+demo-seg: $(STAMP) $(TINY_MASKFORMER)/config.json
+	$(BIN)/clova-train fit --config configs/quickstart/seg_prompt.yaml --model.init_args.on_existing_pool=overwrite
+	$(BIN)/clova-train export $(SEG_RUN) --output $(SEG_RUN)/export
+	$(BIN)/python -m clova_train.demo_grounding $(SEG_RUN)/export
+	$(BIN)/clova-train serve $(SEG_RUN)/export --request '{"image": "checkpoints/data/synthetic_seg/images/00001.png", "concept": "purple circle"}'
 
 # The tool-using LLM quickstart (LoRA on a tiny Llama, synthetic GPT4Tools data, CPU).
 $(TINY_LLAMA)/config.json: | $(STAMP)
@@ -60,6 +86,9 @@ test: $(STAMP)
 benchmark: $(STAMP)
 	$(BIN)/python benchmarks/pool_retrieval.py
 	$(BIN)/python benchmarks/prompt_tuning.py
+	$(BIN)/python benchmarks/prompt_tuning.py --tool vqa
+	$(BIN)/python benchmarks/prompt_tuning.py --tool loc
+	$(BIN)/python benchmarks/prompt_tuning.py --tool seg
 	$(BIN)/python benchmarks/lora_finetune.py
 	$(BIN)/python benchmarks/controller.py
 

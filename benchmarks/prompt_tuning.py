@@ -1,4 +1,5 @@
-"""Per-instance prompt tuning (CLIP or BLIP VQA): our engine against two sequential baselines, in one run.
+"""Per-instance prompt tuning (CLIP, BLIP VQA, OWL-ViT LOC, MaskFormer SEG): our engine against two
+sequential baselines, in one run.
 
 Methods (same model, data, steps, learning rate, initial prompts and threads):
 
@@ -12,7 +13,11 @@ Methods (same model, data, steps, learning rate, initial prompts and threads):
   prompted tool run on the validation images. VQA (its BLIP prompt training): one instance at a time, the
   whole model (image encoder, question encoder, answer decoder) re-run every step with weights that still
   require gradients, and greedy generation of the answer after every step (the public code's early-stop
-  check; here its result is ignored so that every method takes the same number of steps).
+  check; here its result is ignored so that every method takes the same number of steps). LOC (its
+  OWL-ViT prompt training): one image at a time, the whole detector (vision encoder from the pixels, text
+  encoder for the queries) re-run every step with weights that require gradients, and the pass check after
+  every step (ignored, as above). SEG (its MaskFormer prompt training): the same without the check (the
+  public code had no validation).
 * ``sequential``: a fair sequential loop: one instance at a time, but with frozen weights, the
   prompt-independent work done once per instance and the same prompted forward as the engine.
 
@@ -25,6 +30,8 @@ the engine's (max absolute difference). Results are appended to ``benchmarks/res
 
     python benchmarks/prompt_tuning.py                      # CLIP, CPU defaults
     python benchmarks/prompt_tuning.py --tool vqa           # BLIP VQA
+    python benchmarks/prompt_tuning.py --tool loc           # OWL-ViT (LOC)
+    python benchmarks/prompt_tuning.py --tool seg           # MaskFormer (SEG)
     python benchmarks/prompt_tuning.py --device cuda --chunk-size 32 --instances 64 --model ViT-B-16
 """
 
@@ -62,9 +69,30 @@ def _peak_rss_mb() -> float:
 BENCH_BLIP = {"image_size": 64, "hidden_size": 128, "layers": 4}
 
 
+# OWL-ViT and MaskFormer of the real architectures at CPU-friendly sizes (random weights).
+BENCH_OWLVIT = {"image_size": 64, "width": 128, "layers": 4}
+BENCH_MASKFORMER = {"image_size": 64, "width": 64, "num_queries": 32}
+GROUNDING_CONCEPT = "purple circle"
+GROUNDING_VAL_IMAGES = 4
+
+
 def _build(args: argparse.Namespace, workdir: Path) -> tuple[str, Path]:
     from clova_train.synthetic.shapes import write_concept_folders
     from clova_train.tiny_models import make_tiny_clip
+
+    if args.tool in ("loc", "seg"):
+        from clova_train.synthetic.grounding import write_coco_scenes
+        from clova_train.tiny_models import build_tiny_maskformer, build_tiny_owlvit
+
+        if args.tool == "loc":
+            model, processor = build_tiny_owlvit(seed=0, **BENCH_OWLVIT)
+        else:
+            model, processor = build_tiny_maskformer(seed=0, **BENCH_MASKFORMER)
+        model.save_pretrained(workdir / args.tool)
+        processor.save_pretrained(workdir / args.tool)
+        data = write_coco_scenes(workdir / "data", [GROUNDING_CONCEPT], args.instances + GROUNDING_VAL_IMAGES,
+                                 objects_per_image=2, image_size=64, seed=0)
+        return str(workdir / args.tool), data
 
     if args.tool == "vqa":
         from clova_train.synthetic.vqa import write_vqa_records
@@ -97,6 +125,14 @@ def _module(args: argparse.Namespace, model_name: str):
         from clova_train.tools.blip_vqa import BlipVqa
 
         tool = BlipVqa(model_name, num_prompt_tokens=args.prompt_tokens, max_answer_tokens=4)
+    elif args.tool == "loc":
+        from clova_train.tools.owlvit_loc import OwlVitLoc
+
+        tool = OwlVitLoc(model_name, num_prompt_tokens=args.prompt_tokens)
+    elif args.tool == "seg":
+        from clova_train.tools.maskformer_seg import MaskFormerSeg
+
+        tool = MaskFormerSeg(model_name, num_prompt_tokens=args.prompt_tokens, object_threshold=0.0)
     else:
         from clova_train.tools.clip import PromptedClip
 
@@ -109,6 +145,11 @@ def _datamodule(args: argparse.Namespace, data: Path, chunk_size: int):
         from clova_train.datamodules import VqaRecordDataModule
 
         dm = VqaRecordDataModule(str(data / "train.jsonl"), chunk_size=chunk_size)
+    elif args.tool in ("loc", "seg"):
+        from clova_train.datamodules import GroundingDataModule
+
+        dm = GroundingDataModule(str(data / "annotations.json"), GROUNDING_CONCEPT, max_images=args.instances,
+                                 num_val_images=GROUNDING_VAL_IMAGES, chunk_size=chunk_size)
     else:
         from clova_train.datamodules import ConceptFolderDataModule
 
@@ -129,7 +170,9 @@ def run_engine(args: argparse.Namespace, model_name: str, data: Path, out: Path)
     module = _module(args, model_name).to(args.device)
     dm = _datamodule(args, data, args.chunk_size)
     ids = dm.instances.instance_ids[: args.instances]
-    if args.tool == "vqa":
+    if args.tool in ("loc", "seg"):
+        pass  # the datamodule already holds exactly args.instances training images
+    elif args.tool == "vqa":
         dm.instances.records = dm.instances.records[: args.instances]
         dm.instances.images = dm.instances.images[: args.instances]
     else:
@@ -231,10 +274,30 @@ def _reference_vqa_prompt(module, item, device: str) -> torch.Tensor:
     return prompt.detach()[0].cpu()
 
 
+def _reference_grounding_prompt(module, item, device: str) -> torch.Tensor:
+    tool = module.tool
+    tool.model.requires_grad_(True)  # the public code never froze the tool
+    prompt = module.init_prompt(item.instance_id).float().to(device)[None].requires_grad_()
+    optimizer = torch.optim.Adam([prompt], lr=module.lr)
+    for _ in range(module.steps):
+        ctx = tool.prepare([item])  # the whole model from the pixels (and the query texts), every step
+        loss = tool.instance_losses(ctx, prompt).sum()
+        optimizer.zero_grad()
+        tool.model.zero_grad()
+        loss.backward()
+        optimizer.step()
+        if module.tool.name == "owlvit_loc":
+            with torch.no_grad():  # the pass check after every step
+                tool.gate(ctx, prompt)
+    return prompt.detach()[0].cpu()
+
+
 def run_loop(args: argparse.Namespace, model_name: str, data: Path, kind: str) -> dict:
     module = _module(args, model_name).to(args.device)
     dm = _datamodule(args, data, 1)
-    if args.tool == "vqa":
+    if args.tool in ("loc", "seg"):
+        step = _reference_grounding_prompt if kind == "reference" else _fair_vqa_prompt  # prepare once, then tune
+    elif args.tool == "vqa":
         step = _reference_vqa_prompt if kind == "reference" else _fair_vqa_prompt
     else:
         step = _reference_prompt if kind == "reference" else _fair_prompt
@@ -290,13 +353,13 @@ def measure(kind: str, args: argparse.Namespace, model_name: str, data: Path, wo
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--tool", choices=["clip", "vqa"], default="clip", help="which prompt tool to tune")
+    parser.add_argument("--tool", choices=["clip", "vqa", "loc", "seg"], default="clip", help="which prompt tool to tune")
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--instances", type=int, default=16)
     parser.add_argument("--chunk-size", type=int, default=16)
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--prompt-tokens", type=int, default=16)
-    parser.add_argument("--lr", type=float, default=None, help="default: 1e-2 (CLIP), 1e-3 (VQA)")
+    parser.add_argument("--lr", type=float, default=None, help="default: the paper's (CLIP 1e-2, VQA 1e-3, LOC 5e-4, SEG 1e-1)")
     parser.add_argument("--image-size", type=int, default=64)
     parser.add_argument("--threads", type=int, default=torch.get_num_threads())
     parser.add_argument("--repeats", type=int, default=2, help="runs per method; the fastest counts")
@@ -304,7 +367,7 @@ def main() -> None:
     parser.add_argument("--no-record", action="store_true", help="print only; do not append to the results file")
     args = parser.parse_args()
     if args.lr is None:
-        args.lr = 1e-3 if args.tool == "vqa" else 1e-2
+        args.lr = {"vqa": 1e-3, "loc": 5e-4, "seg": 1e-1}.get(args.tool, 1e-2)
 
     with tempfile.TemporaryDirectory() as tmp:
         workdir = Path(tmp)
@@ -330,6 +393,16 @@ def main() -> None:
         what = (f"tool BLIP VQA (BlipForQuestionAnswering, hidden {b['hidden_size']}, {b['layers']} layers per tower, "
                 f"image {b['image_size']}px, patch 8), {args.prompt_tokens} prompt tokens, {args.steps} steps, "
                 f"{args.instances} instances (one question each)")
+    elif args.tool == "loc":
+        b = BENCH_OWLVIT
+        what = (f"tool OWL-ViT LOC (OwlViTForObjectDetection, width {b['width']}, {b['layers']} vision layers, "
+                f"image {b['image_size']}px, patch 8), {args.prompt_tokens} prompt tokens, up to 15 queries per image, "
+                f"{args.steps} steps, {args.instances} instances (+1 held-out image each)")
+    elif args.tool == "seg":
+        b = BENCH_MASKFORMER
+        what = (f"tool MaskFormer SEG (MaskFormerForInstanceSegmentation, tiny Swin, decoder width {b['width']}, "
+                f"{b['num_queries']} queries, image {b['image_size']}px), {args.prompt_tokens} prompt tokens, "
+                f"{args.steps} steps, {args.instances} instances (+1 held-out image each)")
     else:
         model = args.model or "small ViT (width 256, 6 blocks, patch 8)"
         what = (f"tool CLIP, model {model}, image {args.image_size}px, {args.prompt_tokens} prompt tokens x 3 blocks, "

@@ -98,31 +98,36 @@ def run_serve(args: Sequence[str]) -> None:
 
 
 def run_tiny_model(args: Sequence[str]) -> None:
-    from clova_train.tiny_models import make_tiny_blip, make_tiny_clip, make_tiny_llama, make_tiny_owlvit, tool_corpus
+    from clova_train.tiny_models import (
+        make_tiny_blip, make_tiny_clip, make_tiny_llama, make_tiny_maskformer, make_tiny_owlvit, tool_corpus,
+    )
 
     parser = argparse.ArgumentParser(
         prog="clova-train tiny-model",
         description="Write a tiny random-weight model of a real architecture, loadable by the normal loading code.",
     )
-    parser.add_argument("tool", choices=["clip", "blip", "owlvit", "llama"],
-                        help="CLIP (open_clip), BLIP VQA, OWL-ViT detection or Llama (transformers)")
+    parser.add_argument("tool", choices=["clip", "blip", "owlvit", "maskformer", "llama"],
+                        help="CLIP (open_clip), BLIP VQA, OWL-ViT detection, MaskFormer segmentation or Llama (transformers)")
     parser.add_argument("output", help="directory to write")
     parser.add_argument("--seed", type=int, default=0, help="weight initialisation and pretraining seed")
     parser.add_argument(
-        "--pretrain-steps", type=int, default=200,
-        help="pretraining steps (CLIP: contrastive, on synthetic shapes; BLIP: answers to questions about "
-        "synthetic shapes; OWL-ViT: detecting named shapes; Llama: next-token, on tool prompts without responses); 0 keeps random weights",
+        "--pretrain-steps", type=int, default=None,
+        help="pretraining steps (default: each model's own, enough for its quickstart; CLIP: contrastive, on synthetic shapes; BLIP: answers to questions about "
+        "synthetic shapes; OWL-ViT: detecting named shapes; MaskFormer: segmenting shapes of four colours; Llama: next-token, on tool prompts without responses); 0 keeps random weights",
     )
     parsed = parser.parse_args(list(args))
+    steps = {} if parsed.pretrain_steps is None else {"pretrain_steps": parsed.pretrain_steps}
     if parsed.tool == "clip":
-        out = make_tiny_clip(parsed.output, seed=parsed.seed, pretrain_steps=parsed.pretrain_steps)
+        out = make_tiny_clip(parsed.output, seed=parsed.seed, **steps)
     elif parsed.tool == "blip":
-        out = make_tiny_blip(parsed.output, seed=parsed.seed, pretrain_steps=parsed.pretrain_steps)
+        out = make_tiny_blip(parsed.output, seed=parsed.seed, **steps)
     elif parsed.tool == "owlvit":
-        out = make_tiny_owlvit(parsed.output, seed=parsed.seed, pretrain_steps=parsed.pretrain_steps)
+        out = make_tiny_owlvit(parsed.output, seed=parsed.seed, **steps)
+    elif parsed.tool == "maskformer":
+        out = make_tiny_maskformer(parsed.output, seed=parsed.seed, **steps)
     else:
         texts, prompts = tool_corpus(parsed.seed)
-        out = make_tiny_llama(parsed.output, texts, prompts, parsed.pretrain_steps, seed=parsed.seed)
+        out = make_tiny_llama(parsed.output, texts, prompts, steps.get("pretrain_steps", 200), seed=parsed.seed)
     print(f"tiny {parsed.tool} model written to {out}")
 
 

@@ -94,3 +94,37 @@ def tool_data_root(tmp_path_factory: pytest.TempPathFactory, tiny_llama_dir: Pat
     root = tmp_path_factory.mktemp("tool-data")
     SyntheticToolDataModule(str(root), str(tiny_llama_dir), conversations_per_tool=8, negatives=40).prepare_data()
     return root
+
+
+# The pretrained tiny detectors of the LOC and SEG learning tests (the quickstarts' own models): minutes
+# to build, so they are built once per checkout under checkpoints/ (ignored by git), both at the same
+# time, one core each (each pretrains on one thread and comes out the same on every machine).
+GROUNDING_MODELS = {"owlvit": ("tiny-owlvit-1500", 1500), "maskformer": ("tiny-maskformer-2000", 2000)}
+
+
+@pytest.fixture(scope="session")
+def pretrained_grounding_models() -> dict[str, Path]:
+    cache = REPO / "checkpoints" / "test-cache"
+    directories = {kind: cache / name for kind, (name, _) in GROUNDING_MODELS.items()}
+    builds = {}
+    for kind, (name, steps) in GROUNDING_MODELS.items():
+        if not (directories[kind] / "model.safetensors").is_file():
+            staging = cache / f".{name}.partial"
+            builds[kind] = (staging, subprocess.Popen(
+                [sys.executable, "-m", "clova_train", "tiny-model", kind, str(staging), "--pretrain-steps", str(steps)],
+                cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
+    for kind, (staging, process) in builds.items():
+        output, _ = process.communicate(timeout=1200)
+        assert process.returncode == 0, f"building the tiny {kind} failed:\n{output[-3000:]}"
+        staging.rename(directories[kind])  # complete or absent: an interrupted build is redone
+    return directories
+
+
+@pytest.fixture(scope="session")
+def pretrained_owlvit_dir(pretrained_grounding_models: dict[str, Path]) -> Path:
+    return pretrained_grounding_models["owlvit"]
+
+
+@pytest.fixture(scope="session")
+def pretrained_maskformer_dir(pretrained_grounding_models: dict[str, Path]) -> Path:
+    return pretrained_grounding_models["maskformer"]

@@ -18,7 +18,8 @@ CONFIGS = sorted((REPO / "configs").rglob("*.yaml"))
 def test_configs_exist() -> None:
     names = {p.relative_to(REPO / "configs").as_posix() for p in CONFIGS}
     assert {"quickstart/clip_prompt.yaml", "paper/clip_prompt_vit_l14.yaml", "quickstart/vqa_prompt.yaml",
-            "paper/vqa_prompt_blip.yaml"} <= names
+            "paper/vqa_prompt_blip.yaml", "quickstart/loc_prompt.yaml",
+            "paper/loc_prompt_owlvit.yaml", "quickstart/seg_prompt.yaml", "paper/seg_prompt_maskformer.yaml"} <= names
 
 
 @pytest.mark.parametrize("config", CONFIGS, ids=lambda p: p.relative_to(REPO / "configs").as_posix())
@@ -60,6 +61,22 @@ def test_paper_vqa_config_keeps_paper_values(capsys: pytest.CaptureFixture) -> N
     tool = model["tool"]["init_args"]
     assert (tool["model_name"], tool["num_prompt_tokens"], tool["top_k"]) == ("Salesforce/blip-vqa-capfilt-large", 16, 20)
     assert (model["lr"], model["steps"]) == (0.001, 100)
+
+
+def test_paper_grounding_configs_keep_paper_values(capsys: pytest.CaptureFixture) -> None:
+    run_fit("fit", "--config", str(REPO / "configs/paper/loc_prompt_owlvit.yaml"), "--print_config")
+    config = yaml.safe_load(capsys.readouterr().out)
+    model, data = config["model"]["init_args"], config["data"]["init_args"]
+    tool = model["tool"]["init_args"]
+    assert (tool["model_name"], tool["num_prompt_tokens"], tool["num_negatives"]) == ("google/owlvit-base-patch32", 100, 13)
+    assert (tool["score_threshold"], tool["gate_iou"], model["lr"], model["steps"]) == (0.1, 0.6, 0.0005, 100)
+    assert model["early_stop_every"] > 0 and data["max_images"] == 200
+    run_fit("fit", "--config", str(REPO / "configs/paper/seg_prompt_maskformer.yaml"), "--print_config")
+    config = yaml.safe_load(capsys.readouterr().out)
+    model, data = config["model"]["init_args"], config["data"]["init_args"]
+    tool = model["tool"]["init_args"]
+    assert (tool["model_name"], tool["num_prompt_tokens"], tool["top_k"]) == ("facebook/maskformer-swin-base-coco", 100, 10)
+    assert (model["lr"], model["steps"], data["max_images"]) == (0.1, 100, 50)
 
 
 def test_help_documents_model_arguments(capsys: pytest.CaptureFixture) -> None:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pytest
@@ -10,7 +9,7 @@ import torch
 
 from clova_train.tools.grounding import GroundingInstance
 from clova_train.tools.owlvit_loc import OwlVitLoc
-from conftest import run_fit
+from grounding_helpers import assert_same_runs_at_chunk_sizes_1_and_8
 from test_grounding_data import coco_root, loc_fit_args, tiny_owlvit_dir  # noqa: F401 (session fixtures)
 
 
@@ -33,7 +32,7 @@ def test_owlvit_passes_check_tool(tool: OwlVitLoc, instances: list[GroundingInst
     from clova_train.tools.check import check_tool
 
     report = check_tool(tool, instances[:3])
-    assert report["prompt_shape"] == (4, 48) and report["max_cross_row_gradient"] == 0.0
+    assert report["prompt_shape"] == (4, 64) and report["max_cross_row_gradient"] == 0.0
 
 
 def test_zero_prompt_and_no_prompt_are_the_unmodified_detector(tool: OwlVitLoc, instances: list[GroundingInstance]) -> None:
@@ -134,18 +133,8 @@ def test_serving_with_no_pool_entry_is_the_unmodified_detector(tool: OwlVitLoc, 
 
 
 def test_fit_runs_the_same_at_chunk_size_1_and_8(tiny_owlvit_dir: Path, coco_root: Path, tmp_path: Path) -> None:  # noqa: F811
-    summaries = {}
-    for size in (1, 8):
-        run_dir = tmp_path / f"chunk{size}"
-        assert run_fit(*loc_fit_args(tiny_owlvit_dir, coco_root / "annotations.json", run_dir,
-                                     f"--data.init_args.chunk_size={size}")) == 0
-        summaries[size] = json.loads((run_dir / "summary.json").read_text())
-        assert (run_dir / "pool.safetensors").is_file() and (run_dir / "tool.json").is_file()
-    one, eight = summaries[1]["instances"], summaries[8]["instances"]
-    assert [r["instance_id"] for r in one] == [r["instance_id"] for r in eight] and len(one) == 6
-    for a, b in zip(one, eight):
-        assert a["accepted"] == b["accepted"] and a["steps"] == b["steps"]
-        assert abs(a["loss"] - b["loss"]) < 1e-4 * max(1.0, abs(a["loss"]))
+    assert_same_runs_at_chunk_sizes_1_and_8(loc_fit_args(tiny_owlvit_dir, coco_root / "annotations.json", tmp_path),
+                                            tmp_path, instances=6)
 
 
 def test_serving_keeps_only_candidates_under_which_the_concept_is_detected(

@@ -15,7 +15,7 @@ import numpy as np
 import torch
 from torchvision.ops import box_iou
 
-from clova_train.tools.contracts import TrainingInstance
+from clova_train.tools.contracts import GateResult, Rejection, TrainingInstance
 
 
 @dataclass
@@ -85,3 +85,17 @@ def best_box_iou(predicted: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
     if predicted.numel() == 0:
         return torch.zeros(len(target))
     return box_iou(target.float(), predicted.float()).max(1).values
+
+
+def prompts_of_views(owner: torch.Tensor, prompts: torch.Tensor | None) -> torch.Tensor | None:
+    """Each view's prompt row: ``prompts[owner]`` (a chunk has one prompt per instance, several views each)."""
+    return None if prompts is None else prompts[owner.to(prompts.device)]
+
+
+def gate_results(train: list[list[Rejection]], held_out: list[list[Rejection]] | None,
+                 owner: torch.Tensor | None) -> list[GateResult]:
+    """One result per instance: its training view's rejections plus those of its held-out views (``owner``)."""
+    problems = [list(found) for found in train]
+    for v, found in enumerate(held_out or []):
+        problems[int(owner[v])].extend(found)
+    return [GateResult(tuple(p)) for p in problems]

@@ -32,14 +32,16 @@ from typing import Any, ClassVar
 
 import torch
 import torch.nn.functional as F
-from torchvision.ops import box_convert
+from torchvision.ops import box_convert, nms
 
 from clova_train.core.errors import DataError, ModelError
 from clova_train.core.pool import ensemble_prompt
 from clova_train.tools.base import NoPrompt, PromptLookup, PromptTool
 from clova_train.tools.contracts import GateResult, Rejection
 from clova_train.tools.detection_losses import BoxTargets, detection_losses
-from clova_train.tools.grounding import GroundedImage, GroundingInstance, best_box_iou, instance_rng, queries_for
+from clova_train.tools.grounding import (
+    GroundedImage, GroundingInstance, best_box_iou, gate_results, instance_rng, prompts_of_views, queries_for,
+)
 from clova_train.tools.pretrained import load_pretrained, processed_pixels, weights_fingerprint
 
 DEFAULT_MODEL = "google/owlvit-base-patch32"
@@ -85,6 +87,9 @@ class OwlVitLoc(PromptTool):
         gate_iou: the gate's mean IoU with the ground truth must exceed this (paper: 0.6).
         max_candidates: serving runs at most this many of the concept's stored prompts (the most similar
             by image feature) before filtering by confidence; ``None``: all of them (paper).
+        nms_iou: served boxes overlapping a higher-scoring box of the concept by more than this IoU are
+            dropped (torchvision's non-maximum suppression; OWL-ViT predicts one box per patch, so one object
+            is found by several neighbouring patches); 1 keeps every box. The gate does not use it.
     """
 
     name: ClassVar[str] = "owlvit_loc"
@@ -101,6 +106,7 @@ class OwlVitLoc(PromptTool):
         score_threshold: float = 0.1,
         gate_iou: float = 0.6,
         max_candidates: int | None = None,
+        nms_iou: float = 0.5,
     ) -> None:
         super().__init__()
         from transformers import OwlViTForObjectDetection, OwlViTProcessor
@@ -113,6 +119,9 @@ class OwlVitLoc(PromptTool):
             raise ModelError(f"score_threshold and gate_iou must be in (0, 1), got {score_threshold}, {gate_iou}")
         if max_candidates is not None and max_candidates < 1:
             raise ModelError(f"max_candidates must be >= 1 or null, got {max_candidates}")
+        if not 0 < nms_iou <= 1:
+            raise ModelError(f"nms_iou must be in (0, 1], got {nms_iou}")
+        self.nms_iou = nms_iou
         self.model_name, self.num_prompt_tokens, self.num_negatives = model_name, num_prompt_tokens, num_negatives
         self.score_threshold, self.gate_iou, self.max_candidates = score_threshold, gate_iou, max_candidates
         model, self.processor = load_pretrained(OwlViTForObjectDetection, OwlViTProcessor, model_name, "OWL-ViT")
@@ -133,7 +142,7 @@ class OwlVitLoc(PromptTool):
     def init_args(self) -> dict[str, Any]:
         return {"model_name": self.model_name, "num_prompt_tokens": self.num_prompt_tokens,
                 "num_negatives": self.num_negatives, "score_threshold": self.score_threshold,
-                "gate_iou": self.gate_iou, "max_candidates": self.max_candidates}
+                "gate_iou": self.gate_iou, "max_candidates": self.max_candidates, "nms_iou": self.nms_iou}
 
     def init_scale(self) -> float:
         """Prompts start small (uniform in +-0.02) next to layer-normalised tokens: close to the unmodified tool."""
@@ -230,11 +239,8 @@ class OwlVitLoc(PromptTool):
         boxes = self.model.box_predictor(merged, feature_map)
         return logits, boxes
 
-    def _view_prompts(self, views: DetectionViews, prompts: torch.Tensor | None) -> torch.Tensor | None:
-        return None if prompts is None else prompts[views.owner.to(prompts.device)]
-
     def detect_views(self, views: DetectionViews, prompts: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
-        return self.detect_tokens(views.embedded, self._view_prompts(views, prompts), views.queries, views.query_mask)
+        return self.detect_tokens(views.embedded, prompts_of_views(views.owner, prompts), views.queries, views.query_mask)
 
     def _detections(self, logits: torch.Tensor, boxes: torch.Tensor, mask: torch.Tensor, size: tuple[int, int],
                     query: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -288,11 +294,9 @@ class OwlVitLoc(PromptTool):
         return detection_losses(logits, boxes, ctx.train.query_mask, ctx.train.targets)
 
     def gate(self, ctx: LocChunk, prompts: torch.Tensor) -> list[GateResult]:
-        problems = self._judge(ctx.train, prompts, all_positives=True)
-        if ctx.val is not None:
-            for v, found in enumerate(self._judge(ctx.val, prompts, all_positives=False)):
-                problems[int(ctx.val.owner[v])].extend(found)
-        return [GateResult(tuple(p)) for p in problems]
+        held_out = None if ctx.val is None else self._judge(ctx.val, prompts, all_positives=False)
+        return gate_results(self._judge(ctx.train, prompts, all_positives=True), held_out,
+                            None if ctx.val is None else ctx.val.owner)
 
     def pool_features(self, ctx: LocChunk) -> torch.Tensor:
         return ctx.features
@@ -332,7 +336,8 @@ class OwlVitLoc(PromptTool):
                other_queries: Sequence[str] = ()) -> list[dict[str, Any]]:
         """Boxes of ``concept`` in each image (``[3, H, W]`` uint8), with the pool's prompt for it.
 
-        Returns, per image, ``{"boxes": [[x0, y0, x1, y1], ...] (pixels), "scores": [...], "prompted": bool}``;
+        Returns, per image, ``{"boxes": [[x0, y0, x1, y1], ...] (pixels), "scores": [...], "prompted": bool}``,
+        boxes after non-maximum suppression, best first;
         ``other_queries`` compete with the concept for each box (a box is the concept's when it is its best query).
         """
         if not images or not isinstance(concept, str) or not concept.strip():
@@ -348,7 +353,7 @@ class OwlVitLoc(PromptTool):
             prompt = self.prompt_for_image(lookup, concept, embedded, feature, queries, mask)
             logits, boxes = self.detect_tokens(embedded, None if prompt is None else prompt[None], queries, mask)
             found, scores = self._detections(logits[0], boxes[0], mask[0], (int(image.shape[1]), int(image.shape[2])), 0)
-            order = scores.argsort(descending=True)
+            order = nms(found, scores, self.nms_iou) if self.nms_iou < 1 else scores.argsort(descending=True)
             results.append({"boxes": found[order].tolist(), "scores": scores[order].tolist(), "prompted": prompt is not None})
         return results
 

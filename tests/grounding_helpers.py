@@ -1,0 +1,91 @@
+"""Helpers shared by the LOC and SEG tests: instances of a concept, the paper's tuning loop, a fresh-process
+serving check and the chunk-size comparison."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import torch
+
+from clova_train.tools.base import PromptTool
+from clova_train.tools.grounding import GroundingInstance
+from conftest import run_fit
+
+
+def instances_of(scenes: Path, concept: str) -> list[GroundingInstance]:
+    """8 training instances of ``concept`` from a synthetic COCO folder, each gated on one of 4 held-out images."""
+    from clova_train.tools.coco_grounding import GroundingAnnotations, GroundingInstances, GroundingSplit
+
+    annotations = GroundingAnnotations(scenes / "annotations.json")
+    split = GroundingSplit(annotations, concept, max_images=8, num_val_images=4, num_eval_images=0, split_seed=0)
+    dataset = GroundingInstances(annotations, split, val_images_per_instance=1)
+    return [dataset[i] for i in range(len(dataset))]
+
+
+def tune(tool: PromptTool, instances: list[GroundingInstance], steps: int = 100, lr: float = 0.1) -> tuple:
+    """(context, first losses, last losses, tuned prompts) of a plain Adam loop over one chunk."""
+    torch.manual_seed(0)
+    with torch.no_grad():
+        ctx = tool.prepare(instances)
+    prompts = ((torch.rand(len(instances), *tool.prompt_shape) * 2 - 1) * tool.init_scale()).requires_grad_()
+    optimizer = torch.optim.Adam([prompts], lr=lr)
+    first = None
+    for _ in range(steps):
+        losses = tool.instance_losses(ctx, prompts)
+        first = losses.detach() if first is None else first
+        optimizer.zero_grad()
+        losses.sum().backward()
+        optimizer.step()
+    with torch.no_grad():
+        last = tool.instance_losses(ctx, prompts)
+    return ctx, first, last, prompts.detach()
+
+
+def serve_accepted_in_fresh_process(tool: PromptTool, instances: list[GroundingInstance], scenes: Path,
+                                    export: Path) -> tuple[dict, dict]:
+    """Tune, export the accepted prompts (pool + tool.json), serve one held-out image in a fresh process
+    that must not import Lightning; returns (served reply, the unprompted tool's reply)."""
+    from clova_train.core.pool import PromptPool
+    from clova_train.tools.base import NoPrompt
+
+    ctx, _, _, prompts = tune(tool, instances)
+    with torch.no_grad():
+        passed = [i for i, result in enumerate(tool.gate(ctx, prompts)) if result.passed]
+    assert passed, "the check needs accepted prompts"
+    pool = PromptPool(tool.pool_spec())
+    pool.add(instances[0].concept, ctx.features[passed], prompts[passed], [instances[i].instance_id for i in passed])
+    export.mkdir()
+    pool.save(export / "pool.safetensors")
+    (export / "tool.json").write_text(json.dumps(tool.describe()), encoding="utf-8")
+    image = instances[0].val[0]
+    request = {"image": str(scenes / "images" / image.source.split("(")[-1].rstrip(")")), "concept": instances[0].concept}
+    script = (
+        "import json, sys\n"
+        "from clova_train.tools.serving import PromptToolServer\n"
+        f"server = PromptToolServer.from_export({str(export)!r})\n"
+        f"print(json.dumps(server.serve({json.dumps(request)})))\n"
+        "assert not any(name.startswith('lightning') for name in sys.modules), 'serving imported lightning'\n"
+    )
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    with torch.no_grad():
+        plain = tool.serve_request(NoPrompt(), request)
+    return json.loads(done.stdout.strip().splitlines()[-1]), plain
+
+
+def assert_same_runs_at_chunk_sizes_1_and_8(fit_args: list[str], run_root: Path, instances: int) -> None:
+    """The CLI run gives the same instances, verdicts, steps and losses at chunk size 1 and 8."""
+    summaries = {}
+    for size in (1, 8):
+        run_dir = run_root / f"chunk{size}"
+        assert run_fit(*fit_args, f"--trainer.default_root_dir={run_dir}", f"--data.init_args.chunk_size={size}") == 0
+        summaries[size] = json.loads((run_dir / "summary.json").read_text())
+        assert (run_dir / "pool.safetensors").is_file() and (run_dir / "tool.json").is_file()
+    one, eight = summaries[1]["instances"], summaries[8]["instances"]
+    assert [r["instance_id"] for r in one] == [r["instance_id"] for r in eight] and len(one) == instances
+    for a, b in zip(one, eight):
+        assert a["accepted"] == b["accepted"] and a["steps"] == b["steps"]
+        assert abs(a["loss"] - b["loss"]) < 1e-4 * max(1.0, abs(a["loss"]))
