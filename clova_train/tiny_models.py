@@ -9,6 +9,7 @@ knows some concepts and must learn the others through prompts.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -325,6 +326,12 @@ def single_thread() -> Iterator[None]:
         torch.set_num_threads(threads)
 
 
+def warmup_cosine(optimizer: torch.optim.Optimizer, warmup: int, steps: int) -> torch.optim.lr_scheduler.LambdaLR:
+    """Linear warm-up over ``warmup`` steps, then cosine decay to zero at ``steps`` (the detectors' pretraining)."""
+    return torch.optim.lr_scheduler.LambdaLR(
+        optimizer, lambda s: min(1.0, (s + 1) / warmup) * 0.5 * (1 + math.cos(math.pi * s / steps)))
+
+
 # ---------------------------------------------------------------------- OWL-ViT (LOC)
 def clip_bpe_tokenizer(directory: str | Path, max_length: int = 16) -> object:
     """CLIP's own byte-level BPE tokenizer (``CLIPTokenizerFast``), built from the vocabulary open_clip ships.
@@ -408,8 +415,6 @@ def pretrain_owlvit(model: torch.nn.Module, processor: object, steps: int, batch
     """Train every weight to detect the shapes of :data:`GROUNDING_PRETRAIN_COLOURS` by name (OWL-ViT losses,
     AdamW with warm-up and cosine decay). The query texts are embedded once per step, not once per image.
     Runs on one thread (see :func:`single_thread`)."""
-    import math
-
     from clova_train.synthetic.grounding import category_name
 
     rng = np.random.default_rng(seed)
@@ -417,8 +422,7 @@ def pretrain_owlvit(model: torch.nn.Module, processor: object, steps: int, batch
     image_size = model.config.vision_config.image_size
     text = processor.tokenizer(names, padding="max_length", max_length=16, return_tensors="pt")
     optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.01)
-    schedule = torch.optim.lr_scheduler.LambdaLR(
-        optimizer, lambda s: min(1.0, (s + 1) / 50) * 0.5 * (1 + math.cos(math.pi * s / steps)))
+    schedule = warmup_cosine(optimizer, warmup=50, steps=steps)
     query_mask = torch.ones(batch_size, len(names), dtype=torch.bool)
     with single_thread():
         model.train()
@@ -513,16 +517,13 @@ def pretrain_maskformer(model: torch.nn.Module, processor: object, steps: int, b
 
     Runs on one thread (see :func:`single_thread`).
     """
-    import math
-
     from clova_train.synthetic.grounding import category_name
 
     rng = np.random.default_rng(seed)
     names = [category_name(c, s) for c in SEGMENTATION_PRETRAIN_COLOURS for s in SHAPES]
     colours = list(SEGMENTATION_PRETRAIN_COLOURS + SEGMENTATION_UNANNOTATED_COLOURS)
     optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.01)
-    schedule = torch.optim.lr_scheduler.LambdaLR(
-        optimizer, lambda s: min(1.0, (s + 1) / 30) * 0.5 * (1 + math.cos(math.pi * s / steps)))
+    schedule = warmup_cosine(optimizer, warmup=30, steps=steps)
     with single_thread():
         model.train()
         _maskformer_steps(model, processor, optimizer, schedule, rng, names, colours, steps, batch_size, log_every)

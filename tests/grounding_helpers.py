@@ -44,6 +44,18 @@ def tune(tool: PromptTool, instances: list[GroundingInstance], steps: int = 100,
     return ctx, first, last, prompts.detach()
 
 
+def random_prompt_server(tool: PromptTool, instances: list[GroundingInstance]) -> object:
+    """A server whose pool holds two random "purple circle" prompts (keyed by two instances' features)."""
+    from clova_train.core.pool import PromptPool
+    from clova_train.tools.serving import PromptToolServer
+
+    with torch.no_grad():
+        ctx = tool.prepare(instances[:2])
+        pool = PromptPool(tool.pool_spec())
+        pool.add("purple circle", tool.pool_features(ctx), torch.rand(2, *tool.prompt_shape), ["a", "b"])
+    return PromptToolServer(tool, pool)
+
+
 def serve_accepted_in_fresh_process(tool: PromptTool, instances: list[GroundingInstance], scenes: Path,
                                     export: Path) -> tuple[dict, dict]:
     """Tune, export the accepted prompts (pool + tool.json), serve one held-out image in a fresh process

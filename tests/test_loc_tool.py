@@ -9,7 +9,7 @@ import torch
 
 from clova_train.tools.grounding import GroundingInstance
 from clova_train.tools.owlvit_loc import OwlVitLoc
-from grounding_helpers import assert_same_runs_at_chunk_sizes_1_and_8
+from grounding_helpers import assert_same_runs_at_chunk_sizes_1_and_8, random_prompt_server
 from test_grounding_data import coco_root, loc_fit_args, tiny_owlvit_dir  # noqa: F401 (session fixtures)
 
 
@@ -106,18 +106,6 @@ def test_gate_passes_good_boxes_and_rejects_wrong_ones(tool: OwlVitLoc, instance
     confused = _gate_with(tool, instances, monkeypatch, score=0.5, box_shift=0.0, winner=3)[0]
     assert not confused.passed and confused.rejections[0].kind == "not detected"
     assert "purple circle" in confused.rejections[0].detail
-
-
-def random_prompt_server(tool: OwlVitLoc, instances: list[GroundingInstance]) -> object:
-    """A server whose pool holds two random "purple circle" prompts."""
-    from clova_train.core.pool import PromptPool
-    from clova_train.tools.serving import PromptToolServer
-
-    with torch.no_grad():
-        ctx = tool.prepare(instances[:2])
-        pool = PromptPool(tool.pool_spec())
-        pool.add("purple circle", tool.pool_features(ctx), torch.rand(2, *tool.prompt_shape), ["a", "b"])
-    return PromptToolServer(tool, pool)
 
 
 def test_serving_with_no_pool_entry_is_the_unmodified_detector(tool: OwlVitLoc, instances: list[GroundingInstance]) -> None:

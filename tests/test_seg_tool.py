@@ -9,7 +9,7 @@ import torch
 
 from clova_train.tools.grounding import GroundingInstance
 from clova_train.tools.maskformer_seg import MaskFormerSeg, mask_iou
-from grounding_helpers import assert_same_runs_at_chunk_sizes_1_and_8
+from grounding_helpers import assert_same_runs_at_chunk_sizes_1_and_8, random_prompt_server
 from test_grounding_data import coco_root  # noqa: F401 (session fixture)
 
 
@@ -140,22 +140,11 @@ def test_mask_iou_counts_overlap_over_union() -> None:
     assert mask_iou(torch.zeros(0, 4, 4, dtype=torch.bool), b).shape == (2, 0)
 
 
-def _server_with_random_prompts(tool: MaskFormerSeg, instances: list[GroundingInstance]) -> object:
-    from clova_train.core.pool import PromptPool
-    from clova_train.tools.serving import PromptToolServer
-
-    with torch.no_grad():
-        ctx = tool.prepare(instances[:2])
-        pool = PromptPool(tool.pool_spec())
-        pool.add("purple circle", tool.pool_features(ctx), torch.rand(2, *tool.prompt_shape), ["a", "b"])
-    return PromptToolServer(tool, pool)
-
-
 def test_serving_without_a_pool_entry_is_the_unmodified_segmenter(tool: MaskFormerSeg,
                                                                   instances: list[GroundingInstance]) -> None:
     from clova_train.tools.base import NoPrompt
 
-    server = _server_with_random_prompts(tool, instances)
+    server = random_prompt_server(tool, instances)
     image = instances[0].train.image
     plain = tool.segment(NoPrompt(), [image], "orange square")[0]
     served = server.segment([image], "orange square")[0]

@@ -41,7 +41,7 @@ from clova_train.core.errors import DataError, ModelError
 from clova_train.tools.base import NoPrompt, PromptLookup, PromptTool
 from clova_train.tools.contracts import GateResult, Rejection
 from clova_train.tools.grounding import GroundedImage, GroundingInstance, gate_results, prompts_of_views
-from clova_train.tools.pretrained import load_pretrained, weights_fingerprint
+from clova_train.tools.pretrained import load_pretrained, processed_images, weights_fingerprint
 
 DEFAULT_MODEL = "facebook/maskformer-swin-base-coco"
 
@@ -160,10 +160,7 @@ class MaskFormerSeg(PromptTool):
     # ------------------------------------------------------------------ prompt-independent parts
     def pixel_inputs(self, images: Sequence[torch.Tensor]) -> tuple[torch.Tensor, list[tuple[int, int]]]:
         """(``pixel_values`` ``[m, 3, H', W']``, the resized image's (height, width) inside that padded frame)."""
-        import numpy as np
-
-        arrays = [np.ascontiguousarray(image.permute(1, 2, 0).cpu().numpy()) for image in images]
-        processed = self.processor(images=arrays, return_tensors="pt")
+        processed = processed_images(self.processor, images)
         pixel_mask = processed["pixel_mask"].bool()
         content = [(int(m.any(1).sum()), int(m.any(0).sum())) for m in pixel_mask]
         return processed["pixel_values"].to(self.device), content

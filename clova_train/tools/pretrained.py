@@ -38,7 +38,13 @@ def weights_fingerprint(prefix: str, model: nn.Module, probes: Iterable[str], vo
     return f"{prefix}:{digest.hexdigest()[:16]}"
 
 
+def processed_images(image_processor: Any, images: Sequence[torch.Tensor]) -> Any:
+    """Everything a transformers image processor returns for ``[3, H, W]`` uint8 images (``pixel_values``,
+    and ``pixel_mask`` where the processor pads)."""
+    arrays = [np.ascontiguousarray(image.permute(1, 2, 0).cpu().numpy()) for image in images]
+    return image_processor(images=arrays, return_tensors="pt")
+
+
 def processed_pixels(image_processor: Any, images: Sequence[torch.Tensor], device: torch.device) -> torch.Tensor:
     """``pixel_values`` of ``[3, H, W]`` uint8 images through a transformers image processor."""
-    arrays = [np.ascontiguousarray(image.permute(1, 2, 0).cpu().numpy()) for image in images]
-    return image_processor(images=arrays, return_tensors="pt")["pixel_values"].to(device)
+    return processed_images(image_processor, images)["pixel_values"].to(device)
