@@ -64,7 +64,7 @@ demo-seg: $(STAMP) $(TINY_MASKFORMER)/config.json
 	$(BIN)/clova-train fit --config configs/quickstart/seg_prompt.yaml --model.init_args.on_existing_pool=overwrite
 	$(BIN)/clova-train export $(SEG_RUN) --output $(SEG_RUN)/export
 	$(BIN)/python -m clova_train.demo_grounding $(SEG_RUN)/export
-	$(BIN)/clova-train serve $(SEG_RUN)/export --request '{"image": "checkpoints/data/synthetic_seg/images/00001.png", "concept": "purple circle"}'
+	$(BIN)/clova-train serve $(SEG_RUN)/export --request '{"image": "checkpoints/data/synthetic_seg_red_circle/images/00001.png", "concept": "purple circle"}'
 
 # The tool-using LLM quickstart (LoRA on a tiny Llama, synthetic GPT4Tools data, CPU).
 $(TINY_LLAMA)/config.json: | $(STAMP)
@@ -81,7 +81,7 @@ demo-controller: $(STAMP)
 	$(BIN)/clova-train controller export --config configs/quickstart/controller_dqn.yaml --output checkpoints/controller_quickstart/export
 
 test: $(STAMP)
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q -n auto --maxprocesses 4 --dist loadfile
 
 benchmark: $(STAMP)
 	$(BIN)/python benchmarks/pool_retrieval.py

@@ -18,7 +18,7 @@ from pathlib import Path
 import torch
 import yaml
 
-from clova_train.core.pool import PromptPool
+from clova_train.core.pool import PromptPool, random_prompts_like
 from clova_train.tools.base import NoPrompt
 from clova_train.tools.blip_vqa import normalise_answer
 from clova_train.tools.images import load_image_uint8
@@ -48,9 +48,7 @@ def random_prompt_pool(pool: PromptPool, seed: int = 0) -> PromptPool:
     generator = torch.Generator().manual_seed(seed)
     for concept in pool.concepts:
         features, prompts, ids = pool.entry(concept)
-        noise = torch.randn(prompts.shape, generator=generator)
-        norms = prompts.flatten(1).norm(dim=1) / noise.flatten(1).norm(dim=1)
-        control.add(concept, features, noise * norms.view(-1, *[1] * (prompts.ndim - 1)), ids)
+        control.add(concept, features, random_prompts_like(prompts, generator), ids)
     return control
 
 

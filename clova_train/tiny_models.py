@@ -478,9 +478,14 @@ def make_tiny_owlvit(directory: str | Path, seed: int = 0, pretrain_steps: int =
 # annotated: like a closed-vocabulary segmenter facing an LVIS-only category, it learned to leave them in
 # the background (a mask-only prompt cannot undo that: the gate rejects those prompts). It segments the
 # shapes of the annotated colours, not always well: a prompt has something to fix there.
+# Six queries for scenes of one to three objects. With sixteen, most queries were idle and painted arbitrary
+# masks; a random prompt scrambled them into new masks, and the best of those matched the object as often as
+# a learned prompt's did. A random-prompt control could not tell learning apart from noise. With six queries,
+# a random prompt loses objects and a learned pool gains where the model is weak (the SEG quickstart, 80
+# held-out images: red circles 0.70 segmented unprompted, 0.69 with random prompts, 0.84 with the pool).
 SEGMENTATION_PRETRAIN_COLOURS = ("red", "green", "blue", "yellow")
 SEGMENTATION_UNANNOTATED_COLOURS = ("purple", "orange")
-def build_tiny_maskformer(image_size: int = 64, seed: int = 0, width: int = 32, num_queries: int = 16) -> tuple:
+def build_tiny_maskformer(image_size: int = 64, seed: int = 0, width: int = 32, num_queries: int = 6) -> tuple:
     """A random-weight ``MaskFormerForInstanceSegmentation`` (tiny Swin backbone) and its image processor.
 
     Classes are the ``"<colour> <shape>"`` names of :data:`SEGMENTATION_PRETRAIN_COLOURS`; the decoder is

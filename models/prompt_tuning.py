@@ -371,10 +371,12 @@ class PromptTuning(LightningModule):
 
     # ------------------------------------------------------------------ validate / test
     def evaluation_pool(self) -> PromptPool:
-        """This run's accepted prompts; else the pool at ``pool_path`` or in the run directory; else empty."""
+        """This run's accepted prompts; else the pool at ``pool_path`` or in the run directory (unless this run
+        overwrites that one: it may come from another model); else empty."""
         if any(r.accepted for r in self.records.values()):
             return self.build_pool()
-        for path in (Path(self.pool_path) if self.pool_path else None, self.run_dir / POOL_FILE):
+        own_pool = None if self.on_existing_pool == "overwrite" else self.run_dir / POOL_FILE
+        for path in (Path(self.pool_path) if self.pool_path else None, own_pool):
             if path is not None and path.is_file():
                 return PromptPool.load(path, expected=self.tool.pool_spec())
         return PromptPool(self.tool.pool_spec())

@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from filelock import FileLock
 
 from clova_train.cli import main
 from clova_train.synthetic.shapes import write_concept_folders
@@ -99,12 +100,18 @@ def tool_data_root(tmp_path_factory: pytest.TempPathFactory, tiny_llama_dir: Pat
 # The pretrained tiny detectors of the LOC and SEG learning tests (the quickstarts' own models): minutes
 # to build, so they are built once per checkout under checkpoints/ (ignored by git), both at the same
 # time, one core each (each pretrains on one thread and comes out the same on every machine).
-GROUNDING_MODELS = {"owlvit": ("tiny-owlvit-1500", 1500), "maskformer": ("tiny-maskformer-2000", 2000)}
+GROUNDING_MODELS = {"owlvit": ("tiny-owlvit-1500", 1500), "maskformer": ("tiny-maskformer-6q-2000", 2000)}
 
 
 @pytest.fixture(scope="session")
 def pretrained_grounding_models() -> dict[str, Path]:
     cache = REPO / "checkpoints" / "test-cache"
+    cache.mkdir(parents=True, exist_ok=True)
+    with FileLock(cache / ".build.lock"):  # pytest-xdist workers: one builds, the others wait for it
+        return _build_grounding_models(cache)
+
+
+def _build_grounding_models(cache: Path) -> dict[str, Path]:
     directories = {kind: cache / name for kind, (name, _) in GROUNDING_MODELS.items()}
     builds = {}
     for kind, (name, steps) in GROUNDING_MODELS.items():

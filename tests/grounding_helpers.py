@@ -44,6 +44,13 @@ def tune(tool: PromptTool, instances: list[GroundingInstance], steps: int = 100,
     return ctx, first, last, prompts.detach()
 
 
+def random_control(prompts: torch.Tensor, seed: int = 0) -> torch.Tensor:
+    """Random prompts of the tuned prompts' shape and norms (what a learned prompt must beat)."""
+    from clova_train.core.pool import random_prompts_like
+
+    return random_prompts_like(prompts, torch.Generator().manual_seed(seed))
+
+
 def random_prompt_server(tool: PromptTool, instances: list[GroundingInstance]) -> object:
     """A server whose pool holds two random "purple circle" prompts (keyed by two instances' features)."""
     from clova_train.core.pool import PromptPool

@@ -23,7 +23,7 @@ TOOL_ARGS = {
 
 # (model fixture, scenes fixture, concept the tiny model can learn)
 RUNS = {"loc": ("pretrained_owlvit_dir", "loc_scenes", "purple circle"),
-        "seg": ("pretrained_maskformer_dir", "seg_scenes", "blue square")}
+        "seg": ("pretrained_maskformer_dir", "seg_scenes", "red circle")}
 # Prompts agree to float summation order: processes with other thread counts add in another order, and
 # SEG's Adam at lr 0.1 over 100 steps carries those last bits further (prompt entries are of order 1).
 PROMPT_ATOL = {"loc": 1e-5, "seg": 1e-4}

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from clova_train.tools.owlvit_loc import OwlVitLoc
-from grounding_helpers import instances_of, serve_accepted_in_fresh_process, tune
+from grounding_helpers import instances_of, random_control, serve_accepted_in_fresh_process, tune
 
 
 @pytest.fixture(scope="module")
@@ -32,9 +32,11 @@ def test_tuning_lowers_the_loss_and_flips_the_gate_on_a_missed_concept(tool: Owl
     with torch.no_grad():
         before = tool.gate(ctx, torch.zeros_like(prompts))
         after = tool.gate(ctx, prompts)
+        control = tool.gate(ctx, random_control(prompts))
     assert not any(result.passed for result in before)
     assert (last < first).all()
     assert sum(result.passed for result in after) >= 1
+    assert not any(result.passed for result in control)  # random prompts of the tuned norms fix nothing
 
 
 def test_the_gate_rejects_a_prompt_tuned_on_another_objects_box(tool: OwlVitLoc, loc_scenes: Path) -> None:

@@ -79,6 +79,23 @@ def test_existing_pool_is_merged_not_lost(tiny_clip_dir: Path, concept_root: Pat
     assert len(PromptPool.load(tmp_path / "export" / "pool.safetensors")) == len(second_pool)
 
 
+def test_a_pool_of_another_model_in_the_run_directory_is_refused_or_overwritten(
+        tiny_clip_dir: Path, concept_root: Path, tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    from clova_train.core.pool import PoolSpec
+
+    run = tmp_path / "run"
+    run.mkdir()
+    foreign = PromptPool(PoolSpec("clip", "clip:another-model", (4, 8), 8))
+    foreign.add("red", torch.ones(1, 8), torch.ones(1, 4, 8), ["elsewhere"])
+    foreign.save(run / "pool.safetensors")
+    args = fit_args(tiny_clip_dir, concept_root, run, "--data.init_args.concepts=[red]", "--data.init_args.negatives_root=null")
+    assert run_fit(*args) != 0  # merging into it is refused, with the pool named...
+    assert "pool.safetensors" in capsys.readouterr().err
+    assert PromptPool.load(run / "pool.safetensors").spec.model_identity == "clip:another-model"  # ...and kept
+    assert run_fit(*args, "--model.init_args.on_existing_pool=overwrite") == 0  # a user's explicit choice
+    assert PromptPool.load(run / "pool.safetensors").spec.model_identity != "clip:another-model"
+
+
 def gate_fixture(root: Path, tmp: Path, mislabel: bool) -> Path:
     """red/green/blue folders; optionally one green image placed (mislabelled) in red's training set."""
     data = tmp / ("mislabelled" if mislabel else "clean")

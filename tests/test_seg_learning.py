@@ -10,14 +10,14 @@ import pytest
 import torch
 
 from clova_train.tools.maskformer_seg import MaskFormerSeg
-from grounding_helpers import instances_of, serve_accepted_in_fresh_process, tune
+from grounding_helpers import instances_of, random_control, serve_accepted_in_fresh_process, tune
 
 
 @pytest.fixture(scope="module")
 def seg_scenes(tmp_path_factory: pytest.TempPathFactory) -> Path:
     from clova_train.synthetic.grounding import write_coco_scenes
 
-    return write_coco_scenes(tmp_path_factory.mktemp("seg-scenes"), ["purple circle", "blue square"], 16,
+    return write_coco_scenes(tmp_path_factory.mktemp("seg-scenes"), ["purple circle", "red circle"], 16,
                              distractor_colours=["red", "green", "blue", "yellow"], objects_per_image=2, seed=1)
 
 
@@ -28,14 +28,17 @@ def tool(pretrained_maskformer_dir: Path) -> MaskFormerSeg:
 
 def test_tuning_lowers_the_mask_loss_and_flips_the_gate_where_the_segmenter_fails(tool: MaskFormerSeg,
                                                                                  seg_scenes: Path) -> None:
-    instances = instances_of(seg_scenes, "blue square")
+    instances = instances_of(seg_scenes, "red circle")
     ctx, first, last, prompts = tune(tool, instances)
     with torch.no_grad():
         before = [r.passed for r in tool.gate(ctx, torch.zeros_like(prompts))]
         after = [r.passed for r in tool.gate(ctx, prompts)]
+        control = [r.passed for r in tool.gate(ctx, random_control(prompts))]
     assert (last < first).all()
     assert not all(before)  # the unprompted segmenter misses some of these objects
-    assert any(a and not b for a, b in zip(after, before))  # and a tuned prompt fixes some of those
+    flipped = sum(a and not b for a, b in zip(after, before))
+    assert flipped >= 2  # tuned prompts fix some of those...
+    assert sum(after) > max(sum(before), sum(control))  # ...which random prompts of their norms do not
 
 
 def test_the_gate_rejects_prompts_that_fit_only_their_own_image(tool: MaskFormerSeg, seg_scenes: Path) -> None:
@@ -52,7 +55,7 @@ def test_the_gate_rejects_prompts_that_fit_only_their_own_image(tool: MaskFormer
 
 def test_an_exported_pool_changes_the_masks_in_a_fresh_process_without_lightning(
         tool: MaskFormerSeg, seg_scenes: Path, tmp_path: Path) -> None:
-    served, plain = serve_accepted_in_fresh_process(tool, instances_of(seg_scenes, "blue square"), seg_scenes,
+    served, plain = serve_accepted_in_fresh_process(tool, instances_of(seg_scenes, "red circle"), seg_scenes,
                                                     tmp_path / "export")
     assert served["prompted"] is True and plain["prompted"] is False
     assert served["segments"] != plain["segments"]

@@ -93,6 +93,14 @@ def ensemble_prompt(query: torch.Tensor, features: torch.Tensor, prompts: torch.
     return result.reshape(prompts.shape[1:])
 
 
+def random_prompts_like(prompts: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
+    """Random prompts of the same shape and per-prompt norm as ``prompts`` ``[n, ...]``: the control that a
+    learned prompt has to beat (same structure, same size, nothing learned)."""
+    noise = torch.randn(prompts.shape, generator=generator)
+    norms = prompts.flatten(1).norm(dim=1) / noise.flatten(1).norm(dim=1)
+    return (noise * norms.view(-1, *[1] * (prompts.ndim - 1))).to(prompts)
+
+
 def _key(concept: object) -> object:
     """Pools of tools without concepts keep their prompts under ``None``, stored as the empty name."""
     return "" if concept is None else concept
