@@ -7,7 +7,7 @@ is found (LOC: detected with mean box IoU above the tool's ``gate_iou``; SEG: ev
 segment with IoU >= ``gate_iou``) by the unmodified tool, with the pool, and with a control pool of the
 same structure whose prompts are random vectors of the learned prompts' norms. It saves one picture: the
 first evaluation image with the ground truth (white), the unmodified tool's output (red) and the pooled
-tool's output (green).
+tool's output (green); for SEG, the outline of the segment that best matches each mask of the concept.
 """
 
 from __future__ import annotations
@@ -20,11 +20,13 @@ import numpy as np
 import torch
 import yaml
 from PIL import Image, ImageDraw
+from scipy.ndimage import binary_erosion
 
 from clova_train.demo_vqa import random_prompt_pool
 from clova_train.tools.base import NoPrompt
 from clova_train.tools.coco_grounding import GroundingAnnotations, GroundingSplit
 from clova_train.tools.grounding import GroundedImage
+from clova_train.tools.maskformer_seg import mask_iou
 from clova_train.tools.serving import PromptToolServer
 
 
@@ -54,13 +56,23 @@ def draw(image: GroundedImage, concept: str, outputs: list[tuple[dict, tuple[int
     for output, colour in outputs:
         for box in output.get("boxes", []):
             pen.rectangle([v * scale for v in box], outline=(*colour, 255), width=2)
-        for mask in output.get("masks", []):
+        for mask in matching_segments(output.get("masks", []), image, concept):
             big = np.kron(mask.numpy().astype(np.uint8), np.ones((scale, scale), np.uint8)).astype(bool)
-            tint = np.zeros((*big.shape, 4), np.uint8)
-            tint[big] = (*colour, 90)
-            layer = Image.alpha_composite(layer, Image.fromarray(tint, "RGBA"))
+            outline = np.zeros((*big.shape, 4), np.uint8)
+            outline[big & ~binary_erosion(big, iterations=2)] = (*colour, 255)
+            layer = Image.alpha_composite(layer, Image.fromarray(outline, "RGBA"))
             pen = ImageDraw.Draw(layer)
     return Image.alpha_composite(picture, layer).convert("RGB")
+
+
+def matching_segments(masks: list | torch.Tensor, image: GroundedImage, concept: str) -> list[torch.Tensor]:
+    """Per mask of the concept, the segment that overlaps it best (the one the evaluation counts), if any."""
+    if len(masks) == 0:
+        return []
+    found = torch.stack(list(masks)) if isinstance(masks, list) else masks
+    target = image.masks[image.objects_of(concept)]
+    iou, best = mask_iou(found, target).max(1)
+    return [found[k] for k in sorted(set(best[iou > 0].tolist()))]
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -5,9 +5,11 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import pytest
+import torch
 from filelock import FileLock
 
 from clova_train.cli import main
@@ -15,6 +17,10 @@ from clova_train.synthetic.shapes import write_concept_folders
 from clova_train.tiny_models import make_tiny_clip
 
 REPO = Path(__file__).resolve().parents[1]
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    # `make test` runs one pytest-xdist worker per core; with torch's default of one thread per core each,
+    # the workers' threads contend and the suite takes more than twice as long
+    torch.set_num_threads(1)
 FAST_MODEL_ARGS = [
     "--model.class_path=clova_train.models.PromptTuning",
     "--model.init_args.tool.class_path=clova_train.tools.clip.PromptedClip",
@@ -103,12 +109,49 @@ def tool_data_root(tmp_path_factory: pytest.TempPathFactory, tiny_llama_dir: Pat
 GROUNDING_MODELS = {"owlvit": ("tiny-owlvit-1500", 1500), "maskformer": ("tiny-maskformer-6q-2000", 2000)}
 
 
+GROUNDING_CACHE = REPO / "checkpoints" / "test-cache"
+GROUNDING_TEST_FILES = ("test_loc_learning.py", "test_seg_learning.py", "test_grounding_runs.py")
+_early_build: list[threading.Thread] = []
+
+
 @pytest.fixture(scope="session")
 def pretrained_grounding_models() -> dict[str, Path]:
-    cache = REPO / "checkpoints" / "test-cache"
-    cache.mkdir(parents=True, exist_ok=True)
-    with FileLock(cache / ".build.lock"):  # pytest-xdist workers: one builds, the others wait for it
-        return _build_grounding_models(cache)
+    GROUNDING_CACHE.mkdir(parents=True, exist_ok=True)
+    with FileLock(GROUNDING_CACHE / ".build.lock"):  # one process builds, the others wait for it
+        return _build_grounding_models(GROUNDING_CACHE)
+
+
+def _start_grounding_builds(node_ids: list[str]) -> None:
+    """Start building the models in the background as soon as the collected tests are known to need them,
+    so that the build overlaps the other tests instead of stalling the worker that first asks for them."""
+    if _early_build or not any(i.split("::")[0].endswith(GROUNDING_TEST_FILES) for i in node_ids):
+        return
+
+    def build() -> None:
+        try:
+            GROUNDING_CACHE.mkdir(parents=True, exist_ok=True)
+            with FileLock(GROUNDING_CACHE / ".build.lock"):
+                _build_grounding_models(GROUNDING_CACHE)
+        except Exception:  # the fixture retries and reports the failure in the test that needs the models
+            pass
+
+    _early_build.append(threading.Thread(target=build, daemon=True))
+    _early_build[0].start()
+
+
+def pytest_xdist_node_collection_finished(node: object, ids: list[str]) -> None:
+    """Under pytest-xdist (the controller learns what the workers collected)."""
+    _start_grounding_builds(ids)
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    if not os.environ.get("PYTEST_XDIST_WORKER"):  # a plain pytest run
+        _start_grounding_builds([item.nodeid for item in session.items])
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    for thread in _early_build:  # leave no half-finished build behind the session
+        thread.join()
 
 
 def _build_grounding_models(cache: Path) -> dict[str, Path]:

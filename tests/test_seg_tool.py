@@ -189,3 +189,20 @@ def test_an_object_with_a_box_but_no_mask_is_refused(tool: MaskFormerSeg, instan
 def test_fit_runs_the_same_at_chunk_size_1_and_8(tiny_maskformer_dir: Path, coco_root: Path, tmp_path: Path) -> None:  # noqa: F811
     assert_same_runs_at_chunk_sizes_1_and_8(seg_fit_args(tiny_maskformer_dir, coco_root / "annotations.json", tmp_path),
                                             tmp_path, instances=6)
+
+
+def test_the_demo_picture_outlines_the_segment_that_matches_each_mask(instances: list[GroundingInstance]) -> None:
+    from clova_train.demo_grounding import draw, matching_segments
+
+    image = instances[0].train
+    concept = instances[0].concept
+    target = image.masks[image.objects_of(concept)]
+    elsewhere = torch.zeros_like(target[0])
+    elsewhere[:2, :2] = True  # a segment that misses every object of the concept
+    partial = target[0].clone()
+    partial[: partial.shape[0] // 2] = False
+    chosen = matching_segments([elsewhere, partial, target[0]], image, concept)
+    assert len(chosen) == 1 and torch.equal(chosen[0], target[0])
+    assert matching_segments([elsewhere], image, concept) == [] and matching_segments([], image, concept) == []
+    picture = draw(image, concept, [({"masks": [target[0]]}, (40, 220, 60))], scale=2)
+    assert picture.size == (image.size[1] * 2, image.size[0] * 2)
