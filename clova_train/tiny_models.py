@@ -318,12 +318,19 @@ def single_thread() -> Iterator[None]:
     the same on every machine of an architecture, so the quickstarts and tests see the model they were
     checked against. The two can then also be built side by side, one per core.
     """
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
+    with torch_threads(1):
+        yield
+
+
+@contextmanager
+def torch_threads(count: int) -> Iterator[None]:
+    """Run torch on ``count`` threads inside the block (the previous count is restored after it)."""
+    previous = torch.get_num_threads()
+    torch.set_num_threads(count)
     try:
         yield
     finally:
-        torch.set_num_threads(threads)
+        torch.set_num_threads(previous)
 
 
 def warmup_cosine(optimizer: torch.optim.Optimizer, warmup: int, steps: int) -> torch.optim.lr_scheduler.LambdaLR:

@@ -116,8 +116,13 @@ _early_build: list[threading.Thread] = []
 
 @pytest.fixture(scope="session")
 def pretrained_grounding_models() -> dict[str, Path]:
+    return _grounding_models()
+
+
+def _grounding_models() -> dict[str, Path]:
+    """The models' directories, built first if missing; one process builds, the others wait for it."""
     GROUNDING_CACHE.mkdir(parents=True, exist_ok=True)
-    with FileLock(GROUNDING_CACHE / ".build.lock"):  # one process builds, the others wait for it
+    with FileLock(GROUNDING_CACHE / ".build.lock"):
         return _build_grounding_models(GROUNDING_CACHE)
 
 
@@ -129,9 +134,7 @@ def _start_grounding_builds(node_ids: list[str]) -> None:
 
     def build() -> None:
         try:
-            GROUNDING_CACHE.mkdir(parents=True, exist_ok=True)
-            with FileLock(GROUNDING_CACHE / ".build.lock"):
-                _build_grounding_models(GROUNDING_CACHE)
+            _grounding_models()
         except Exception:  # the fixture retries and reports the failure in the test that needs the models
             pass
 
@@ -139,6 +142,7 @@ def _start_grounding_builds(node_ids: list[str]) -> None:
     _early_build[0].start()
 
 
+@pytest.hookimpl(optionalhook=True)  # a pytest-xdist hook: unknown to pytest without the plugin
 def pytest_xdist_node_collection_finished(node: object, ids: list[str]) -> None:
     """Under pytest-xdist (the controller learns what the workers collected)."""
     _start_grounding_builds(ids)

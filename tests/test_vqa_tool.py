@@ -18,16 +18,12 @@ from test_prompt_tuning import assert_same_pools, load_run
 
 @pytest.fixture(scope="session")
 def tiny_blip_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from clova_train.tiny_models import make_tiny_blip
+    from clova_train.tiny_models import make_tiny_blip, torch_threads
 
     # The model these tests were checked against is pretrained on two threads (as on a 2-core machine): its
     # arithmetic depends on the thread count, and a one-thread build answers "what colour" with shape names.
-    threads = torch.get_num_threads()
-    torch.set_num_threads(2)
-    try:
+    with torch_threads(2):
         return make_tiny_blip(tmp_path_factory.mktemp("tiny-blip"), seed=0, pretrain_steps=300)
-    finally:
-        torch.set_num_threads(threads)
 
 
 @pytest.fixture(scope="session")
