@@ -13,8 +13,10 @@ TINY_OWLVIT := checkpoints/models/tiny-owlvit
 LOC_RUN := checkpoints/quickstart_loc
 TINY_MASKFORMER := checkpoints/models/tiny-maskformer
 SEG_RUN := checkpoints/quickstart_seg
+TINY_SD := checkpoints/models/tiny-sd-inpaint
+REPLACE_RUN := checkpoints/quickstart_replace
 
-.PHONY: demo demo-vqa demo-loc demo-seg demo-llm demo-controller test install benchmark clean
+.PHONY: demo demo-vqa demo-loc demo-seg demo-replace demo-llm demo-controller test install benchmark clean
 
 install: $(STAMP)
 
@@ -66,6 +68,19 @@ demo-seg: $(STAMP) $(TINY_MASKFORMER)/config.json
 	$(BIN)/python -m clova_train.demo_grounding $(SEG_RUN)/export
 	$(BIN)/clova-train serve $(SEG_RUN)/export --request '{"image": "checkpoints/data/synthetic_seg_red_circle/images/00001.png", "concept": "purple circle"}'
 
+# The REPLACE prompt tool (textual inversion on Stable Diffusion inpainting): fit on a tiny inpainting
+# pipeline and synthetic masked shapes, export (pool + diffusers textual-inversion files), then measure the
+# exported token on new images against the words, the untuned token and random tokens, repaint a green
+# square with the words and with the token (pictures saved), and serve one JSON request without Lightning.
+$(TINY_SD)/model_index.json: | $(STAMP)
+	$(BIN)/clova-train tiny-model sd-inpaint $(TINY_SD)
+
+demo-replace: $(STAMP) $(TINY_SD)/model_index.json
+	$(BIN)/clova-train fit --config configs/quickstart/replace_prompt.yaml --model.init_args.on_existing_pool=overwrite
+	$(BIN)/clova-train export $(REPLACE_RUN) --output $(REPLACE_RUN)/export
+	$(BIN)/python -m clova_train.demo_replace $(REPLACE_RUN)/export
+	$(BIN)/clova-train serve $(REPLACE_RUN)/export --request '{"image": "checkpoints/data/synthetic_masked_concepts/orange_circle/orange_circle_000.png", "mask": "checkpoints/data/synthetic_masked_concepts/orange_circle/masks/orange_circle_000.png", "concept": "orange_circle", "output": "$(REPLACE_RUN)/export/demo/served.png", "seed": 0}'
+
 # The tool-using LLM quickstart (LoRA on a tiny Llama, synthetic GPT4Tools data, CPU).
 $(TINY_LLAMA)/config.json: | $(STAMP)
 	$(BIN)/clova-train tiny-model llama $(TINY_LLAMA) --pretrain-steps 300
@@ -89,8 +104,9 @@ benchmark: $(STAMP)
 	$(BIN)/python benchmarks/prompt_tuning.py --tool vqa
 	$(BIN)/python benchmarks/prompt_tuning.py --tool loc
 	$(BIN)/python benchmarks/prompt_tuning.py --tool seg
+	$(BIN)/python benchmarks/prompt_tuning.py --tool replace
 	$(BIN)/python benchmarks/lora_finetune.py
 	$(BIN)/python benchmarks/controller.py
 
 clean:
-	rm -rf $(VENV) checkpoints/quickstart_clip checkpoints/quickstart_vqa checkpoints/quickstart_llm checkpoints/controller_quickstart checkpoints/models checkpoints/data
+	rm -rf $(VENV) checkpoints/quickstart_clip checkpoints/quickstart_vqa checkpoints/quickstart_loc checkpoints/quickstart_seg checkpoints/quickstart_replace checkpoints/quickstart_llm checkpoints/controller_quickstart checkpoints/models checkpoints/data

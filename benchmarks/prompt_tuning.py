@@ -1,5 +1,5 @@
-"""Per-instance prompt tuning (CLIP, BLIP VQA, OWL-ViT LOC, MaskFormer SEG): our engine against two
-sequential baselines, in one run.
+"""Per-instance prompt tuning (CLIP, BLIP VQA, OWL-ViT LOC, MaskFormer SEG, SD-inpainting REPLACE): our engine
+against two sequential baselines, in one run.
 
 Methods (same model, data, steps, learning rate, initial prompts and threads):
 
@@ -17,7 +17,10 @@ Methods (same model, data, steps, learning rate, initial prompts and threads):
   OWL-ViT prompt training): one image at a time, the whole detector (vision encoder from the pixels, text
   encoder for the queries) re-run every step with weights that require gradients, and the pass check after
   every step (ignored, as above). SEG (its MaskFormer prompt training): the same without the check (the
-  public code had no validation).
+  public code had no validation). REPLACE (CLOVA's textual inversion, as diffusers' textual-inversion
+  script does it): one image at a time, the VAE re-encoding the image and the masked image every step, and
+  the text encoder's whole token-embedding table requiring gradients (the script restores the other rows
+  after each step); the UNet frozen.
 * ``sequential``: a fair sequential loop: one instance at a time, but with frozen weights, the
   prompt-independent work done once per instance and the same prompted forward as the engine.
 
@@ -32,6 +35,7 @@ the engine's (max absolute difference). Results are appended to ``benchmarks/res
     python benchmarks/prompt_tuning.py --tool vqa           # BLIP VQA
     python benchmarks/prompt_tuning.py --tool loc           # OWL-ViT (LOC)
     python benchmarks/prompt_tuning.py --tool seg           # MaskFormer (SEG)
+    python benchmarks/prompt_tuning.py --tool replace       # Stable Diffusion inpainting (REPLACE)
     python benchmarks/prompt_tuning.py --device cuda --chunk-size 32 --instances 64 --model ViT-B-16
 """
 
@@ -74,11 +78,25 @@ BENCH_OWLVIT = {"image_size": 64, "width": 128, "layers": 4}
 BENCH_MASKFORMER = {"image_size": 64, "width": 64, "num_queries": 32}
 GROUNDING_CONCEPT = "purple circle"
 GROUNDING_VAL_IMAGES = 4
+# A Stable Diffusion inpainting pipeline of the real architecture at a CPU-friendly size (random weights).
+BENCH_SD = {"image_size": 32, "unet_width": 32, "vae_width": 16}
+REPLACE_CONCEPT = "orange_circle"
+REPLACE_VAL_IMAGES = 2
 
 
 def _build(args: argparse.Namespace, workdir: Path) -> tuple[str, Path]:
     from clova_train.synthetic.shapes import write_concept_folders
     from clova_train.tiny_models import make_tiny_clip
+
+    if args.tool == "replace":
+        from clova_train.synthetic.masked_concepts import write_masked_concepts
+        from clova_train.tiny_inpainting import build_tiny_inpainting_pipeline
+
+        pipeline = build_tiny_inpainting_pipeline(workdir / "sd", seed=0, **BENCH_SD)
+        pipeline.save_pretrained(workdir / "sd")
+        data = write_masked_concepts(workdir / "data", [REPLACE_CONCEPT], args.instances + REPLACE_VAL_IMAGES,
+                                     image_size=BENCH_SD["image_size"], seed=0)
+        return str(workdir / "sd"), data
 
     if args.tool in ("loc", "seg"):
         from clova_train.synthetic.grounding import write_coco_scenes
@@ -133,6 +151,10 @@ def _module(args: argparse.Namespace, model_name: str):
         from clova_train.tools.maskformer_seg import MaskFormerSeg
 
         tool = MaskFormerSeg(model_name, num_prompt_tokens=args.prompt_tokens, object_threshold=0.0)
+    elif args.tool == "replace":
+        from clova_train.tools.sd_inpaint_replace import InpaintTextualInversion
+
+        tool = InpaintTextualInversion(model_name, resolution=BENCH_SD["image_size"])
     else:
         from clova_train.tools.clip import PromptedClip
 
@@ -145,6 +167,10 @@ def _datamodule(args: argparse.Namespace, data: Path, chunk_size: int):
         from clova_train.datamodules import VqaRecordDataModule
 
         dm = VqaRecordDataModule(str(data / "train.jsonl"), chunk_size=chunk_size)
+    elif args.tool == "replace":
+        from clova_train.datamodules import MaskedConceptDataModule
+
+        dm = MaskedConceptDataModule(str(data), val_per_concept=REPLACE_VAL_IMAGES, chunk_size=chunk_size)
     elif args.tool in ("loc", "seg"):
         from clova_train.datamodules import GroundingDataModule
 
@@ -200,7 +226,7 @@ def _fair_prompt(module, item: dict, device: str) -> torch.Tensor:
         names = item.candidates
         text = tool.encode_text(names)
     labels = torch.tensor([names.index(c) for c in item.labels], device=device)
-    prompt = module.init_prompt(item.instance_id).float().to(device)[None].requires_grad_()
+    prompt = module.start_prompts([item])[0].float().to(device)[None].requires_grad_()
     optimizer = torch.optim.Adam([prompt], lr=module.lr)
     for _ in range(module.steps):
         features = tool.encode_tokens(tokens, prompt.expand(len(tokens), *prompt.shape[1:]))
@@ -220,7 +246,7 @@ def _reference_prompt(module, item: dict, device: str) -> torch.Tensor:
     texts = tool.tokenizer([tool.text_prompt(c) for c in names]).to(device)
     images = item.images.to(device)
     val_images = item.val_images.to(device)
-    prompt = module.init_prompt(item.instance_id).float().to(device)[None].requires_grad_()
+    prompt = module.start_prompts([item])[0].float().to(device)[None].requires_grad_()
     optimizer = torch.optim.Adam([prompt], lr=module.lr)
     for _ in range(module.steps):
         text = F.normalize(tool.model.encode_text(texts), dim=-1)  # recomputed every step
@@ -244,7 +270,7 @@ def _fair_vqa_prompt(module, item, device: str) -> torch.Tensor:
     tool = module.tool
     with torch.no_grad():
         ctx = tool.prepare([item])
-    prompt = module.init_prompt(item.instance_id).float().to(device)[None].requires_grad_()
+    prompt = module.start_prompts([item])[0].float().to(device)[None].requires_grad_()
     optimizer = torch.optim.Adam([prompt], lr=module.lr)
     for _ in range(module.steps):
         loss = tool.instance_losses(ctx, prompt).sum()
@@ -260,7 +286,7 @@ def _reference_vqa_prompt(module, item, device: str) -> torch.Tensor:
     pixels = tool.pixel_values([item.image])
     ids, mask = tool.tokenize_questions([item.question])
     answers = tool.encode_answers([item.answer])
-    prompt = module.init_prompt(item.instance_id).float().to(device)[None].requires_grad_()
+    prompt = module.start_prompts([item])[0].float().to(device)[None].requires_grad_()
     optimizer = torch.optim.Adam([prompt], lr=module.lr)
     for _ in range(module.steps):
         encoded = tool.encode_questions(tool.image_embeddings(pixels), ids, mask)  # the whole model, every step
@@ -277,7 +303,7 @@ def _reference_vqa_prompt(module, item, device: str) -> torch.Tensor:
 def _reference_grounding_prompt(module, item, device: str) -> torch.Tensor:
     tool = module.tool
     tool.model.requires_grad_(True)  # the public code never froze the tool
-    prompt = module.init_prompt(item.instance_id).float().to(device)[None].requires_grad_()
+    prompt = module.start_prompts([item])[0].float().to(device)[None].requires_grad_()
     optimizer = torch.optim.Adam([prompt], lr=module.lr)
     for _ in range(module.steps):
         ctx = tool.prepare([item])  # the whole model from the pixels (and the query texts), every step
@@ -292,10 +318,32 @@ def _reference_grounding_prompt(module, item, device: str) -> torch.Tensor:
     return prompt.detach()[0].cpu()
 
 
+def _reference_replace_prompt(module, item, device: str) -> torch.Tensor:
+    tool = module.tool
+    table = tool.text_encoder.get_input_embeddings().weight
+    table.requires_grad_(True)  # the script trains the whole table and restores the other rows each step
+    with torch.no_grad():
+        ctx = tool.prepare([item])
+    prompt = module.start_prompts([item])[0].float().to(device)[None].requires_grad_()
+    optimizer = torch.optim.Adam([prompt], lr=module.lr)
+    for _ in range(module.steps):
+        with torch.no_grad():
+            ctx.train = tool.encode([item.train])  # the VAE on the image and the masked image, every step
+        loss = tool.instance_losses(ctx, prompt).sum()
+        optimizer.zero_grad()
+        table.grad = None
+        loss.backward()
+        optimizer.step()
+    table.requires_grad_(False)
+    return prompt.detach()[0].cpu()
+
+
 def run_loop(args: argparse.Namespace, model_name: str, data: Path, kind: str) -> dict:
     module = _module(args, model_name).to(args.device)
     dm = _datamodule(args, data, 1)
-    if args.tool in ("loc", "seg"):
+    if args.tool == "replace":
+        step = _reference_replace_prompt if kind == "reference" else _fair_vqa_prompt  # latents once, then tune
+    elif args.tool in ("loc", "seg"):
         step = _reference_grounding_prompt if kind == "reference" else _fair_vqa_prompt  # prepare once, then tune
     elif args.tool == "vqa":
         step = _reference_vqa_prompt if kind == "reference" else _fair_vqa_prompt
@@ -345,7 +393,13 @@ def measure(kind: str, args: argparse.Namespace, model_name: str, data: Path, wo
     queue = ctx.Queue()
     proc = ctx.Process(target=_child, args=(kind, args, model_name, str(data), str(workdir / kind), queue))
     proc.start()
-    result = queue.get()
+    while True:  # a child that dies (out of memory, a crash) must not leave the parent waiting forever
+        try:
+            result = queue.get(timeout=5)
+            break
+        except Exception:
+            if not proc.is_alive():
+                raise SystemExit(f"the {kind} run died (exit code {proc.exitcode})")
     proc.join()
     result["prompts"] = {k: torch.from_numpy(v) for k, v in result["prompts"].items()}
     return result
@@ -353,13 +407,13 @@ def measure(kind: str, args: argparse.Namespace, model_name: str, data: Path, wo
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--tool", choices=["clip", "vqa", "loc", "seg"], default="clip", help="which prompt tool to tune")
+    parser.add_argument("--tool", choices=["clip", "vqa", "loc", "seg", "replace"], default="clip", help="which prompt tool to tune")
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--instances", type=int, default=16)
     parser.add_argument("--chunk-size", type=int, default=16)
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--prompt-tokens", type=int, default=16)
-    parser.add_argument("--lr", type=float, default=None, help="default: the paper's (CLIP 1e-2, VQA 1e-3, LOC 5e-4, SEG 1e-1)")
+    parser.add_argument("--lr", type=float, default=None, help="default: the paper's (CLIP 1e-2, VQA 1e-3, LOC 5e-4, SEG 1e-1, REPLACE 5e-3)")
     parser.add_argument("--image-size", type=int, default=64)
     parser.add_argument("--threads", type=int, default=torch.get_num_threads())
     parser.add_argument("--repeats", type=int, default=2, help="runs per method; the fastest counts")
@@ -367,7 +421,7 @@ def main() -> None:
     parser.add_argument("--no-record", action="store_true", help="print only; do not append to the results file")
     args = parser.parse_args()
     if args.lr is None:
-        args.lr = {"vqa": 1e-3, "loc": 5e-4, "seg": 1e-1}.get(args.tool, 1e-2)
+        args.lr = {"vqa": 1e-3, "loc": 5e-4, "seg": 1e-1, "replace": 5e-3}.get(args.tool, 1e-2)
 
     with tempfile.TemporaryDirectory() as tmp:
         workdir = Path(tmp)
@@ -403,6 +457,12 @@ def main() -> None:
         what = (f"tool MaskFormer SEG (MaskFormerForInstanceSegmentation, tiny Swin, decoder width {b['width']}, "
                 f"{b['num_queries']} queries, image {b['image_size']}px), {args.prompt_tokens} prompt tokens, "
                 f"{args.steps} steps, {args.instances} instances (+1 held-out image each)")
+    elif args.tool == "replace":
+        b = BENCH_SD
+        what = (f"tool SD inpainting REPLACE (StableDiffusionInpaintPipeline: UNet width {b['unet_width']}, 9 input "
+                f"channels, VAE width {b['vae_width']}, CLIP text encoder width 32, image {b['image_size']}px), one "
+                f"32-d token, {args.steps} steps, {args.instances} instances ({REPLACE_VAL_IMAGES} held-out images "
+                "shared; the engine's time includes its gate, the loops do not gate)")
     else:
         model = args.model or "small ViT (width 256, 6 blocks, patch 8)"
         what = (f"tool CLIP, model {model}, image {args.image_size}px, {args.prompt_tokens} prompt tokens x 3 blocks, "

@@ -106,14 +106,16 @@ def run_tiny_model(args: Sequence[str]) -> None:
         prog="clova-train tiny-model",
         description="Write a tiny random-weight model of a real architecture, loadable by the normal loading code.",
     )
-    parser.add_argument("tool", choices=["clip", "blip", "owlvit", "maskformer", "llama"],
-                        help="CLIP (open_clip), BLIP VQA, OWL-ViT detection, MaskFormer segmentation or Llama (transformers)")
+    parser.add_argument("tool", choices=["clip", "blip", "owlvit", "maskformer", "llama", "sd-inpaint"],
+                        help="CLIP (open_clip), BLIP VQA, OWL-ViT detection, MaskFormer segmentation, Llama (transformers) "
+                             "or a Stable Diffusion inpainting pipeline (diffusers)")
     parser.add_argument("output", help="directory to write")
     parser.add_argument("--seed", type=int, default=0, help="weight initialisation and pretraining seed")
     parser.add_argument(
         "--pretrain-steps", type=int, default=None,
         help="pretraining steps (default: each model's own, enough for its quickstart; CLIP: contrastive, on synthetic shapes; BLIP: answers to questions about "
-        "synthetic shapes; OWL-ViT: detecting named shapes; MaskFormer: segmenting shapes of four colours; Llama: next-token, on tool prompts without responses); 0 keeps random weights",
+        "synthetic shapes; OWL-ViT: detecting named shapes; MaskFormer: segmenting shapes of four colours; Llama: next-token, on tool prompts without responses; "
+        "sd-inpaint: UNet and text encoder steps inpainting captioned shapes, after the VAE's own); 0 keeps random weights",
     )
     parsed = parser.parse_args(list(args))
     steps = {} if parsed.pretrain_steps is None else {"pretrain_steps": parsed.pretrain_steps}
@@ -125,6 +127,10 @@ def run_tiny_model(args: Sequence[str]) -> None:
         out = make_tiny_owlvit(parsed.output, seed=parsed.seed, **steps)
     elif parsed.tool == "maskformer":
         out = make_tiny_maskformer(parsed.output, seed=parsed.seed, **steps)
+    elif parsed.tool == "sd-inpaint":
+        from clova_train.tiny_inpainting import make_tiny_inpainting
+
+        out = make_tiny_inpainting(parsed.output, seed=parsed.seed, **steps)
     else:
         texts, prompts = tool_corpus(parsed.seed)
         out = make_tiny_llama(parsed.output, texts, prompts, steps.get("pretrain_steps", 200), seed=parsed.seed)

@@ -4,7 +4,8 @@ Read top to bottom, one training step does this for a chunk of instances (``data
 
 1. drop instances already finished (a resumed run skips them);
 2. compute everything that does not depend on the prompt once (``tool.prepare``);
-3. give every instance a fresh prompt, seeded by its id, and a fresh optimizer state;
+3. give every instance a fresh prompt, seeded by its id (around the tool's ``initial_prompts``), and a fresh
+   optimizer state;
 4. take ``steps`` Adam steps on the *sum* of per-instance losses: instance i's loss depends only on prompt
    row i, and Adam is elementwise, so each row follows exactly the trajectory it would follow if the
    instance were tuned alone, whatever the chunk size or number of devices;
@@ -118,6 +119,13 @@ class PromptTuning(LightningModule):
         generator = torch.Generator().manual_seed(int.from_bytes(digest[:8], "little"))
         shape = self.tool.prompt_shape
         return (torch.rand(shape, generator=generator, dtype=torch.float64) * 2 - 1) * self.tool.init_scale()
+
+    def start_prompts(self, chunk: list[TrainingInstance]) -> torch.Tensor:
+        """``[n, *prompt_shape]`` float64 starting prompts: the tool's ``initial_prompts`` (zero by default) plus
+        each instance's seeded noise (:meth:`init_prompt`)."""
+        start = torch.stack([self.init_prompt(item.instance_id) for item in chunk])
+        offset = self.tool.initial_prompts(chunk)
+        return start if offset is None else start + offset.to(start)
 
     def setup(self, stage: str) -> None:
         if self._trainer is not None:
@@ -235,7 +243,7 @@ class PromptTuning(LightningModule):
             context = self.tool.prepare(chunk)
             features = self.tool.pool_features(context).detach().float().cpu()
             self.prompts.zero_()
-            self.prompts[:n] = torch.stack([self.init_prompt(i) for i in ids]).to(self.prompts)
+            self.prompts[:n] = self.start_prompts(chunk).to(self.prompts)
         # The raw optimizer: inner steps are not Lightning's counted steps (see _count_chunk). Fresh state
         # per chunk; rows past n get zero gradients and so never move.
         optimizer = self.optimizers().optimizer

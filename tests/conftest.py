@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import shutil
 import threading
 from pathlib import Path
 
@@ -103,38 +104,41 @@ def tool_data_root(tmp_path_factory: pytest.TempPathFactory, tiny_llama_dir: Pat
     return root
 
 
-# The pretrained tiny detectors of the LOC and SEG learning tests (the quickstarts' own models): minutes
-# to build, so they are built once per checkout under checkpoints/ (ignored by git), both at the same
-# time, one core each (each pretrains on one thread and comes out the same on every machine).
-GROUNDING_MODELS = {"owlvit": ("tiny-owlvit-1500", 1500), "maskformer": ("tiny-maskformer-6q-2000", 2000)}
+# The pretrained tiny models of the LOC, SEG and REPLACE learning tests (the quickstarts' own models): minutes
+# to build, so they are built once per checkout under checkpoints/ (ignored by git), at most two at a time,
+# one core each (each pretrains on one thread and comes out the same on every machine).
+PRETRAINED_MODELS = {"owlvit": ("tiny-owlvit-1500", 1500), "maskformer": ("tiny-maskformer-6q-2000", 2000),
+                     "sd-inpaint": ("tiny-sd-inpaint-1200", 1200)}
+PARALLEL_BUILDS = 2
 
 
-GROUNDING_CACHE = REPO / "checkpoints" / "test-cache"
-GROUNDING_TEST_FILES = ("test_loc_learning.py", "test_seg_learning.py", "test_grounding_runs.py")
+MODEL_CACHE = REPO / "checkpoints" / "test-cache"
+PRETRAINED_TEST_FILES = ("test_loc_learning.py", "test_seg_learning.py", "test_grounding_runs.py",
+                         "test_replace_learning.py")
 _early_build: list[threading.Thread] = []
 
 
 @pytest.fixture(scope="session")
-def pretrained_grounding_models() -> dict[str, Path]:
-    return _grounding_models()
+def pretrained_models() -> dict[str, Path]:
+    return _pretrained_models()
 
 
-def _grounding_models() -> dict[str, Path]:
+def _pretrained_models() -> dict[str, Path]:
     """The models' directories, built first if missing; one process builds, the others wait for it."""
-    GROUNDING_CACHE.mkdir(parents=True, exist_ok=True)
-    with FileLock(GROUNDING_CACHE / ".build.lock"):
-        return _build_grounding_models(GROUNDING_CACHE)
+    MODEL_CACHE.mkdir(parents=True, exist_ok=True)
+    with FileLock(MODEL_CACHE / ".build.lock"):
+        return _build_pretrained_models(MODEL_CACHE)
 
 
-def _start_grounding_builds(node_ids: list[str]) -> None:
+def _start_pretrained_builds(node_ids: list[str]) -> None:
     """Start building the models in the background as soon as the collected tests are known to need them,
     so that the build overlaps the other tests instead of stalling the worker that first asks for them."""
-    if _early_build or not any(i.split("::")[0].endswith(GROUNDING_TEST_FILES) for i in node_ids):
+    if _early_build or not any(i.split("::")[0].endswith(PRETRAINED_TEST_FILES) for i in node_ids):
         return
 
     def build() -> None:
         try:
-            _grounding_models()
+            _pretrained_models()
         except Exception:  # the fixture retries and reports the failure in the test that needs the models
             pass
 
@@ -145,12 +149,12 @@ def _start_grounding_builds(node_ids: list[str]) -> None:
 @pytest.hookimpl(optionalhook=True)  # a pytest-xdist hook: unknown to pytest without the plugin
 def pytest_xdist_node_collection_finished(node: object, ids: list[str]) -> None:
     """Under pytest-xdist (the controller learns what the workers collected)."""
-    _start_grounding_builds(ids)
+    _start_pretrained_builds(ids)
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:
     if not os.environ.get("PYTEST_XDIST_WORKER"):  # a plain pytest run
-        _start_grounding_builds([item.nodeid for item in session.items])
+        _start_pretrained_builds([item.nodeid for item in session.items])
 
 
 def pytest_sessionfinish(session: pytest.Session) -> None:
@@ -158,16 +162,21 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
         thread.join()
 
 
-def _build_grounding_models(cache: Path) -> dict[str, Path]:
-    directories = {kind: cache / name for kind, (name, _) in GROUNDING_MODELS.items()}
-    builds = {}
-    for kind, (name, steps) in GROUNDING_MODELS.items():
-        if not (directories[kind] / "model.safetensors").is_file():
+def _build_pretrained_models(cache: Path) -> dict[str, Path]:
+    directories = {kind: cache / name for kind, (name, _) in PRETRAINED_MODELS.items()}
+    waiting = [kind for kind in PRETRAINED_MODELS if not directories[kind].is_dir()]
+    running: dict[str, tuple[Path, subprocess.Popen]] = {}
+    while waiting or running:
+        while waiting and len(running) < PARALLEL_BUILDS:
+            kind = waiting.pop(0)
+            name, steps = PRETRAINED_MODELS[kind]
             staging = cache / f".{name}.partial"
-            builds[kind] = (staging, subprocess.Popen(
+            shutil.rmtree(staging, ignore_errors=True)
+            running[kind] = (staging, subprocess.Popen(
                 [sys.executable, "-m", "clova_train", "tiny-model", kind, str(staging), "--pretrain-steps", str(steps)],
                 cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
-    for kind, (staging, process) in builds.items():
+        kind = next(iter(running))
+        staging, process = running.pop(kind)
         output, _ = process.communicate(timeout=1200)
         assert process.returncode == 0, f"building the tiny {kind} failed:\n{output[-3000:]}"
         staging.rename(directories[kind])  # complete or absent: an interrupted build is redone
@@ -175,10 +184,39 @@ def _build_grounding_models(cache: Path) -> dict[str, Path]:
 
 
 @pytest.fixture(scope="session")
-def pretrained_owlvit_dir(pretrained_grounding_models: dict[str, Path]) -> Path:
-    return pretrained_grounding_models["owlvit"]
+def pretrained_owlvit_dir(pretrained_models: dict[str, Path]) -> Path:
+    return pretrained_models["owlvit"]
 
 
 @pytest.fixture(scope="session")
-def pretrained_maskformer_dir(pretrained_grounding_models: dict[str, Path]) -> Path:
-    return pretrained_grounding_models["maskformer"]
+def pretrained_maskformer_dir(pretrained_models: dict[str, Path]) -> Path:
+    return pretrained_models["maskformer"]
+
+
+@pytest.fixture(scope="session")
+def pretrained_sd_dir(pretrained_models: dict[str, Path]) -> Path:
+    return pretrained_models["sd-inpaint"]
+
+
+@pytest.fixture(scope="session")
+def tiny_sd_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A random-weight tiny inpainting pipeline (seconds to build: for the tool's contract and plumbing)."""
+    from clova_train.tiny_inpainting import make_tiny_inpainting
+
+    return make_tiny_inpainting(tmp_path_factory.mktemp("tiny-sd"), pretrain_steps=0)
+
+
+def serve_in_fresh_process(export: Path, request: dict) -> dict:
+    """Serve one JSON request from ``export`` in a fresh Python process that must not import Lightning."""
+    import json
+
+    script = (
+        "import json, sys\n"
+        "from clova_train.tools.serving import PromptToolServer\n"
+        f"server = PromptToolServer.from_export({str(export)!r})\n"
+        f"print(json.dumps(server.serve(json.loads({json.dumps(json.dumps(request))}))))\n"
+        "assert not any(name.startswith('lightning') for name in sys.modules), 'serving imported lightning'\n"
+    )
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    return json.loads(done.stdout.strip().splitlines()[-1])

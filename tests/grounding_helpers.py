@@ -4,15 +4,13 @@ serving check and the chunk-size comparison."""
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import torch
 
 from clova_train.tools.base import PromptTool
 from clova_train.tools.grounding import GroundingInstance
-from conftest import run_fit
+from conftest import run_fit, serve_in_fresh_process
 
 
 def instances_of(scenes: Path, concept: str) -> list[GroundingInstance]:
@@ -81,18 +79,10 @@ def serve_accepted_in_fresh_process(tool: PromptTool, instances: list[GroundingI
     (export / "tool.json").write_text(json.dumps(tool.describe()), encoding="utf-8")
     image = instances[0].val[0]
     request = {"image": str(scenes / "images" / image.source.split("(")[-1].rstrip(")")), "concept": instances[0].concept}
-    script = (
-        "import json, sys\n"
-        "from clova_train.tools.serving import PromptToolServer\n"
-        f"server = PromptToolServer.from_export({str(export)!r})\n"
-        f"print(json.dumps(server.serve({json.dumps(request)})))\n"
-        "assert not any(name.startswith('lightning') for name in sys.modules), 'serving imported lightning'\n"
-    )
-    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, done.stderr[-2000:]
+    served = serve_in_fresh_process(export, request)
     with torch.no_grad():
         plain = tool.serve_request(NoPrompt(), request)
-    return json.loads(done.stdout.strip().splitlines()[-1]), plain
+    return served, plain
 
 
 def assert_same_runs_at_chunk_sizes_1_and_8(fit_args: list[str], run_root: Path, instances: int) -> None:

@@ -19,7 +19,8 @@ def test_configs_exist() -> None:
     names = {p.relative_to(REPO / "configs").as_posix() for p in CONFIGS}
     assert {"quickstart/clip_prompt.yaml", "paper/clip_prompt_vit_l14.yaml", "quickstart/vqa_prompt.yaml",
             "paper/vqa_prompt_blip.yaml", "quickstart/loc_prompt.yaml",
-            "paper/loc_prompt_owlvit.yaml", "quickstart/seg_prompt.yaml", "paper/seg_prompt_maskformer.yaml"} <= names
+            "paper/loc_prompt_owlvit.yaml", "quickstart/seg_prompt.yaml", "paper/seg_prompt_maskformer.yaml",
+            "quickstart/replace_prompt.yaml", "paper/replace_prompt_sd_inpaint.yaml"} <= names
 
 
 @pytest.mark.parametrize("config", CONFIGS, ids=lambda p: p.relative_to(REPO / "configs").as_posix())
@@ -77,6 +78,16 @@ def test_paper_grounding_configs_keep_paper_values(capsys: pytest.CaptureFixture
     tool = model["tool"]["init_args"]
     assert (tool["model_name"], tool["num_prompt_tokens"], tool["top_k"]) == ("facebook/maskformer-swin-base-coco", 100, 10)
     assert (model["lr"], model["steps"], data["max_images"]) == (0.1, 100, 50)
+
+
+def test_paper_replace_config_keeps_paper_values(capsys: pytest.CaptureFixture) -> None:
+    run_fit("fit", "--config", str(REPO / "configs/paper/replace_prompt_sd_inpaint.yaml"), "--print_config")
+    config = yaml.safe_load(capsys.readouterr().out)
+    model, data = config["model"]["init_args"], config["data"]["init_args"]
+    tool = model["tool"]["init_args"]
+    assert (tool["model_name"], tool["resolution"], model["lr"]) == ("runwayml/stable-diffusion-inpainting", 512, 0.005)
+    assert config["data"]["class_path"] == "clova_train.datamodules.MaskedConceptDataModule"
+    assert data["val_per_concept"] == 2 and tool["gate_margin"] == 0.02
 
 
 def test_help_documents_model_arguments(capsys: pytest.CaptureFixture) -> None:

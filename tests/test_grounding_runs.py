@@ -9,7 +9,7 @@ import pytest
 
 from conftest import run_cli_subprocess, run_fit
 from test_loc_learning import loc_scenes  # noqa: F401 (fixture)
-from test_prompt_tuning import assert_same_pools, load_run
+from test_prompt_tuning import assert_killed_run_resumes_to, assert_same_pools, load_run
 from test_seg_learning import seg_scenes  # noqa: F401 (fixture)
 
 TOOL_ARGS = {
@@ -78,13 +78,4 @@ def test_ddp_two_ranks_match_one_device(tool_run: tuple[str, Path, Path, str], r
 def test_killed_run_resumes_to_the_same_pool(tool_run: tuple[str, Path, Path, str], reference_run: Path,
                                              tmp_path: Path) -> None:
     run_dir = tmp_path / "killed"
-    killer = '--trainer.callbacks=[{"class_path": "kill_helper.KillAtChunk", "init_args": {"chunk": 1}}]'
-    args = grounding_args(tool_run, run_dir)
-    result = run_cli_subprocess([*args, killer], timeout=300)
-    assert result.returncode == -9, result.stderr[-3000:]
-    assert not (run_dir / "pool.safetensors").exists()
-    assert run_fit(*args, f"--ckpt_path={run_dir / 'checkpoints' / 'last.ckpt'}") == 0
-    (pool, summary), (reference_pool, reference) = load_run(run_dir), load_run(reference_run)
-    assert [(r["instance_id"], r["accepted"]) for r in summary["instances"]] == [
-        (r["instance_id"], r["accepted"]) for r in reference["instances"]]
-    assert_same_pools(pool, reference_pool, atol=PROMPT_ATOL[tool_run[0]])
+    assert_killed_run_resumes_to(reference_run, grounding_args(tool_run, run_dir), run_dir, PROMPT_ATOL[tool_run[0]])

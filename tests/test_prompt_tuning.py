@@ -28,6 +28,22 @@ def assert_same_pools(a: PromptPool, b: PromptPool, atol: float = 1e-5) -> None:
         torch.testing.assert_close(pa, pb, atol=atol, rtol=0)
 
 
+def assert_killed_run_resumes_to(reference_run: Path, args: list[str], run_dir: Path, atol: float = 1e-5) -> None:
+    """A CLI fit (``args``, writing to ``run_dir``) SIGKILLed at the start of its second chunk leaves no pool,
+    and resuming it from its last checkpoint gives the reference run's verdicts and pool."""
+    from conftest import run_cli_subprocess
+
+    killer = '--trainer.callbacks=[{"class_path": "kill_helper.KillAtChunk", "init_args": {"chunk": 1}}]'
+    result = run_cli_subprocess([*args, killer], timeout=300)
+    assert result.returncode == -9, result.stderr[-3000:]
+    assert not (run_dir / "pool.safetensors").exists()
+    assert run_fit(*args, f"--ckpt_path={run_dir / 'checkpoints' / 'last.ckpt'}") == 0
+    (pool, summary), (reference_pool, reference) = load_run(run_dir), load_run(reference_run)
+    assert [(r["instance_id"], r["accepted"]) for r in summary["instances"]] == [
+        (r["instance_id"], r["accepted"]) for r in reference["instances"]]
+    assert_same_pools(pool, reference_pool, atol=atol)
+
+
 def test_prompts_do_not_depend_on_chunk_size(tiny_clip_dir: Path, concept_root: Path, tmp_path: Path) -> None:
     runs = {}
     for size in (1, 8):

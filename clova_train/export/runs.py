@@ -6,6 +6,7 @@ Export layout (``export.json`` describes it)::
     tool.json          how to rebuild the frozen tool (model source, prompt layout, identity)
     summary.json       tried / accepted / rejected counts and reasons (when the run wrote one)
     config.yaml        the resolved LightningCLI config of the run (when found)
+    textual_inversion/ REPLACE only: each concept's token in diffusers' textual-inversion format
     versions.json      python, torch, open_clip, lightning and clova-train versions
     export.json        format version, source, file list
 
@@ -24,7 +25,7 @@ from typing import Any
 import torch
 
 from clova_train.core.atomic import write_json_atomic
-from clova_train.core.errors import ExportError
+from clova_train.core.errors import ExportError, ModelError
 from clova_train.core.manifest import staged_directory, write_manifest
 from clova_train.core.pool import PoolSpec, PromptPool
 
@@ -46,12 +47,23 @@ def _from_run_dir(run_dir: Path, staging: Path) -> dict[str, Any]:
     pool = PromptPool.load(pool_file, expected=PoolSpec.from_tool_description(tool))
     pool.save(staging / "pool.safetensors")
     shutil.copy2(tool_file, staging / "tool.json")
+    _write_tool_formats(pool, tool, staging)
     if (run_dir / "summary.json").is_file():
         shutil.copy2(run_dir / "summary.json", staging / "summary.json")
     config = _find_config(run_dir)
     if config is not None:
         shutil.copy2(config, staging / "config.yaml")
     return {"kind": "run_dir", "path": str(run_dir.resolve())}
+
+
+def _write_tool_formats(pool: PromptPool, tool: dict[str, Any], staging: Path) -> None:
+    """The tool's own serving formats beside the pool (REPLACE: diffusers textual-inversion files)."""
+    from clova_train.tools.base import tool_class
+
+    try:
+        tool_class(tool).write_export_files(pool, tool, staging)
+    except ModelError as err:
+        raise ExportError(f"cannot write the {tool.get('tool')} export files: {err}") from err
 
 
 def load_checkpoint(ckpt: Path) -> dict[str, Any]:
@@ -77,6 +89,7 @@ def _from_checkpoint(ckpt: Path, checkpoint: dict[str, Any], staging: Path) -> d
     pool = pool_from_records(PoolSpec.from_tool_description(tool), records)
     pool.save(staging / "pool.safetensors")
     write_json_atomic(staging / "tool.json", tool)
+    _write_tool_formats(pool, tool, staging)
     write_json_atomic(
         staging / "summary.json",
         {

@@ -69,16 +69,18 @@ def render_scene(
     rng: np.random.Generator | None = None,
     palette: dict[str, tuple[int, int, int]] | None = None,
     object_size: tuple[float, float] = (0.25, 0.5),
+    background_noise: float = 12.0,
 ) -> Scene:
     """Render ``objects`` (``(colour, shape)`` pairs) at random non-overlapping places on a noisy background.
 
     ``palette`` overrides the RGB of some colour names (default :data:`COLOURS`); each object's side is a
-    random fraction of ``size`` in ``object_size``.
+    random fraction of ``size`` in ``object_size``; ``background_noise`` is the standard deviation of the
+    background's per-pixel noise.
     """
     palette = {**COLOURS, **(palette or {})}
     rng = rng or np.random.default_rng()
     background = rng.integers(90, 170, size=3)
-    noise = rng.normal(0, 12, size=(size, size, 3))
+    noise = rng.normal(0, background_noise, size=(size, size, 3))
     canvas = np.clip(background[None, None, :] + noise, 0, 255).astype(np.uint8)
     image = Image.fromarray(canvas)
     placed: list[ShapeObject] = []

@@ -95,8 +95,15 @@ class PromptTool(nn.Module, ABC):
         """JSON-serialisable constructor arguments that rebuild this tool."""
 
     def init_scale(self) -> float:
-        """Prompts start uniform in ``(-s, s)`` with this ``s``."""
+        """Prompts start uniform in ``(-s, s)`` with this ``s`` (added to :meth:`initial_prompts` when given)."""
         return 1.0
+
+    def initial_prompts(self, instances: Sequence[TrainingInstance]) -> torch.Tensor | None:
+        """``[n, *prompt_shape]`` values prompts start from before the seeded noise is added, or ``None`` (zero).
+
+        Textual inversion starts a token from a word's embedding; most tools start from zero.
+        """
+        return None
 
     @property
     def serving_top_k(self) -> int | None:
@@ -179,6 +186,12 @@ class PromptTool(nn.Module, ABC):
     def serve_request(self, lookup: PromptLookup, request: dict[str, Any]) -> dict[str, Any]:
         """Answer one JSON request (file paths for images) with the prompt ensemble."""
         raise NotImplementedError(f"{type(self).__name__} does not serve JSON requests")
+
+    # ------------------------------------------------------------------ export
+    @classmethod
+    def write_export_files(cls, pool: Any, description: dict[str, Any], directory: Any) -> None:
+        """Write tool-specific serving formats into an export ``directory`` (``clova-train export`` calls it
+        with the pool and ``tool.json``, without loading the network). Default: nothing beyond the pool."""
 
     # ------------------------------------------------------------------ frozen network
     def freeze(self, network: nn.Module) -> nn.Module:
