@@ -5,8 +5,9 @@
 1. renders ``--images`` new masked images of each exported concept (a seed the quickstart never used, so
    never trained or gated on) and reports the mean held-out noise-prediction loss (the gate's 10 timesteps x
    2 draws, paired) with the concept's plain words, the exported token, the untuned token (the initializer
-   word's embedding) and random tokens of the exported token's norm (5 seeds); and on how many images the
-   token beats the words;
+   word's embedding), random tokens of the exported token's norm (5 seeds) and, when the run kept its
+   rejected tokens (``keep_rejected_prompts``), the ungated pool (every tuned token, same uniform ensemble);
+   and on how many images the token beats the words;
 2. repaints the box of a green square as the concept with the same seed, once with the words and once with
    the token (the served pipeline), saves before / after pictures and reports how far the repainted region's
    mean colour is from the concept's colour.
@@ -28,7 +29,9 @@ from clova_train.core.pool import random_prompts_like
 from clova_train.synthetic.masked_concepts import masked_shape
 from clova_train.synthetic.shapes import COLOURS
 from clova_train.tools.base import NoPrompt
-from clova_train.tools.sd_inpaint_replace import MaskedImage, ReplaceInstance, concept_words, save_image_atomic
+from clova_train.tools.sd_inpaint_replace import (
+    MaskedImage, ReplaceInstance, concept_words, ensembled_token, save_image_atomic,
+)
 from clova_train.tools.serving import PromptToolServer
 
 DEMO_SEED = 12345  # the quickstart renders with seed 0: these images are new
@@ -45,7 +48,26 @@ def _masked_images(concept: str, count: int, size: int) -> list[MaskedImage]:
     return images
 
 
-def held_out_table(server: PromptToolServer, concept: str, count: int) -> dict[str, torch.Tensor]:
+def ungated_token(export: Path, concept: str) -> tuple[torch.Tensor, int] | None:
+    """The uniform ensemble of every token the run tuned for ``concept``, accepted or not, with their count
+    (from the run's newest checkpoint; ``None`` when the run did not keep rejected tokens)."""
+    import json
+
+    manifest = export / "export.json"
+    source = json.loads(manifest.read_text(encoding="utf-8")).get("source", {}) if manifest.is_file() else {}
+    folder = Path(source.get("path", "")) / "checkpoints"
+    checkpoints = sorted(folder.glob("*.ckpt"), key=lambda p: p.stat().st_mtime) if folder.is_dir() else []
+    if not checkpoints:
+        return None
+    state = torch.load(checkpoints[-1], map_location="cpu", weights_only=True).get("clova_train.prompt_tuning", {})
+    records = [r for r in state.get("records", {}).values() if r.get("concept") == concept]
+    if not records or any(r.get("prompt") is None for r in records):
+        return None
+    return ensembled_token(torch.stack([r["prompt"] for r in records])), len(records)
+
+
+def held_out_table(server: PromptToolServer, concept: str, count: int,
+                   ungated: tuple[torch.Tensor, int] | None = None) -> dict[str, torch.Tensor]:
     """Per-image gate losses on ``count`` new images of ``concept`` with the words, the exported token, the
     untuned token and random tokens."""
     tool = server.tool
@@ -62,6 +84,8 @@ def held_out_table(server: PromptToolServer, concept: str, count: int) -> dict[s
         }
         randoms = [tool.held_out_losses(ctx, random_prompts_like(token[None], torch.Generator().manual_seed(s)))[0]
                    for s in range(5)]
+        if ungated is not None:
+            rows[f"ungated pool ({ungated[1]} tokens)"] = tool.held_out_losses(ctx, ungated[0][None])[0]
     rows["random tokens (5 seeds)"] = torch.stack(randoms).mean(0)
     return rows
 
@@ -86,7 +110,7 @@ def main(argv: list[str] | None = None) -> int:
             return 0
         out = Path(args.export) / "demo"
         for concept in concepts:
-            rows = held_out_table(server, concept, args.images)
+            rows = held_out_table(server, concept, args.images, ungated_token(Path(args.export), concept))
             words = rows["words"]
             print(f"\n{concept}: mean noise-prediction loss on {args.images} new images (lower is better)")
             for name, losses in rows.items():
