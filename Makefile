@@ -16,14 +16,12 @@ SEG_RUN := checkpoints/quickstart_seg
 TINY_SD := checkpoints/models/tiny-sd-inpaint
 REPLACE_RUN := checkpoints/quickstart_replace
 
-# Portable CPU kernels for everything that builds or runs the tiny models (the same as tests/conftest.py): the
-# models are pretrained for minutes and float rounding differs between SSE, AVX2 and AVX-512 kernels, so
+# ATen's portable kernels for everything that builds or runs the tiny models (as tests/conftest.py): the models
+# are pretrained for minutes and float rounding differs between ATen's SSE, AVX2 and AVX-512 kernels, so
 # without this an AVX-512 host builds other tiny models than the ones the README's quickstart numbers and the
 # learning tests come from. Benchmarks run on the host's own kernels.
 PORTABLE_TARGETS := demo demo-vqa demo-loc demo-seg demo-replace demo-llm demo-controller test
 $(PORTABLE_TARGETS): export ATEN_CPU_CAPABILITY = default
-$(PORTABLE_TARGETS): export MKL_ENABLE_INSTRUCTIONS = SSE4_2
-$(PORTABLE_TARGETS): export ONEDNN_MAX_CPU_ISA = SSE41
 
 .PHONY: demo demo-vqa demo-loc demo-seg demo-replace demo-llm demo-controller test install benchmark clean
 
@@ -69,7 +67,7 @@ demo-loc: $(STAMP) $(TINY_OWLVIT)/config.json
 
 # The SEG prompt tool (MaskFormer): the same on a tiny MaskFormer; the picture has the masks drawn.
 $(TINY_MASKFORMER)/config.json: | $(STAMP)
-	$(BIN)/clova-train tiny-model maskformer $(TINY_MASKFORMER)
+	ONEDNN_MAX_CPU_ISA=SSE41 $(BIN)/clova-train tiny-model maskformer $(TINY_MASKFORMER)  # as the tests' (conftest)
 
 demo-seg: $(STAMP) $(TINY_MASKFORMER)/config.json
 	$(BIN)/clova-train fit --config configs/quickstart/seg_prompt.yaml --model.init_args.on_existing_pool=overwrite

@@ -8,9 +8,9 @@
    word's embedding), random tokens of the exported token's norm (5 seeds) and, when the run kept its
    rejected tokens (``keep_rejected_prompts``), the ungated pool (every tuned token, same uniform ensemble);
    and on how many images the token beats the words;
-2. repaints the box of a green square as the concept with the same seed, once with the words and once with
-   the token (the served pipeline), saves before / after pictures and reports how far the repainted region's
-   mean colour is from the concept's colour.
+2. repaints the box of ``--images`` new green squares as the concept, the same seeds for every row, with the
+   words, the exported token and the same controls, and reports how far the repainted region's mean colour is
+   from the concept's colour; saves before / after pictures of one of them.
 
 No Lightning: it uses the serving code (``PromptToolServer``) as a deployment would.
 """
@@ -90,10 +90,47 @@ def held_out_table(server: PromptToolServer, concept: str, count: int,
     return rows
 
 
+class FixedToken:
+    """A lookup that serves one given token for every concept (the demo's controls)."""
+
+    def __init__(self, token: torch.Tensor) -> None:
+        self.token = token
+
+    def prompts_for(self, concept: str | None, features: torch.Tensor) -> None:
+        return None
+
+    def candidates(self, concept: str | None) -> tuple[torch.Tensor, torch.Tensor]:
+        return torch.zeros(1, 1), self.token[None]
+
+
+def repaint_table(server: PromptToolServer, concept: str, tokens: dict[str, torch.Tensor | None], count: int,
+                  seed: int) -> dict[str, float]:
+    """Mean RGB distance from the concept's colour of the region repainted in ``count`` new pictures of a green
+    square (the box repainted as ``concept``, the same seeds for every row); ``None`` is the plain words."""
+    colour = concept.partition("_")[0]
+    rng = np.random.default_rng(DEMO_SEED + 2)
+    scenes = [masked_shape(rng, "green", "square", server.tool.resolution) for _ in range(count)]
+    table = {}
+    for name, token in tokens.items():
+        lookup = NoPrompt() if token is None else FixedToken(token)
+        distances = []
+        for k, (image, mask) in enumerate(scenes):
+            painted, _ = server.tool.inpaint(lookup, Image.fromarray(image), Image.fromarray(mask), concept, seed + k)
+            distances.append(region_colour_distance(painted, mask, colour))
+        table[name] = float(np.mean(distances))
+    return table
+
+
 def region_colour_distance(picture: Image.Image, mask: np.ndarray, colour: str) -> float:
     """RGB distance between the mean colour inside ``mask`` and the palette colour ``colour``."""
     pixels = np.asarray(picture.convert("RGB"), dtype=np.float64)[mask > 127]
     return float(np.linalg.norm(pixels.mean(0) - np.array(COLOURS[colour])))
+
+
+def colour_known(concept: str) -> bool:
+    """Whether the concept is a rendered ``<colour>_<shape>`` (the demo can draw and measure it)."""
+    colour, _, shape = concept.partition("_")
+    return colour in COLOURS and bool(shape)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -117,7 +154,22 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"  {name:<24} {float(losses.mean()):.4f}")
             wins = int((rows["exported token"] < words).sum())
             print(f"  the token beats the words on {wins} of {len(words)} images")
+            if colour_known(concept):
+                controls = {"words": None, "exported token": server.token_for(concept),
+                            "untuned token": server.tool.initial_token(concept_words(concept))}
+                ungated = ungated_token(Path(args.export), concept)
+                if ungated is not None:
+                    controls[f"ungated pool ({ungated[1]} tokens)"] = ungated[0]
+                exported = controls["exported token"]
+                for s in range(3):
+                    controls[f"random token (seed {s})"] = random_prompts_like(exported[None], torch.Generator().manual_seed(s))[0]
+                print(f"\n  repainting {args.images} green squares as {concept} (seeds {args.seed}..): mean distance of the "
+                      f"region's colour from {concept.partition('_')[0]} (RGB, lower is better)")
+                for name, distance in repaint_table(server, concept, controls, args.images, args.seed).items():
+                    print(f"  {name:<24} {distance:.0f}")
 
+            if not colour_known(concept):
+                continue
             rng = np.random.default_rng(DEMO_SEED + 1)
             image, mask = masked_shape(rng, "green", "square", server.tool.resolution)
             before = Image.fromarray(image)

@@ -21,7 +21,6 @@ import json
 import random
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 from clova_train.synthetic.shapes import COLOURS, SHAPES
 from clova_train.tooluse.react import THOUGHT_PREFIX

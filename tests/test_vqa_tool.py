@@ -155,8 +155,11 @@ def test_greedy_and_teacher_forced_gates_agree(tool: BlipVqa, vqa_root: Path) ->
 # ---------------------------------------------------------------------- runs, export, serving
 @pytest.fixture(scope="module")
 def vqa_reference_run(tiny_blip_dir: Path, vqa_root: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from clova_train.tiny_models import torch_threads
+
     run_dir = tmp_path_factory.mktemp("vqa-reference")
-    assert run_fit(*vqa_fit_args(tiny_blip_dir, vqa_root / "train.jsonl", run_dir)) == 0
+    with torch_threads(2):  # as the model itself (tiny_blip_dir): the tests were calibrated on two threads
+        assert run_fit(*vqa_fit_args(tiny_blip_dir, vqa_root / "train.jsonl", run_dir)) == 0
     return run_dir
 
 

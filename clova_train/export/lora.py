@@ -19,8 +19,6 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-import torch
-
 from clova_train.core.atomic import write_json_atomic
 from clova_train.core.errors import ExportError
 from clova_train.tooluse.prompt_template import TEMPLATE_FILE, PromptTemplate

@@ -20,8 +20,8 @@ noise-prediction loss with the learned token must be at least ``gate_margin`` (2
 concept's plain words in the same template, over ``gate_timesteps`` fixed timesteps (evenly spread over the
 schedule) x ``gate_noise_draws`` noise draws seeded by the image, the same draws for both (a paired
 comparison, so the verdict is reproducible). The margin keeps out tokens that only match the words by
-chance: measured on the tiny pipeline (token loss / words loss), tuned tokens scored 0.965 to 1.007, random
-tokens of the tuned norms 0.99 to 1.24, tokens tuned on other concepts' images 1.08 to 1.94. Blind spot: a
+chance: measured on the tiny pipeline (token loss / words loss), tuned tokens scored 0.955 to 1.009, random
+tokens of the tuned norms 0.99 to 1.24, tokens tuned on other concepts' images 1.06 to 1.95. Blind spot: a
 concept close to the target can pass when the words say little about the difference; a specificity check on
 other concepts' images would catch it and is not part of this gate.
 
