@@ -20,7 +20,7 @@ token learned from orange circles has something to add (the quickstart measures 
 untuned token and random tokens). Orange, not the other tools' purple: purple lies between the other
 colours, so knowing it barely lowers the loss (measured: the exact word helped purple circles by 0.5%,
 orange ones by 4 to 9%). Everything runs on one thread, so a build is the same on every machine
-(``clova-train tiny-model sd-inpaint DIR``, about 3 minutes on one core).
+(``clova-train tiny-model sd-inpaint DIR``, about 4 minutes on one core).
 """
 
 from __future__ import annotations
