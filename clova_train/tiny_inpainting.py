@@ -127,12 +127,13 @@ def pretrain_inpainting(pipeline: object, vae_steps: int = 400, unet_steps: int 
                 print(f"vae pretrain step {step}: loss {loss.item():.4f}", flush=True)
         vae.eval().requires_grad_(False)
         with torch.no_grad():
-            latents = torch.cat([vae.encode(images[k : k + 256]).latent_dist.mode() for k in range(0, scenes, 256)])
+            def encode(pixels: torch.Tensor) -> torch.Tensor:
+                return torch.cat([vae.encode(pixels[k : k + 256]).latent_dist.mode() for k in range(0, scenes, 256)])
+
+            latents = encode(images)
             scale = float(1.0 / latents.std())
             vae.register_to_config(scaling_factor=scale)
-            masked = images * (masks < 0.5)
-            masked_latents = torch.cat(
-                [vae.encode(masked[k : k + 256]).latent_dist.mode() for k in range(0, scenes, 256)]) * scale
+            masked_latents = encode(images * (masks < 0.5)) * scale
             latents = latents * scale
             small_masks = F.interpolate(masks, size=latents.shape[-2:])
             ids = tokenizer(captions, padding="max_length", max_length=TEXT_LENGTH, truncation=True,

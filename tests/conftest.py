@@ -31,6 +31,11 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
     # `make test` runs one pytest-xdist worker per core; with torch's default of one thread per core each,
     # the workers' threads contend and the suite takes more than twice as long
     torch.set_num_threads(1)
+# `clova-train fit` on one CPU process, one epoch, seeded, without logger, progress bar or model summary
+QUIET_CPU_FIT = [
+    "fit", "--seed_everything=0", "--trainer.accelerator=cpu", "--trainer.devices=1", "--trainer.max_epochs=1",
+    "--trainer.logger=false", "--trainer.enable_progress_bar=false", "--trainer.enable_model_summary=false",
+]
 FAST_MODEL_ARGS = [
     "--model.class_path=clova_train.models.PromptTuning",
     "--model.init_args.tool.class_path=clova_train.tools.clip.PromptedClip",
@@ -55,14 +60,7 @@ def concept_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def fit_args(tiny_clip_dir: Path, data_root: Path, run_dir: Path, *extra: str) -> list[str]:
     """CLI arguments of a small CLIP prompt-tuning fit."""
     return [
-        "fit",
-        "--seed_everything=0",
-        "--trainer.accelerator=cpu",
-        "--trainer.devices=1",
-        "--trainer.max_epochs=1",
-        "--trainer.logger=false",
-        "--trainer.enable_progress_bar=false",
-        "--trainer.enable_model_summary=false",
+        *QUIET_CPU_FIT,
         f"--trainer.default_root_dir={run_dir}",
         *FAST_MODEL_ARGS,
         f"--model.init_args.tool.init_args.model_name=local-dir:{tiny_clip_dir}",

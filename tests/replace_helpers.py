@@ -9,6 +9,7 @@ import torch
 from clova_train.synthetic.masked_concepts import write_masked_concepts
 from clova_train.tools.base import PromptTool
 from clova_train.tools.sd_inpaint_replace import ReplaceInstance, load_masked_image
+from conftest import QUIET_CPU_FIT
 
 TOOL_CLASS = "clova_train.tools.sd_inpaint_replace.InpaintTextualInversion"
 
@@ -44,8 +45,7 @@ def tune(tool: PromptTool, items: list[ReplaceInstance], steps: int, lr: float =
 def fit_args(model_dir: Path, data_root: Path, run_dir: Path, *extra: str) -> list[str]:
     """CLI arguments of a small REPLACE fit (8 instances in chunks of 3: ranks get 2 and 1 chunks)."""
     return [
-        "fit", "--seed_everything=0", "--trainer.accelerator=cpu", "--trainer.devices=1", "--trainer.max_epochs=1",
-        "--trainer.logger=false", "--trainer.enable_progress_bar=false", "--trainer.enable_model_summary=false",
+        *QUIET_CPU_FIT,
         f"--trainer.default_root_dir={run_dir}",
         "--model.class_path=clova_train.models.PromptTuning",
         f"--model.init_args.tool.class_path={TOOL_CLASS}",

@@ -12,7 +12,7 @@ import torch
 
 from clova_train.core.errors import DataError
 from clova_train.datamodules.grounding import GroundingAnnotations, GroundingInstances, GroundingSplit
-from conftest import run_fit
+from conftest import QUIET_CPU_FIT, run_fit
 
 
 @pytest.fixture(scope="session")
@@ -31,8 +31,7 @@ def tiny_owlvit_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def loc_fit_args(owlvit_dir: Path, annotations: Path, run_dir: Path, *extra: str) -> list[str]:
     return [
-        "fit", "--seed_everything=0", "--trainer.accelerator=cpu", "--trainer.devices=1", "--trainer.max_epochs=1",
-        "--trainer.logger=false", "--trainer.enable_progress_bar=false", "--trainer.enable_model_summary=false",
+        *QUIET_CPU_FIT,
         f"--trainer.default_root_dir={run_dir}",
         "--model.class_path=clova_train.models.PromptTuning",
         "--model.init_args.tool.class_path=clova_train.tools.owlvit_loc.OwlVitLoc",

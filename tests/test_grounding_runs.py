@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import run_cli_subprocess, run_fit
+from conftest import QUIET_CPU_FIT, run_cli_subprocess, run_fit
 from test_loc_learning import loc_scenes  # noqa: F401 (fixture)
 from test_prompt_tuning import assert_killed_run_resumes_to, assert_same_pools, load_run
 from test_seg_learning import seg_scenes  # noqa: F401 (fixture)
@@ -38,8 +38,7 @@ def tool_run(request: pytest.FixtureRequest) -> tuple[str, Path, Path, str]:
 def grounding_args(run: tuple[str, Path, Path, str], run_dir: Path, *extra: str) -> list[str]:
     tool, model_dir, scenes, concept = run
     return [
-        "fit", "--seed_everything=0", "--trainer.accelerator=cpu", "--trainer.devices=1", "--trainer.max_epochs=1",
-        "--trainer.logger=false", "--trainer.enable_progress_bar=false", "--trainer.enable_model_summary=false",
+        *QUIET_CPU_FIT,
         f"--trainer.default_root_dir={run_dir}",
         "--model.class_path=clova_train.models.PromptTuning",
         *TOOL_ARGS[tool],

@@ -9,6 +9,7 @@ import torch
 
 from clova_train.tools.grounding import GroundingInstance
 from clova_train.tools.maskformer_seg import MaskFormerSeg, mask_iou
+from conftest import QUIET_CPU_FIT
 from grounding_helpers import assert_same_runs_at_chunk_sizes_1_and_8, random_prompt_server
 from test_grounding_data import coco_root  # noqa: F401 (session fixture)
 
@@ -37,8 +38,7 @@ def instances(coco_root: Path) -> list[GroundingInstance]:  # noqa: F811
 
 def seg_fit_args(maskformer_dir: Path, annotations: Path, run_dir: Path, *extra: str) -> list[str]:
     return [
-        "fit", "--seed_everything=0", "--trainer.accelerator=cpu", "--trainer.devices=1", "--trainer.max_epochs=1",
-        "--trainer.logger=false", "--trainer.enable_progress_bar=false", "--trainer.enable_model_summary=false",
+        *QUIET_CPU_FIT,
         f"--trainer.default_root_dir={run_dir}",
         "--model.class_path=clova_train.models.PromptTuning",
         "--model.init_args.tool.class_path=clova_train.tools.maskformer_seg.MaskFormerSeg",

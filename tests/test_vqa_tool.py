@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from clova_train.tools.blip_vqa import BlipVqa, VqaInstance
-from conftest import run_cli_subprocess, run_fit
+from conftest import QUIET_CPU_FIT, run_cli_subprocess, run_fit
 from test_prompt_tuning import assert_same_pools, load_run
 
 
@@ -58,8 +58,7 @@ def records(root: Path) -> list[VqaInstance]:
 
 def vqa_fit_args(blip_dir: Path, records_file: Path, run_dir: Path, *extra: str) -> list[str]:
     return [
-        "fit", "--seed_everything=0", "--trainer.accelerator=cpu", "--trainer.devices=1", "--trainer.max_epochs=1",
-        "--trainer.logger=false", "--trainer.enable_progress_bar=false", "--trainer.enable_model_summary=false",
+        *QUIET_CPU_FIT,
         f"--trainer.default_root_dir={run_dir}",
         "--model.class_path=clova_train.models.PromptTuning",
         "--model.init_args.tool.class_path=clova_train.tools.blip_vqa.BlipVqa",

@@ -102,12 +102,9 @@ def load_mask(path: Path) -> torch.Tensor:
 
 def load_masked_image(image_path: Path, mask_path: Path | None) -> MaskedImage:
     """The image at ``image_path`` with its mask (``None``: the whole image is repainted)."""
-    import numpy as np
+    from clova_train.tools.images import load_image_uint8
 
-    from clova_train.tools.images import open_rgb
-
-    rgb = torch.from_numpy(np.asarray(open_rgb(Path(image_path)), dtype=np.uint8).copy()).permute(2, 0, 1)
-    image = rgb.float() / 255
+    image = load_image_uint8(Path(image_path)).float() / 255
     mask = torch.ones(1, *image.shape[1:]) if mask_path is None else load_mask(mask_path)
     source = str(image_path) if mask_path is None else f"{image_path} (mask {mask_path})"
     return MaskedImage(image, mask, source)
@@ -429,14 +426,17 @@ class InpaintTextualInversion(PromptTool):
         timestep = torch.randint(int(self.noise_schedule.config.num_train_timesteps), (1,), generator=generator)
         return noise, timestep
 
+    def _instance_draws(self, ctx: ReplaceChunk, seed_texts: list[str]) -> tuple[torch.Tensor, torch.Tensor]:
+        """(noise ``[n, C, h, w]``, timesteps ``[n]``) for the chunk's instances, one seed text each."""
+        draws = [self._draw(text, tuple(ctx.train.latents.shape[1:])) for text in seed_texts]
+        return (torch.stack([d[0] for d in draws]).to(self.device, ctx.train.latents.dtype),
+                torch.cat([d[1] for d in draws]).to(self.device))
+
     def instance_losses(self, ctx: ReplaceChunk, prompts: torch.Tensor) -> torch.Tensor:
         """Each instance's noise-prediction loss on its training image at this step's seeded noise and timestep."""
         ctx.step += 1
         n = len(ctx.ids)
-        shape = tuple(ctx.train.latents.shape[1:])
-        draws = [self._draw(f"{instance_id}:{ctx.step}", shape) for instance_id in ctx.ids]
-        noise = torch.stack([d[0] for d in draws]).to(self.device, ctx.train.latents.dtype)
-        timesteps = torch.cat([d[1] for d in draws]).to(self.device)
+        noise, timesteps = self._instance_draws(ctx, [f"{instance_id}:{ctx.step}" for instance_id in ctx.ids])
         states = self.text_states(ctx.token_ids.expand(n, -1), prompts)
         return self._noise_losses(ctx.train, torch.arange(n, device=self.device), states, noise, timesteps)
 
@@ -500,31 +500,25 @@ class InpaintTextualInversion(PromptTool):
         return ctx.features
 
     # ------------------------------------------------------------------ checked by check_tool
-    def _fixed_draws(self, ctx: ReplaceChunk) -> tuple[torch.Tensor, torch.Tensor]:
-        shape = tuple(ctx.train.latents.shape[1:])
-        draws = [self._draw(f"check:{instance_id}", shape) for instance_id in ctx.ids]
-        return (torch.stack([d[0] for d in draws]).to(self.device, ctx.train.latents.dtype),
-                torch.cat([d[1] for d in draws]).to(self.device))
+    def _training_predictions(self, ctx: ReplaceChunk, states: torch.Tensor) -> torch.Tensor:
+        """The UNet's predictions ``[n, C*h*w]`` on the training latents at fixed seeded draws, with text ``states``."""
+        noise, timesteps = self._instance_draws(ctx, [f"check:{instance_id}" for instance_id in ctx.ids])
+        noisy = self.noise_schedule.add_noise(ctx.train.latents, noise, timesteps)
+        unet_input = torch.cat([noisy, ctx.train.masks, ctx.train.masked], 1)
+        return self.unet(unet_input, timesteps, states).sample.flatten(1)
 
     def unmodified_outputs(self, ctx: ReplaceChunk) -> torch.Tensor:
         """diffusers' UNet on the training latents with the concept's words through the library text encoder."""
-        noise, timesteps = self._fixed_draws(ctx)
         states = self.text_encoder(self.tokenize([self.template.format(w) for w in ctx.words]))[0]
-        noisy = self.noise_schedule.add_noise(ctx.train.latents, noise, timesteps)
-        unet_input = torch.cat([noisy, ctx.train.masks, ctx.train.masked], 1)
-        return self.unet(unet_input, timesteps, states).sample.flatten(1)
+        return self._training_predictions(ctx, states)
 
     def prompted_outputs(self, ctx: ReplaceChunk, prompts: torch.Tensor | None) -> torch.Tensor:
         """The same through the prompted path: the token's template (or, with no prompt, the words)."""
-        noise, timesteps = self._fixed_draws(ctx)
-        n = len(ctx.ids)
         if prompts is None:
             states = self.text_states(self.tokenize([self.template.format(w) for w in ctx.words]), None)
         else:
-            states = self.text_states(ctx.token_ids.expand(n, -1), prompts)
-        noisy = self.noise_schedule.add_noise(ctx.train.latents, noise, timesteps)
-        unet_input = torch.cat([noisy, ctx.train.masks, ctx.train.masked], 1)
-        return self.unet(unet_input, timesteps, states).sample.flatten(1)
+            states = self.text_states(ctx.token_ids.expand(len(ctx.ids), -1), prompts)
+        return self._training_predictions(ctx, states)
 
     # ------------------------------------------------------------------ serving
     def token_for(self, lookup: PromptLookup, concept: str) -> torch.Tensor | None:
