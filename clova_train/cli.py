@@ -1,17 +1,18 @@
-"""The ``clova-train`` command.
+"""The ``clova-train`` command: one umbrella parser, each subcommand importing only what it needs.
 
-* ``clova-train fit|validate|test|predict --config <yaml> [--config <yaml> ...] [--a.b=value ...]`` is
-  LightningCLI: the model and data are chosen by ``class_path`` (``ClipPromptTuning``,
-  ``ConceptFolderDataModule``, ...), ``--print_config`` shows the resolved config, ``--help`` documents
-  every argument, and fits resume with ``--ckpt_path last``.
-* ``clova-train export`` writes a self-describing serving directory from a finished run or a checkpoint.
-* ``clova-train serve EXPORT --request '{...}'`` answers JSON requests with any exported prompt tool and its
-  prompt ensemble (one reply per line; requests also from stdin), without Lightning.
+* ``clova-train fit|validate|test --config <yaml> [--config <yaml> ...] [--a.b=value ...]`` is LightningCLI:
+  the model and data are chosen by ``class_path`` (``ClipPromptTuning``, ``ConceptFolderDataModule``, ...),
+  ``--print_config`` shows the resolved config, ``--help`` documents every argument, and fits resume with
+  ``--ckpt_path last``.
+* ``clova-train predict EXPORT --inputs DIR|FILE.jsonl --output FILE.jsonl`` runs an exported prompt tool with
+  its prompt pool over a folder of images or a JSONL of requests.
+* ``clova-train export`` writes a portable serving directory from a finished run or a checkpoint.
+* ``clova-train serve EXPORT [EXPORT ...]`` serves exports over HTTP (LitServe): one endpoint per prompt tool
+  and an OpenAI-compatible chat endpoint for a LoRA export; ``--request``/``--stdin`` answer JSON lines instead.
 * ``clova-train controller fit|evaluate|export --config <yaml>`` trains HYDRA's DQN controller on the
-  reasoning-loop environment (stable-baselines3), evaluates it against the planner's top sample and a random
-  one, and exports it (SB3 zip, TorchScript Q-network, JSON description). Reruns of ``fit`` resume.
-* ``clova-train tiny-model clip <dir>`` writes a tiny random-weight model of a real architecture (for
-  quickstarts and tests on machines without a model hub).
+  reasoning-loop environment (stable-baselines3), evaluates it and exports it. Reruns of ``fit`` resume.
+* ``clova-train tiny-model KIND DIR`` writes a tiny model of a real architecture (for quickstarts and tests on
+  machines without a model hub).
 
 Errors about user input (bad config, missing file, mismatched pool, ...) print one line naming the culprit
 and exit with status 2.
@@ -21,12 +22,38 @@ from __future__ import annotations
 
 import argparse
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 
 from clova_train.core.errors import ClovaTrainError
 
-EXTRA_COMMANDS = ("export", "serve", "controller", "tiny-model")
+PROG = "clova-train"
+LIGHTNING_COMMANDS = {
+    "fit": "train a prompt tool, a tool-using LLM (LoRA) or any LightningModule from a YAML config",
+    "validate": "evaluate a model on the validation split (LightningCLI)",
+    "test": "evaluate a model on the test split (LightningCLI)",
+}
+COMMANDS = {
+    **LIGHTNING_COMMANDS,
+    "predict": "run an exported prompt tool with its prompt pool over a folder of images or a JSONL of requests",
+    "export": "write a portable serving directory from a finished run or a checkpoint",
+    "serve": "serve exports over HTTP (prompt-tool endpoints, OpenAI-compatible chat) or answer JSON lines",
+    "controller": "train, evaluate and export HYDRA's DQN controller (stable-baselines3)",
+    "tiny-model": "write a tiny model of a real architecture (offline quickstarts and tests)",
+}
+
+
+def umbrella_parser() -> argparse.ArgumentParser:
+    """The top-level parser: lists every subcommand (each has its own ``--help``)."""
+    parser = argparse.ArgumentParser(
+        prog=PROG,
+        description="clova-train: train tool prompts (CLOVA), tool-using LLMs (GPT4Tools LoRA) and controllers "
+        "(HYDRA), and export and serve them. 'clova-train COMMAND --help' documents each command.",
+    )
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND", title="commands")
+    for name, help_text in COMMANDS.items():
+        commands.add_parser(name, help=help_text, add_help=False)
+    return parser
 
 
 def run_lightning(args: Sequence[str] | None) -> None:
@@ -36,7 +63,12 @@ def run_lightning(args: Sequence[str] | None) -> None:
     import clova_train.datamodules  # noqa: F401  (registers the data classes for class_path short names)
     import clova_train.models  # noqa: F401  (registers the model classes for class_path short names)
 
-    LightningCLI(
+    class PromptAwareCLI(LightningCLI):
+        @staticmethod
+        def subcommands() -> dict[str, set[str]]:  # 'predict' is clova-train's own command (an export over inputs)
+            return {k: v for k, v in LightningCLI.subcommands().items() if k in LIGHTNING_COMMANDS}
+
+    PromptAwareCLI(
         LightningModule,
         LightningDataModule,
         subclass_mode_model=True,
@@ -45,48 +77,74 @@ def run_lightning(args: Sequence[str] | None) -> None:
         save_config_kwargs={"overwrite": True},
         args=None if args is None else list(args),
         parser_kwargs={
-            "description": "clova-train: train tool prompts, tool-using LLMs and controllers. Also: "
-            + ", ".join(f"'clova-train {c} --help'" for c in EXTRA_COMMANDS),
+            "prog": PROG,
+            "description": "clova-train: train tool prompts, tool-using LLMs and controllers. Other commands: "
+            + ", ".join(f"'{PROG} {c} --help'" for c in COMMANDS if c not in LIGHTNING_COMMANDS),
         },
     )
 
 
 def run_export(args: Sequence[str]) -> None:
-    from clova_train.export.runs import export_run
-
     parser = argparse.ArgumentParser(
-        prog="clova-train export",
+        prog=f"{PROG} export",
         description="Write a serving directory from a finished run directory or a Lightning checkpoint: "
         "for tool prompts the pool, tool description, config and versions; for a LoRA run the PEFT adapter "
-        "(and with --merged the merged model) with its tokenizer, prompt template and stop strings.",
+        "(and with --merged the merged model) with its tokenizer, chat template, prompt template and stop "
+        "strings. Model paths inside are absolute; --copy-base makes the export self-contained.",
     )
     parser.add_argument("source", help="run directory (pool.safetensors or adapter/) or a .ckpt checkpoint")
     parser.add_argument("--output", "-o", required=True, help="export directory to write (replaced atomically)")
     parser.add_argument("--merged", action="store_true", help="LoRA runs: also write the merged model")
+    parser.add_argument("--copy-base", action="store_true",
+                        help="copy the frozen base model into the export (base/), so it loads with nothing outside it")
     parsed = parser.parse_args(list(args))
-    out = export_run(parsed.source, parsed.output, parsed.merged)
+    from clova_train.export.runs import export_run
+
+    out = export_run(parsed.source, parsed.output, parsed.merged, parsed.copy_base)
     print(f"exported to {out}")
 
 
 def run_serve(args: Sequence[str]) -> None:
+    parser = argparse.ArgumentParser(
+        prog=f"{PROG} serve",
+        description="Serve exports over HTTP with LitServe: POST /v1/<tool> for each prompt-tool export (the tool's "
+        "JSON request; CLIP: {\"images\": [paths], \"labels\": [...]} or {\"images\": [...], \"concept\": c}), "
+        "POST /v1/chat/completions (OpenAI-compatible) for a LoRA export, GET /health. With --request or --stdin, "
+        "answer JSON requests with one prompt-tool export instead (one JSON reply per line), no server.",
+    )
+    parser.add_argument("exports", nargs="+", help="directories written by clova-train export (or finished run directories)")
+    parser.add_argument("--host", default="127.0.0.1", help="address to listen on (0.0.0.0 for every interface)")
+    parser.add_argument("--port", type=int, default=8000, help="TCP port")
+    parser.add_argument("--device", default="cpu", help="torch device (cpu, cuda, cuda:1)")
+    parser.add_argument("--top-k", type=int, default=None, help="prompt tools: ensemble the k most similar stored prompts")
+    parser.add_argument("--base-model", default=None, help="directory of the frozen base model, overriding the export's")
+    parser.add_argument("--max-batch-size", type=int, default=4, help="chat: requests generated together")
+    parser.add_argument("--batch-timeout", type=float, default=0.02, help="chat: seconds to wait for a batch to fill")
+    parser.add_argument("--request", action="append", default=[], help="a JSON request to answer and exit (repeatable)")
+    parser.add_argument("--stdin", action="store_true", help="answer JSON requests read from stdin, one per line")
+    parsed = parser.parse_args(list(args))
+    if parsed.top_k is not None and parsed.top_k < 1:
+        raise ClovaTrainError(f"--top-k must be >= 1, got {parsed.top_k}")
+    if parsed.max_batch_size < 1 or parsed.batch_timeout < 0:
+        raise ClovaTrainError("--max-batch-size must be >= 1 and --batch-timeout >= 0")
+    if parsed.request or parsed.stdin:
+        if len(parsed.exports) != 1:
+            raise ClovaTrainError("--request/--stdin answer with one prompt-tool export; give exactly one")
+        answer_json_lines(parsed.exports[0], parsed.request or (line for line in sys.stdin if line.strip()),
+                          parsed.top_k, parsed.device, parsed.base_model)
+        return
+    from clova_train.http_server import serve_http
+
+    serve_http(parsed.exports, parsed.host, parsed.port, parsed.device, parsed.top_k, parsed.base_model,
+               parsed.max_batch_size, parsed.batch_timeout)
+
+
+def answer_json_lines(export: str, lines: Iterable[str], top_k: int | None, device: str, base_model: str | None) -> None:
     import json
 
     from clova_train.tools.serving import PromptToolServer
 
-    parser = argparse.ArgumentParser(
-        prog="clova-train serve",
-        description="Answer JSON requests with an exported prompt tool and its prompt ensemble (no Lightning). "
-        "CLIP: {\"images\": [paths], \"labels\": [...]} or {\"images\": [...], \"concept\": c}; "
-        "BLIP VQA: {\"image\": path, \"question\": text}. One JSON reply per line.",
-    )
-    parser.add_argument("export", help="directory written by clova-train export (or a finished run directory)")
-    parser.add_argument("--request", action="append", default=[], help="a JSON request (repeatable); "
-                        "without any, requests are read from stdin, one per line")
-    parser.add_argument("--top-k", type=int, default=None, help="ensemble the k most similar stored prompts")
-    parser.add_argument("--device", default="cpu", help="torch device")
-    parsed = parser.parse_args(list(args))
-    server = PromptToolServer.from_export(parsed.export, top_k=parsed.top_k, device=parsed.device)
-    lines = parsed.request or (line for line in sys.stdin if line.strip())
+    server = PromptToolServer.from_export(export, top_k=top_k, device=device, base_model=base_model)
     for number, line in enumerate(lines, 1):
         try:
             request = json.loads(line)
@@ -97,13 +155,38 @@ def run_serve(args: Sequence[str]) -> None:
         print(json.dumps(server.serve(request)), flush=True)
 
 
+def run_predict(args: Sequence[str]) -> None:
+    parser = argparse.ArgumentParser(
+        prog=f"{PROG} predict",
+        description="Run an exported prompt tool with its prompt pool over inputs and write one JSON line per input "
+        "({\"input\": ..., \"output\": ...} or {\"input\": ..., \"error\": ...}). Inputs: a folder of images (each "
+        "becomes the tool's image field, with the --field values added) or a JSONL file of the tool's requests "
+        "(relative image paths are relative to the file).",
+    )
+    parser.add_argument("export", help="directory written by clova-train export")
+    parser.add_argument("--inputs", required=True, help="a folder of images or a .jsonl file of requests")
+    parser.add_argument("--output", "-o", required=True, help="JSONL file to write (replaced atomically)")
+    parser.add_argument("--field", action="append", default=[], metavar="NAME=VALUE",
+                        help="request field for folder inputs, JSON or plain text (labels='[\"red\",\"blue\"]', "
+                        "question='what colour is it?', concept=dog); repeatable")
+    parser.add_argument("--top-k", type=int, default=None, help="ensemble the k most similar stored prompts")
+    parser.add_argument("--device", default="cpu", help="torch device")
+    parser.add_argument("--base-model", default=None, help="directory of the frozen base model, overriding the export's")
+    parsed = parser.parse_args(list(args))
+    from clova_train.predict import predict_to_file
+
+    written, failed = predict_to_file(parsed.export, parsed.inputs, parsed.output, parsed.field, parsed.top_k,
+                                      parsed.device, parsed.base_model)
+    print(f"{written} predictions written to {parsed.output}" + (f" ({failed} inputs failed: see their 'error')" if failed else ""))
+
+
 def run_tiny_model(args: Sequence[str]) -> None:
     from clova_train.tiny_models import (
         make_tiny_blip, make_tiny_clip, make_tiny_llama, make_tiny_maskformer, make_tiny_owlvit, tool_corpus,
     )
 
     parser = argparse.ArgumentParser(
-        prog="clova-train tiny-model",
+        prog=f"{PROG} tiny-model",
         description="Write a tiny random-weight model of a real architecture, loadable by the normal loading code.",
     )
     parser.add_argument("tool", choices=["clip", "blip", "owlvit", "maskformer", "llama", "sd-inpaint"],
@@ -142,7 +225,7 @@ def run_controller(args: Sequence[str]) -> None:
 
     from clova_train.controller.trainer import ControllerConfig, evaluate, fit, format_table, validate
 
-    parser = ArgumentParser(prog="clova-train controller",
+    parser = ArgumentParser(prog=f"{PROG} controller",
                             description="Train, evaluate and export HYDRA's DQN controller.")
     subcommands = parser.add_subcommands(dest="command")
     for name, help_text in (
@@ -197,29 +280,37 @@ def user_error(exc: BaseException) -> ClovaTrainError | None:
     while current is not None and id(current) not in seen:
         if isinstance(current, ClovaTrainError):
             return current
+        if type(current).__name__ == "MisconfigurationException":  # Lightning's: bad trainer options
+            return ClovaTrainError(f"trainer configuration: {current}")
         seen.add(id(current))
         current = current.__cause__ or current.__context__
     return None
 
 
+SUBCOMMANDS = {
+    "predict": run_predict, "export": run_export, "serve": run_serve,
+    "controller": run_controller, "tiny-model": run_tiny_model,
+}
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
+    command = args[0] if args else None
     try:
-        if args and args[0] == "export":
-            run_export(args[1:])
-        elif args and args[0] == "serve":
-            run_serve(args[1:])
-        elif args and args[0] == "controller":
-            run_controller(args[1:])
-        elif args and args[0] == "tiny-model":
-            run_tiny_model(args[1:])
-        else:
+        if command in SUBCOMMANDS:
+            SUBCOMMANDS[command](args[1:])
+        elif command in LIGHTNING_COMMANDS:
             run_lightning(None if argv is None else args)  # None: LightningCLI reads sys.argv itself
+        elif command is None or command in ("-h", "--help"):
+            umbrella_parser().print_help()
+            return 0 if command else 2
+        else:
+            umbrella_parser().error(f"unknown command {command!r} (choose from {', '.join(COMMANDS)})")
     except Exception as exc:
         err = user_error(exc)
         if err is None:
             raise
-        print(f"clova-train: error: {err}", file=sys.stderr)
+        print(f"{PROG}: error: {err}", file=sys.stderr)
         return 2
     return 0
 

@@ -65,6 +65,12 @@ class PendingChunks(IterableDataset):
         mine = chunks[self.rank :: self.world_size]
         return mine + [[] for _ in range(per_rank - len(mine))]
 
+    def __len__(self) -> int:
+        """Chunks this rank will yield (so progress bars show a total and an ETA)."""
+        chunks = len(self.chunk_indices())
+        worker = get_worker_info()
+        return chunks if worker is None else len(range(worker.id, chunks, worker.num_workers))
+
     def __iter__(self) -> Iterator[list[TrainingInstance]]:
         chunks = self.chunk_indices()
         worker = get_worker_info()

@@ -39,7 +39,15 @@ def load_records(path: str | Path, skip_invalid: bool = False) -> tuple[list[dic
     path = Path(path)
     if not path.is_file():
         raise DataError(f"instruction file not found: {path}")
-    text = path.read_text(encoding="utf-8")
+    data = path.read_bytes()
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as err:
+        line = data.count(b"\n", 0, err.start) + 1
+        raise DataError(
+            f"{path} is not UTF-8 (byte {err.start}, line {line}: {data[err.start:err.start + 1]!r}); "
+            "re-save it as UTF-8 (e.g. iconv -f latin1 -t utf-8)"
+        ) from err
     raw: list[Any] = []
     if text.lstrip().startswith("["):
         try:
@@ -79,6 +87,11 @@ def _record_problem(record: Any) -> str | None:
     for key in RECORD_KEYS:
         if key in record and not isinstance(record[key], str):
             return f"{key!r} must be a string, got {type(record[key]).__name__}"
+        if key in record:
+            try:
+                record[key].encode("utf-8")
+            except UnicodeEncodeError as err:
+                return f"{key!r} holds a lone surrogate ({record[key][err.start]!r} at character {err.start}), which no tokenizer can encode"
     if not record["output"].strip():
         return "empty 'output'"
     return None

@@ -51,10 +51,14 @@ def check_lora_targets(model: nn.Module, targets: list[str]) -> None:
 
 
 def load_causal_lm(name_or_path: str) -> nn.Module:
+    """``AutoModelForCausalLM`` from a hub id or a local directory (kept as an absolute path in the model's
+    ``name_or_path``, so the adapter written from it names its base portably)."""
     from transformers import AutoModelForCausalLM
 
+    from clova_train.tools.pretrained import absolute_model_name
+
     try:
-        return AutoModelForCausalLM.from_pretrained(name_or_path)
+        return AutoModelForCausalLM.from_pretrained(absolute_model_name(name_or_path))
     except (OSError, ValueError) as err:
         raise ModelError(f"cannot load causal LM {name_or_path!r}: {err}") from err
 

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import math
 import warnings
 from collections import Counter
 from pathlib import Path
@@ -100,6 +101,8 @@ class PromptTuning(LightningModule):
         self.steps = int(steps if steps is not None else tool.default_steps)
         if self.steps < 1:
             raise ModelError(f"steps must be >= 1, got {self.steps}")
+        if not math.isfinite(self.lr) or self.lr <= 0:
+            raise ModelError(f"lr must be a positive number, got {self.lr} (0 would save untrained prompts)")
         if early_stop_every < 0:
             raise ModelError(f"early_stop_every must be >= 0, got {early_stop_every}")
         self.early_stop_every = early_stop_every
@@ -137,6 +140,7 @@ class PromptTuning(LightningModule):
                         f"prompt tuning needs a prompt-tuning datamodule (one with connect()), "
                         f"got {type(datamodule).__name__}"
                     )
+                self.check_existing_pools()
                 self.plan = datamodule.connect(lambda: set(self.records))
                 if type(self.tool).check_instance is not PromptTool.check_instance:
                     for index in range(len(self.plan.instances)):
@@ -333,9 +337,7 @@ class PromptTuning(LightningModule):
         ``on_existing_pool`` applies to both files; with ``error`` both are checked before either is written.
         """
         pool = self.build_pool()
-        targets = [self.run_dir / POOL_FILE]
-        if self.pool_path and Path(self.pool_path).resolve() != targets[0].resolve():
-            targets.append(Path(self.pool_path))
+        targets = self.pool_targets()
         if self.on_existing_pool == "error":
             for path in targets:
                 if path.exists():
@@ -343,6 +345,26 @@ class PromptTuning(LightningModule):
         added = [self._merge_into(path, pool) for path in targets]
         write_json_atomic(self.run_dir / TOOL_FILE, self.tool.describe())
         return targets[0], (targets[1], added[1]) if len(targets) > 1 else None
+
+    def pool_targets(self) -> list[Path]:
+        """The pool files this run writes: its own, and ``pool_path`` when that is another file."""
+        targets = [self.run_dir / POOL_FILE]
+        if self.pool_path and Path(self.pool_path).resolve() != targets[0].resolve():
+            targets.append(Path(self.pool_path))
+        return targets
+
+    def check_existing_pools(self) -> None:
+        """Before any training: with ``error``, no pool file may exist; with ``merge``, existing ones must load
+        and fit this tool (``overwrite`` never reads them, so a corrupt one does not block it)."""
+        if self.trainer.ckpt_path:  # a resumed run has already passed this check
+            return
+        for path in self.pool_targets():
+            if not path.exists():
+                continue
+            if self.on_existing_pool == "error":
+                raise PoolError(f"prompt pool {path} already exists (on_existing_pool='error')")
+            if self.on_existing_pool == "merge":
+                PromptPool.load(path, expected=self.tool.pool_spec())
 
     def _merge_into(self, path: Path, pool: PromptPool) -> int:
         if path.exists() and self.on_existing_pool == "merge":
@@ -380,11 +402,12 @@ class PromptTuning(LightningModule):
     # ------------------------------------------------------------------ validate / test
     def evaluation_pool(self) -> PromptPool:
         """This run's accepted prompts; else the pool at ``pool_path`` or in the run directory (unless this run
-        overwrites that one: it may come from another model); else empty."""
+        overwrites them: they may come from another model, or be corrupt); else empty."""
         if any(r.accepted for r in self.records.values()):
             return self.build_pool()
-        own_pool = None if self.on_existing_pool == "overwrite" else self.run_dir / POOL_FILE
-        for path in (Path(self.pool_path) if self.pool_path else None, own_pool):
+        if self.on_existing_pool == "overwrite":  # the existing pools are being replaced, maybe from another model
+            return PromptPool(self.tool.pool_spec())
+        for path in (Path(self.pool_path) if self.pool_path else None, self.run_dir / POOL_FILE):
             if path is not None and path.is_file():
                 return PromptPool.load(path, expected=self.tool.pool_spec())
         return PromptPool(self.tool.pool_spec())

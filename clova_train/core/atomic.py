@@ -11,6 +11,22 @@ from pathlib import Path
 from typing import Any
 
 
+def current_umask() -> int:
+    """The process umask (read by setting and restoring it; there is no read-only call)."""
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+def default_mode(directory: bool = False) -> int:
+    """The mode ``open`` / ``mkdir`` would give a new file or directory under the current umask.
+
+    ``mkstemp`` and ``mkdtemp`` create private (0600 / 0700) entries whatever the umask; exports are read by
+    servers running as other users, so the entries this package writes get the normal mode instead.
+    """
+    return (0o777 if directory else 0o666) & ~current_umask()
+
+
 @contextmanager
 def atomic_path(target: str | os.PathLike[str]) -> Iterator[Path]:
     """Yield a temporary path beside ``target``; on success it is fsynced and renamed over ``target``.
@@ -22,6 +38,7 @@ def atomic_path(target: str | os.PathLike[str]) -> Iterator[Path]:
     fd, tmp_name = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
     os.close(fd)
     tmp = Path(tmp_name)
+    os.chmod(tmp, default_mode())
     try:
         yield tmp
         with open(tmp, "rb") as handle:

@@ -23,7 +23,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-from clova_train.core.atomic import write_json_atomic
+from clova_train.core.atomic import default_mode, write_json_atomic
 
 EXPORT_FORMAT_VERSION = 1
 MANIFEST_FILE = "export.json"
@@ -66,6 +66,7 @@ def staged_directory(output: str | os.PathLike[str]) -> Iterator[Path]:
     output = Path(output)
     output.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{output.name}.", dir=output.parent))
+    os.chmod(staging, default_mode(directory=True))
     try:
         yield staging
         _replace_dir(staging, output)

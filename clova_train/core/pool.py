@@ -101,6 +101,46 @@ def random_prompts_like(prompts: torch.Tensor, generator: torch.Generator | None
     return (noise * norms.view(-1, *[1] * (prompts.ndim - 1))).to(prompts)
 
 
+def _is_count(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value > 0
+
+
+def _spec_from_metadata(meta: dict, path: Path) -> PoolSpec:
+    """The pool's spec from its metadata, or a :class:`PoolError` naming the missing or malformed field."""
+    missing = [k for k in ("tool", "model_identity", "prompt_shape", "feature_dim", "concepts") if k not in meta]
+    if missing:
+        raise PoolError(f"prompt pool {path} has incomplete metadata: missing {', '.join(repr(k) for k in missing)}")
+    for name in ("tool", "model_identity"):
+        if not isinstance(meta[name], str) or not meta[name]:
+            raise PoolError(f"prompt pool {path}: metadata field {name!r} must be a non-empty string, got {meta[name]!r}")
+    shape = meta["prompt_shape"]
+    if not isinstance(shape, list) or not shape or not all(_is_count(x) for x in shape):
+        raise PoolError(f"prompt pool {path}: metadata field 'prompt_shape' must be a list of positive integers, got {shape!r}")
+    if not _is_count(meta["feature_dim"]):
+        raise PoolError(f"prompt pool {path}: metadata field 'feature_dim' must be a positive integer, got {meta['feature_dim']!r}")
+    return PoolSpec(meta["tool"], meta["model_identity"], tuple(shape), meta["feature_dim"])
+
+
+def _concepts_from_metadata(meta: dict, path: Path) -> list[dict]:
+    """The metadata's concept list, each entry checked (name, unique string instance ids)."""
+    concepts = meta["concepts"]
+    if not isinstance(concepts, list):
+        raise PoolError(f"prompt pool {path}: metadata field 'concepts' must be a list, got {type(concepts).__name__}")
+    names: set[str] = set()
+    for j, info in enumerate(concepts):
+        if not isinstance(info, dict) or not isinstance(info.get("name"), str):
+            raise PoolError(f"prompt pool {path}: concepts[{j}] must be an object with a string 'name'")
+        ids = info.get("instance_ids")
+        if not isinstance(ids, list) or not all(isinstance(i, str) for i in ids):
+            raise PoolError(f"prompt pool {path}: concept {info['name']!r} needs 'instance_ids', a list of strings")
+        if len(set(ids)) != len(ids):
+            raise PoolError(f"prompt pool {path}: concept {info['name']!r} lists an instance id twice")
+        if info["name"] in names:
+            raise PoolError(f"prompt pool {path}: concept {info['name']!r} appears twice")
+        names.add(info["name"])
+    return concepts
+
+
 def _key(concept: object) -> object:
     """Pools of tools without concepts keep their prompts under ``None``, stored as the empty name."""
     return "" if concept is None else concept
@@ -186,6 +226,10 @@ class PromptPool:
                 f"prompts for concept {concept!r} have shape {tuple(prompts.shape)}, "
                 f"expected ({n}, {', '.join(map(str, self.spec.prompt_shape))})"
             )
+        for what, values in (("features", features), ("prompts", prompts)):
+            if not bool(torch.isfinite(values).all()):
+                bad = int((~torch.isfinite(values.reshape(n, -1))).any(1).nonzero()[0])
+                raise PoolError(f"{what} of concept {concept!r} hold NaN or infinite values (entry {bad})")
         if instance_ids is None:
             start = self.num_prompts(concept)
             instance_ids = [f"{concept}#{start + i}" for i in range(n)]
@@ -320,21 +364,21 @@ class PromptPool:
                 tensors = {key: handle.get_tensor(key) for key in handle.keys()}
         except (SafetensorError, OSError, ValueError, RuntimeError) as err:
             raise PoolError(f"prompt pool file {path} is corrupted or unreadable: {err}") from err
+        if not isinstance(meta, dict):
+            raise PoolError(f"prompt pool {path} has malformed metadata: not a JSON object")
         if meta.get("format_version") != POOL_FORMAT_VERSION:
             raise PoolError(
                 f"prompt pool {path} has format version {meta.get('format_version')!r}; "
                 f"this clova-train reads version {POOL_FORMAT_VERSION}"
             )
-        try:
-            spec = PoolSpec(meta["tool"], meta["model_identity"], tuple(meta["prompt_shape"]), meta["feature_dim"])
-        except (KeyError, TypeError) as err:
-            raise PoolError(f"prompt pool {path} has incomplete metadata: missing {err}") from err
+        spec = _spec_from_metadata(meta, path)
+        concepts = _concepts_from_metadata(meta, path)
         if expected is not None:
             problems = spec.mismatches(expected)
             if problems:
                 raise PoolError(f"prompt pool {path} does not fit this model: " + "; ".join(problems))
         pool = cls(spec)
-        for j, info in enumerate(meta["concepts"]):
+        for j, info in enumerate(concepts):
             try:
                 feats, prompts = tensors[f"concept.{j}.features"], tensors[f"concept.{j}.prompts"]
             except KeyError as err:

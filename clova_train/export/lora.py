@@ -2,20 +2,28 @@
 
 Layout::
 
-    adapter/    adapter_config.json, adapter_model.safetensors, tokenizer, prompt_template.json
-    merged/     (with --merged) config.json, model.safetensors, generation_config.json (stop strings),
-                tokenizer, prompt_template.json: a plain Hugging Face model directory
+    adapter/    adapter_config.json, adapter_model.safetensors (what vLLM's --enable-lora loads), tokenizer
+                (with the chat template), prompt_template.json, serving.json
+    merged/     (with --merged) config.json, model.safetensors, generation_config.json, tokenizer (with the
+                chat template), prompt_template.json, serving.json: a plain Hugging Face model directory
+    base/       (with --copy-base) the base model the adapter applies to
     export.json, versions.json
 
 Both load with no clova-train code: ``PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(base),
-"adapter")`` or ``AutoModelForCausalLM.from_pretrained("merged")``; generation should pass the stop strings
-of ``generation_config.json`` (``stop_strings`` needs ``tokenizer=`` in ``generate``).
+"adapter")`` or ``AutoModelForCausalLM.from_pretrained("merged")``. ``adapter_config.json`` names the base by
+its absolute path (or hub id); with ``--copy-base``, load ``base/`` instead when the export has moved.
+
+Stopping: training ends every response with the EOS token, right after the step's stop string
+(``Observation:``), so plain ``generate()`` and ``pipeline("text-generation")`` stop at the step boundary
+by EOS; ``generation_config.json`` holds no ``stop_strings`` (they would make ``generate`` demand a
+tokenizer argument). The stop strings and recommended sampling are in ``serving.json``
+(``{"stop": [...], "temperature": 0.0, ...}``), the fields an OpenAI-compatible request takes.
+The tokenizer's ``chat_template`` renders a user message exactly as training formatted the prompt.
 """
 
 from __future__ import annotations
 
 import json
-import shutil
 from pathlib import Path
 from typing import Any
 
@@ -58,18 +66,51 @@ def _adapter_from_checkpoint(
     return hparams["model_name_or_path"], state.get("tokenizer"), PromptTemplate.from_dict(state["template"])
 
 
+SERVING_FILE = "serving.json"  # stop strings and recommended sampling, beside the tokenizer
+
+
+def serving_defaults(template: PromptTemplate) -> dict[str, Any]:
+    """What a server should send with every request to reproduce training's decoding (OpenAI field names)."""
+    return {"stop": list(template.stop_strings), "temperature": 0.0, "top_p": 1.0, "max_tokens": 256}
+
+
+def with_chat_template(tokenizer: Any, template: PromptTemplate) -> Any:
+    """``tokenizer`` with a ``chat_template`` that renders the training prompt (BOS included if it adds one)."""
+    probe = tokenizer("x")["input_ids"]
+    adds_bos = tokenizer.bos_token_id is not None and bool(probe) and probe[0] == tokenizer.bos_token_id
+    tokenizer.chat_template = template.chat_template(bos_token=adds_bos)
+    return tokenizer
+
+
+def write_llm_files(directory: Path, tokenizer: Any, template: PromptTemplate) -> None:
+    """Tokenizer (with chat template), prompt template and serving defaults into a model directory."""
+    tokenizer.save_pretrained(str(directory))
+    write_json_atomic(directory / TEMPLATE_FILE, template.to_dict())
+    write_json_atomic(directory / SERVING_FILE, serving_defaults(template))
+
+
+def _point_adapter_at(adapter: Path, base_name: str) -> None:
+    config_file = adapter / "adapter_config.json"
+    config = json.loads(config_file.read_text())
+    config["base_model_name_or_path"] = base_name
+    write_json_atomic(config_file, config)
+
+
 def export_lora_run(
-    source: Path, staging: Path, merged: bool, checkpoint: dict[str, Any] | None = None
+    source: Path, staging: Path, merged: bool, checkpoint: dict[str, Any] | None = None, copy_base: bool = False
 ) -> dict[str, Any]:
-    """Fill ``staging`` with the adapter (and merged model); returns the origin description.
+    """Fill ``staging`` with the adapter (and merged model, and base); returns the origin description.
 
     ``source`` is a run directory, or a checkpoint file whose loaded contents are ``checkpoint``.
     """
     from transformers import AutoTokenizer
 
+    from clova_train.export.runs import BASE_DIR, copy_tree
+    from clova_train.tools.pretrained import absolute_model_name, local_model_path
+
     if source.is_dir():
         adapter = source / "adapter"
-        shutil.copytree(adapter, staging / "adapter")
+        copy_tree(adapter, staging / "adapter")
         config = json.loads((adapter / "adapter_config.json").read_text())
         base_name = config["base_model_name_or_path"]
         template = PromptTemplate.from_dict(json.loads((adapter / TEMPLATE_FILE).read_text()))
@@ -80,9 +121,15 @@ def export_lora_run(
         base_name, tokenizer_name, template = _adapter_from_checkpoint(source, checkpoint, staging)
         tokenizer_name = tokenizer_name or base_name
         origin = {"kind": "lora_checkpoint", "path": str(source.resolve())}
-    tokenizer = AutoTokenizer.from_pretrained(tokenizer_name)
-    tokenizer.save_pretrained(str(staging / "adapter"))
-    write_json_atomic(staging / "adapter" / TEMPLATE_FILE, template.to_dict())
+    base_name = absolute_model_name(base_name)
+    _point_adapter_at(staging / "adapter", base_name)
+    if copy_base:
+        base = local_model_path(base_name)
+        if base is None or not base.is_dir():
+            raise ExportError(f"--copy-base needs the base model on disk, but {base_name!r} is not a local directory")
+        copy_tree(base, staging / BASE_DIR)
+    tokenizer = with_chat_template(AutoTokenizer.from_pretrained(tokenizer_name), template)
+    write_llm_files(staging / "adapter", tokenizer, template)
     if merged:
         write_merged(base_name, staging / "adapter", staging / "merged", tokenizer, template)
     return origin
@@ -95,11 +142,15 @@ def write_merged(base_name: str, adapter: Path, out: Path, tokenizer: Any, templ
     from clova_train.models.lora_tool_llm import load_causal_lm
 
     merged = PeftModel.from_pretrained(load_causal_lm(base_name), str(adapter)).merge_and_unload()
-    merged.generation_config.stop_strings = list(template.stop_strings)
-    merged.generation_config.do_sample = False
+    generation = merged.generation_config
+    generation.stop_strings = None
+    generation.do_sample = False
+    generation.eos_token_id = tokenizer.eos_token_id
+    generation.max_new_tokens = serving_defaults(template)["max_tokens"]
+    for name in ("temperature", "top_p", "top_k"):  # greedy: sampling settings would only draw warnings
+        setattr(generation, name, None)
     if tokenizer.pad_token_id is not None:
-        merged.generation_config.pad_token_id = tokenizer.pad_token_id
+        generation.pad_token_id = tokenizer.pad_token_id
     merged.save_pretrained(str(out), safe_serialization=True)
-    tokenizer.save_pretrained(str(out))
-    write_json_atomic(out / TEMPLATE_FILE, template.to_dict())
+    write_llm_files(out, tokenizer, template)
     return out

@@ -7,11 +7,14 @@ Export layout (``export.json`` describes it)::
     summary.json       tried / accepted / rejected counts and reasons (when the run wrote one)
     config.yaml        the resolved LightningCLI config of the run (when found)
     textual_inversion/ REPLACE only: each concept's token in diffusers' textual-inversion format
+    base/              with --copy-base: the frozen base model itself
     versions.json      python, torch, open_clip, lightning and clova-train versions
     export.json        format version, source, file list
 
-The frozen weights are referenced by ``tool.json`` (hub name or local directory), not copied; the
-serving loader checks their identity against the one the prompts were trained on.
+Paths are portable: ``tool.json`` names the frozen model by hub id or *absolute* path, or, with
+``--copy-base``, by ``base/`` inside the export (``base_in_export``), so the export can be moved or copied
+to another machine. Every loader also takes an override (``--base-model``). The serving loader checks the
+weights' identity against the one the prompts were trained on. Entries get normal modes (umask applies).
 """
 
 from __future__ import annotations
@@ -30,12 +33,46 @@ from clova_train.core.manifest import staged_directory, write_manifest
 from clova_train.core.pool import PoolSpec, PromptPool
 
 
+BASE_DIR = "base"  # where --copy-base puts the frozen base model inside an export
+
+
 def _find_config(run_dir: Path) -> Path | None:
     candidates = sorted(run_dir.rglob("config.yaml"), key=lambda p: p.stat().st_mtime)
     return candidates[-1] if candidates else None
 
 
-def _from_run_dir(run_dir: Path, staging: Path) -> dict[str, Any]:
+def portable_tool_description(tool: dict[str, Any], staging: Path, copy_base: bool) -> dict[str, Any]:
+    """``tool.json`` for an export: the model path absolute, or (``copy_base``) the model copied into the
+    export as ``base/`` and named relative to it, so the export loads from any working directory."""
+    from clova_train.tools.pretrained import absolute_model_name, local_model_path
+    from clova_train.tools.serving import BASE_IN_EXPORT
+
+    init_args = dict(tool.get("init_args") or {})
+    name = init_args.get("model_name")
+    if not isinstance(name, str):
+        if copy_base:
+            raise ExportError(f"--copy-base: the {tool.get('tool')} tool description names no model to copy")
+        return tool
+    init_args["model_name"] = absolute_model_name(name)
+    tool = {**tool, "init_args": init_args}
+    if copy_base:
+        base = local_model_path(init_args["model_name"])
+        if base is None or not base.is_dir():
+            raise ExportError(
+                f"--copy-base needs the base model on disk, but {name!r} is not a local directory "
+                "(download it, fit from that directory, or export without --copy-base)"
+            )
+        copy_tree(base, staging / BASE_DIR)
+        tool[BASE_IN_EXPORT] = BASE_DIR
+    return tool
+
+
+def copy_tree(source: Path, target: Path) -> None:
+    """Copy a model directory (files get this process's normal modes, not the source's)."""
+    shutil.copytree(source, target, copy_function=shutil.copyfile)
+
+
+def _from_run_dir(run_dir: Path, staging: Path, copy_base: bool = False) -> dict[str, Any]:
     pool_file, tool_file = run_dir / "pool.safetensors", run_dir / "tool.json"
     if not pool_file.is_file() or not tool_file.is_file():
         summary = run_dir / "summary.json"
@@ -43,10 +80,10 @@ def _from_run_dir(run_dir: Path, staging: Path) -> dict[str, Any]:
         if summary.is_file() and not json.loads(summary.read_text()).get("complete", True):
             hint = " (the run did not finish: resume it with --ckpt_path last, or export its checkpoint)"
         raise ExportError(f"{run_dir} holds no finished prompt-tuning run: pool.safetensors/tool.json missing{hint}")
-    tool = json.loads(tool_file.read_text())
+    tool = portable_tool_description(json.loads(tool_file.read_text()), staging, copy_base)
     pool = PromptPool.load(pool_file, expected=PoolSpec.from_tool_description(tool))
     pool.save(staging / "pool.safetensors")
-    shutil.copy2(tool_file, staging / "tool.json")
+    write_json_atomic(staging / "tool.json", tool)
     _write_tool_formats(pool, tool, staging)
     if (run_dir / "summary.json").is_file():
         shutil.copy2(run_dir / "summary.json", staging / "summary.json")
@@ -77,14 +114,14 @@ def load_checkpoint(ckpt: Path) -> dict[str, Any]:
     return checkpoint
 
 
-def _from_checkpoint(ckpt: Path, checkpoint: dict[str, Any], staging: Path) -> dict[str, Any]:
+def _from_checkpoint(ckpt: Path, checkpoint: dict[str, Any], staging: Path, copy_base: bool = False) -> dict[str, Any]:
     from clova_train.models.prompt_tuning import CHECKPOINT_KEY, pool_from_records
     from clova_train.tools.contracts import InstanceRecord
 
     state = checkpoint.get(CHECKPOINT_KEY)
     if state is None:
         raise ExportError(f"checkpoint {ckpt} holds no prompt-tuning state")
-    tool = state["tool"]
+    tool = portable_tool_description(state["tool"], staging, copy_base)
     records = [InstanceRecord.from_state(r) for r in state["records"].values()]
     pool = pool_from_records(PoolSpec.from_tool_description(tool), records)
     pool.save(staging / "pool.safetensors")
@@ -105,10 +142,13 @@ def _from_checkpoint(ckpt: Path, checkpoint: dict[str, Any], staging: Path) -> d
     return {"kind": "checkpoint", "path": str(ckpt.resolve()), "global_step": checkpoint.get("global_step")}
 
 
-def export_run(source: str | os.PathLike[str], output: str | os.PathLike[str], merged: bool = False) -> Path:
+def export_run(
+    source: str | os.PathLike[str], output: str | os.PathLike[str], merged: bool = False, copy_base: bool = False
+) -> Path:
     """Export a prompt-tuning or LoRA run (directory or checkpoint) to ``output`` (replaced atomically).
 
-    ``merged`` (LoRA runs only) also writes the adapter merged into its base model.
+    ``merged`` (LoRA runs only) also writes the adapter merged into its base model. ``copy_base`` copies the
+    frozen base model into the export (``base/``), which then loads with nothing outside it.
     """
     source = Path(source)
     if not source.exists():
@@ -118,13 +158,16 @@ def export_run(source: str | os.PathLike[str], output: str | os.PathLike[str], m
     with staged_directory(output) as staging:
         if source.is_dir():
             lora = is_lora_run_dir(source)
-            origin = export_lora_run(source, staging, merged) if lora else _from_run_dir(source, staging)
+            if lora:
+                origin = export_lora_run(source, staging, merged, copy_base=copy_base)
+            else:
+                origin = _from_run_dir(source, staging, copy_base)
         else:
             checkpoint = load_checkpoint(source)
             lora = LORA_CHECKPOINT_KEY in checkpoint
             if lora:
-                origin = export_lora_run(source, staging, merged, checkpoint)
+                origin = export_lora_run(source, staging, merged, checkpoint, copy_base=copy_base)
             else:
-                origin = _from_checkpoint(source, checkpoint, staging)
-        write_manifest(staging, "lora_tool_llm" if lora else "prompt_tool", origin, merged=merged)
+                origin = _from_checkpoint(source, checkpoint, staging, copy_base)
+        write_manifest(staging, "lora_tool_llm" if lora else "prompt_tool", origin, merged=merged, base_copied=copy_base)
     return Path(output)

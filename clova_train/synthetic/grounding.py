@@ -17,6 +17,7 @@ from pathlib import Path
 import numpy as np
 from PIL import Image
 
+from clova_train.core.atomic import default_mode
 from clova_train.synthetic.shapes import COLOURS, SHAPES, Scene, ShapeObject, render_scene
 
 GROUNDING_OBJECT_SIZE = (0.3, 0.45)  # sides as a fraction of the image: 2 shapes fit without overlap
@@ -105,6 +106,7 @@ def write_coco(root: Path, scenes: list[Scene]) -> Path:
     categories = {name: k for k, name in enumerate(all_categories(), 1)}
     images, annotations = [], []
     staging = Path(tempfile.mkdtemp(prefix=".images.", dir=root))
+    os.chmod(staging, default_mode(directory=True))
     for image_id, scene in enumerate(scenes, 1):
         file_name = f"{image_id:05d}.png"
         Image.fromarray(scene.image).save(staging / file_name)

@@ -20,6 +20,7 @@ from pathlib import Path
 import numpy as np
 from PIL import Image
 
+from clova_train.core.atomic import default_mode
 from clova_train.synthetic.shapes import COLOURS, SHAPES, render_scene
 
 OBJECT_SIZE = (0.4, 0.7)
@@ -57,6 +58,7 @@ def write_masked_concepts(
         rng = np.random.default_rng([seed, zlib.crc32(concept.encode())])
         # Written into a temporary folder and renamed: an interrupted run leaves no half-written concept.
         staging = Path(tempfile.mkdtemp(prefix=f".{concept}.", dir=root))
+        os.chmod(staging, default_mode(directory=True))
         (staging / "masks").mkdir()
         for k in range(images_per_concept):
             image, mask = masked_shape(rng, colour, shape, image_size)

@@ -17,6 +17,8 @@ from pathlib import Path
 import numpy as np
 from PIL import Image, ImageDraw
 
+from clova_train.core.atomic import default_mode
+
 COLOURS: dict[str, tuple[int, int, int]] = {
     "red": (220, 30, 30),
     "green": (30, 180, 40),
@@ -133,6 +135,7 @@ def write_concept_folders(
             )
         # Render into a temporary folder and rename, so an interrupted run leaves no half-filled concept.
         staging = Path(tempfile.mkdtemp(prefix=f".{concept}.", dir=root))
+        os.chmod(staging, default_mode(directory=True))
         for k in range(images_per_concept):
             kind = shape or SHAPES[int(rng.integers(len(SHAPES)))]
             scene = render_scene([(colour, kind)], size=image_size, rng=rng)

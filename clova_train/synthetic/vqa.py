@@ -22,6 +22,7 @@ from pathlib import Path
 import numpy as np
 from PIL import Image
 
+from clova_train.core.atomic import default_mode
 from clova_train.synthetic.shapes import COLOURS, SHAPES, render_scene
 
 
@@ -49,6 +50,7 @@ def write_vqa_records(
             raise ValueError(f"synthetic VQA colour {colour!r} is not one of {sorted(COLOURS)}")
     root.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=".vqa.", dir=root))
+    os.chmod(staging, default_mode(directory=True))
     (staging / "images").mkdir()
 
     def render(colour: str, k: int, split: str) -> tuple[str, str]:

@@ -31,6 +31,7 @@ from torch import nn
 from clova_train.core.errors import ModelError
 from clova_train.core.pool import PoolSpec
 from clova_train.tools.contracts import GateResult, TrainingInstance
+from clova_train.tools.pretrained import absolute_model_name
 
 
 class PromptLookup(Protocol):
@@ -67,6 +68,8 @@ class PromptTool(nn.Module, ABC):
             tool may make it an argument by overriding ``serving_top_k``.
         evaluation_metrics: names of the per-sample values ``evaluate`` returns (validate / test).
         served_operations: names of serving methods ``method(lookup, ...)`` a server exposes.
+        request_image_field: the JSON request field holding the input image (``"images"``: a list of paths).
+        request_path_fields: request fields holding file paths (``predict`` resolves them against a JSONL's folder).
     """
 
     name: ClassVar[str]
@@ -76,6 +79,8 @@ class PromptTool(nn.Module, ABC):
     default_top_k: ClassVar[int | None] = None
     evaluation_metrics: ClassVar[tuple[str, ...]] = ()
     served_operations: ClassVar[tuple[str, ...]] = ()
+    request_image_field: ClassVar[str] = "image"
+    request_path_fields: ClassVar[tuple[str, ...]] = ("image", "images", "mask", "output")
 
     identity: str
 
@@ -113,10 +118,13 @@ class PromptTool(nn.Module, ABC):
     def describe(self) -> dict[str, Any]:
         """JSON description (``tool.json``): how to rebuild the tool, its identity and its shapes."""
         cls = type(self)
+        init_args = self.init_args()
+        if isinstance(init_args.get("model_name"), str):
+            init_args["model_name"] = absolute_model_name(init_args["model_name"])
         return {
             "tool": cls.name,
             "class_path": f"{cls.__module__}.{cls.__qualname__}",
-            "init_args": self.init_args(),
+            "init_args": init_args,
             "identity": self.identity,
             "prompt_shape": list(self.prompt_shape),
             "feature_dim": int(self.feature_dim),

@@ -37,8 +37,8 @@ from torch import nn
 from clova_train.core.errors import DataError, ModelError
 from clova_train.tools.base import PromptLookup, PromptTool
 from clova_train.tools.contracts import GateResult, Rejection, TrainingInstance
+from clova_train.tools.pretrained import LOCAL_DIR_PREFIX
 
-LOCAL_DIR_PREFIX = "local-dir:"
 WEIGHT_FILE = "open_clip_model.safetensors"
 CONFIG_FILE = "open_clip_config.json"
 
@@ -160,6 +160,7 @@ class PromptedClip(PromptTool):
     default_steps: ClassVar[int] = 100
     evaluation_metrics: ClassVar[tuple[str, ...]] = ("accuracy_no_prompt", "accuracy_pool")
     served_operations: ClassVar[tuple[str, ...]] = ("score", "classify", "select")
+    request_image_field: ClassVar[str] = "images"
 
     def __init__(
         self,
@@ -270,7 +271,7 @@ class PromptedClip(PromptTool):
 
     def embed_patches(self, images: torch.Tensor) -> torch.Tensor:
         """Prompt-independent token embeddings (patches + class token + positions, after ln_pre)."""
-        return self.model.visual._embeds(self.preprocess(images))
+        return vit_token_embeddings(self.model.visual, self.preprocess(images))
 
     def encode_tokens(self, tokens: torch.Tensor, prompts: torch.Tensor | None = None) -> torch.Tensor:
         """Normalised image features from :meth:`embed_patches` output, with per-image prompts.
@@ -434,6 +435,21 @@ class PromptedClip(PromptTool):
             raise DataError("a CLIP request needs 'labels' (CLASSIFY) or 'concept' (SELECT)")
         index, scores = self.select(lookup, images, concept)
         return {"index": index, "scores": scores.tolist()}
+
+
+def vit_token_embeddings(visual: nn.Module, pixels: torch.Tensor) -> torch.Tensor:
+    """``[N, 1 + grid**2, width]``: what open_clip's ``VisionTransformer`` feeds its first block (patch
+    embedding, class token, positions, patch dropout, ``ln_pre``), built from its public submodules.
+
+    open_clip 3.x has this step as the private ``VisionTransformer._embeds`` (absent from 2.x); this adapter
+    is the only place that knows the tower's layout, and a test checks it against ``_embeds`` and the tower's
+    own ``forward``.
+    """
+    x = visual.conv1(pixels)
+    x = x.reshape(x.shape[0], x.shape[1], -1).permute(0, 2, 1)
+    cls = visual.class_embedding.to(x.dtype).reshape(1, 1, -1).expand(x.shape[0], 1, -1)
+    x = torch.cat([cls, x], dim=1) + visual.positional_embedding.to(x.dtype)
+    return visual.ln_pre(visual.patch_dropout(x))
 
 
 def _class_token_output(block: nn.Module, x: torch.Tensor) -> torch.Tensor:

@@ -16,39 +16,61 @@ IMAGE_SUFFIXES = {".png", ".jpg", ".jpeg", ".webp", ".bmp"}
 _READ_ERRORS = (UnidentifiedImageError, OSError, SyntaxError, ValueError, Image.DecompressionBombError)
 
 
+def display_path(path: str | Path) -> str:
+    """``path`` printable in any terminal: bytes that are not UTF-8 in a file name are shown escaped."""
+    return str(path).encode("utf-8", "backslashreplace").decode("utf-8")
+
+
 def list_images(folder: Path) -> list[Path]:
     return sorted(p for p in folder.iterdir() if p.is_file() and p.suffix.lower() in IMAGE_SUFFIXES)
 
 
+def _bomb_message(path: Path, err: BaseException) -> str:
+    return (f"image {display_path(path)} is too large to decode safely ({err}); resize it, or raise "
+            "PIL.Image.MAX_IMAGE_PIXELS if it is trusted")
+
+
 def check_image(path: Path) -> None:
     """Raise :class:`DataError` naming ``path`` if it is not a readable image."""
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("error", Image.DecompressionBombWarning)
-            with Image.open(path) as img:
-                img.verify()
-    except FileNotFoundError as err:
-        raise DataError(f"image not found: {path}") from err
-    except (*_READ_ERRORS, Image.DecompressionBombWarning) as err:
-        raise DataError(f"unreadable image {path}: {err}") from err
+    open_rgb(path)
 
 
 def open_rgb(path: Path) -> Image.Image:
-    """The image at ``path`` as RGB, or a :class:`DataError` naming it."""
+    """The image at ``path`` as 8-bit RGB, or a :class:`DataError` naming it.
+
+    Images whose header claims more than PIL's ``MAX_IMAGE_PIXELS`` are refused before decoding (a
+    decompression bomb); 16-bit and 32-bit integer images are scaled to 8 bits, not clipped to white.
+    """
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("error", Image.DecompressionBombWarning)
             with Image.open(path) as img:
-                return img.convert("RGB")
+                return _to_rgb(img)
     except FileNotFoundError as err:
-        raise DataError(f"image not found: {path}") from err
-    except (*_READ_ERRORS, Image.DecompressionBombWarning) as err:
-        raise DataError(f"unreadable image {path}: {err}") from err
+        raise DataError(f"image not found: {display_path(path)}") from err
+    except (Image.DecompressionBombError, Image.DecompressionBombWarning) as err:
+        raise DataError(_bomb_message(path, err)) from err
+    except _READ_ERRORS as err:
+        raise DataError(f"unreadable image {display_path(path)}: {err}") from err
+
+
+def _to_rgb(img: Image.Image) -> Image.Image:
+    if img.mode.startswith("I;16") or img.mode == "I":
+        # PNG stores 16-bit greyscale; PIL's convert("RGB") would clip every value above 255 to white.
+        values = np.asarray(img, dtype=np.float64)
+        scaled = np.clip(np.round(values / 257.0), 0, 255).astype(np.uint8)
+        return Image.fromarray(scaled, mode="L").convert("RGB")
+    if img.mode == "F":
+        raise DataError("floating-point images are not supported; save it as 8- or 16-bit")
+    return img.convert("RGB")
 
 
 def load_image(path: Path, size: int) -> torch.Tensor:
-    """``[3, size, size]`` float tensor in [0, 1]."""
-    rgb = open_rgb(Path(path)).resize((size, size), Image.BICUBIC)
+    """``[3, size, size]`` float tensor in [0, 1]: the shorter side resized to ``size`` (bicubic), then the
+    centre crop, as open_clip's own evaluation transform does (a non-square image is not squashed)."""
+    from torchvision.transforms import CenterCrop, InterpolationMode, Resize
+
+    rgb = CenterCrop(size)(Resize(size, interpolation=InterpolationMode.BICUBIC)(open_rgb(Path(path))))
     data = torch.frombuffer(bytearray(rgb.tobytes()), dtype=torch.uint8)
     return data.view(size, size, 3).permute(2, 0, 1).float() / 255.0
 

@@ -13,6 +13,36 @@ from torch import nn
 
 from clova_train.core.errors import ModelError
 
+LOCAL_DIR_PREFIX = "local-dir:"  # open_clip's marker for a model directory on disk
+
+
+def local_model_path(name: str) -> Path | None:
+    """The directory a model name points at on this machine (``local-dir:`` prefix allowed), or ``None``
+    for a hub id or architecture name."""
+    path = Path(name.removeprefix(LOCAL_DIR_PREFIX)).expanduser()
+    if name.startswith((LOCAL_DIR_PREFIX, ".", "/", "~")) or path.exists():
+        return path
+    return None
+
+
+def absolute_model_name(name: str) -> str:
+    """``name`` with a local path made absolute (so a description written here loads from any working
+    directory); hub ids and architecture names are returned unchanged."""
+    path = local_model_path(name)
+    if path is None:
+        return name
+    prefix = LOCAL_DIR_PREFIX if name.startswith(LOCAL_DIR_PREFIX) else ""
+    return prefix + str(path.resolve())
+
+
+def relocated_model_name(name: str, directory: str | Path) -> str:
+    """The model name that loads ``directory`` the way ``name`` was loaded (a ``local-dir:`` prefix is kept,
+    and added for an open_clip directory)."""
+    directory = Path(directory).expanduser().resolve()
+    if name.startswith(LOCAL_DIR_PREFIX) or (directory / "open_clip_config.json").is_file():
+        return LOCAL_DIR_PREFIX + str(directory)
+    return str(directory)
+
 
 def load_pretrained(model_class: Any, processor_class: Any, model_name: str, label: str) -> tuple[nn.Module, Any]:
     """``from_pretrained`` of a model and its processor (a hub id or a local directory), with one clear error."""

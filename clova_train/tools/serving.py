@@ -24,9 +24,11 @@ import torch
 from clova_train.core.errors import ExportError, ModelError
 from clova_train.core.pool import PromptPool
 from clova_train.tools.base import PromptTool
+from clova_train.tools.pretrained import relocated_model_name
 
 TOOL_FILE = "tool.json"
 POOL_FILE = "pool.safetensors"
+BASE_IN_EXPORT = "base_in_export"  # tool.json key: the frozen model's copy inside the export (--copy-base)
 
 
 def read_tool_description(directory: Path) -> dict[str, Any]:
@@ -40,6 +42,30 @@ def read_tool_description(directory: Path) -> dict[str, Any]:
     if not isinstance(description, dict):
         raise ExportError(f"{path} is not a tool description (a JSON object)")
     return description
+
+
+def with_base_model(
+    description: dict[str, Any], directory: Path, base_model: str | os.PathLike[str] | None
+) -> dict[str, Any]:
+    """``description`` with its ``model_name`` pointed at ``base_model``, or at the export's own copy of the
+    base (``base_in_export``, relative to ``directory``)."""
+    init_args = description.get("init_args")
+    if not isinstance(init_args, dict) or not isinstance(init_args.get("model_name"), str):
+        if base_model is not None:
+            raise ExportError(f"{directory / TOOL_FILE} names no model_name that --base-model could replace")
+        return description
+    if base_model is not None:
+        location = Path(base_model).expanduser()
+        if not location.is_dir():
+            raise ExportError(f"base model directory not found: {location}")
+    elif isinstance(description.get(BASE_IN_EXPORT), str):
+        location = directory / description[BASE_IN_EXPORT]
+        if not location.is_dir():
+            raise ExportError(f"export directory {directory} is incomplete: its base model {location.name}/ is missing")
+    else:
+        return description
+    model_name = relocated_model_name(init_args["model_name"], location)
+    return {**description, "init_args": {**init_args, "model_name": model_name}}
 
 
 class PromptToolServer:
@@ -61,13 +87,22 @@ class PromptToolServer:
 
     @classmethod
     def from_export(
-        cls, directory: str | os.PathLike[str], top_k: int | None = None, device: str | torch.device = "cpu"
+        cls,
+        directory: str | os.PathLike[str],
+        top_k: int | None = None,
+        device: str | torch.device = "cpu",
+        base_model: str | os.PathLike[str] | None = None,
     ) -> PromptToolServer:
-        """Load a directory written by ``clova-train export`` (or a finished run directory)."""
+        """Load a directory written by ``clova-train export`` (or a finished run directory).
+
+        The frozen network is the one ``tool.json`` names: the copy inside the export when it was written with
+        ``--copy-base``, else the (absolute) path or hub id it was trained from. ``base_model`` (a local
+        directory) overrides both; its weights must still be the ones the prompts were trained on.
+        """
         directory = Path(directory)
         if not directory.is_dir():
             raise ExportError(f"export directory not found: {directory}")
-        description = read_tool_description(directory)
+        description = with_base_model(read_tool_description(directory), directory, base_model)
         if not (directory / POOL_FILE).is_file():
             raise ExportError(f"export directory {directory} is incomplete: {POOL_FILE} missing")
         try:

@@ -7,6 +7,7 @@ prompt ends with a newline so that no token spans the prompt/response boundary w
 
 from __future__ import annotations
 
+import json
 from dataclasses import asdict, dataclass
 
 TEMPLATE_FILE = "prompt_template.json"  # the file name a template is saved under next to a model or adapter
@@ -34,8 +35,50 @@ class PromptTemplate:
     stop_strings: tuple[str, ...] = ("Observation:",)
 
     def prompt(self, instruction: str, input: str = "") -> str:  # noqa: A002 (the records' field name)
-        extra = self.input_format.format(input=input) if input else ""
-        return self.prompt_format.format(system=self.system, instruction=instruction, input=extra)
+        return self.prompt_format.format(system=self.system, instruction=instruction, input=self._input(input))
+
+    def _input(self, input: str) -> str:  # noqa: A002
+        return self.input_format.format(input=input) if input else ""
+
+    def user_message(self, instruction: str, input: str = "") -> str:  # noqa: A002
+        """The content of the chat ``user`` message whose chat-template rendering is :meth:`prompt`."""
+        return instruction + self._input(input)
+
+    def chat_template(self, bos_token: bool = False) -> str:
+        """A Jinja chat template (``tokenizer.chat_template``) that renders exactly :meth:`prompt`.
+
+        ``apply_chat_template([{"role": "user", "content": user_message(i, x)}], add_generation_prompt=True)``
+        equals ``prompt(i, x)`` (preceded by the BOS token when ``bos_token``: set it when the tokenizer adds
+        one on encoding, since ``apply_chat_template`` encodes without special tokens). A leading ``system``
+        message replaces the default system text. Each assistant message is rendered as trained (its text,
+        then the EOS token); a later user turn repeats the user part of the format. GPT4Tools puts the
+        conversation history into the instruction, so the single user turn is the trained form.
+        """
+        head, sep, tail = self.prompt_format.partition("{instruction}")
+        if not sep or not tail.startswith("{input}") or head.count("{system}") != 1:
+            raise ValueError(
+                "a chat template needs a prompt_format of the form '...{system}...{instruction}{input}...', "
+                f"got {self.prompt_format!r}"
+            )
+        before_system, _, user_prefix = head.partition("{system}")
+        user_suffix = tail[len("{input}") :]
+        literal = lambda text: json.dumps(text, ensure_ascii=False)  # noqa: E731 (a Jinja string literal)
+        return "".join([
+            "{%- if messages and messages[0]['role'] == 'system' -%}",
+            "{%- set system = messages[0]['content'] -%}{%- set turns = messages[1:] -%}",
+            "{%- else -%}",
+            f"{{%- set system = {literal(self.system)} -%}}{{%- set turns = messages -%}}",
+            "{%- endif -%}",
+            "{{ bos_token }}" if bos_token else "",
+            f"{{{{ {literal(before_system)} }}}}{{{{ system }}}}",
+            "{%- for message in turns -%}",
+            "{%- if message['role'] == 'user' -%}",
+            f"{{{{ {literal(user_prefix)} }}}}{{{{ message['content'] }}}}{{{{ {literal(user_suffix)} }}}}",
+            "{%- elif message['role'] == 'assistant' -%}",
+            "{{ message['content'] }}{{ eos_token }}",
+            "{%- endif -%}",
+            "{%- endfor -%}",
+        ])
 
     def to_dict(self) -> dict:
         return {**asdict(self), "stop_strings": list(self.stop_strings)}

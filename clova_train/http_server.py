@@ -1,0 +1,172 @@
+"""``clova-train serve EXPORT [EXPORT ...]``: HTTP serving of exports on LitServe.
+
+Endpoints (one per export; a server can hold several exports of different kinds):
+
+* prompt tools: ``POST /v1/<tool>`` (``/v1/clip``, ``/v1/blip_vqa``, ``/v1/owlvit_loc``, ...) with the JSON
+  request the tool's ``serve_request`` takes (CLIP: ``{"images": [...], "labels": [...]}`` for CLASSIFY,
+  ``{"images": [...], "concept": c}`` for SELECT), answered with the prompt ensemble;
+* a LoRA tool-LLM export: ``POST /v1/chat/completions``, OpenAI-compatible (LitServe's ``OpenAISpec``),
+  prompts formatted by the export's chat template, greedy by default, stopping at the step boundary;
+  requests are batched (``max_batch_size`` / ``batch_timeout``) into one left-padded ``generate``;
+* ``GET /health`` and ``GET /info`` (LitServe's).
+
+A malformed request is answered with status 400 and one message naming the field; it never reaches the
+model. Prompt-tool requests are served one at a time (each request already holds a batch of images).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import litserve as ls
+from fastapi import BackgroundTasks, HTTPException, Request
+from litserve.specs.openai import ChatCompletionRequest, OpenAISpec
+
+from clova_train.core.errors import ClovaTrainError, DataError, ExportError
+from clova_train.tooluse.served_llm import ChatRequest, check_messages
+
+
+def export_kind(directory: Path) -> str:
+    """``"lora"`` or ``"prompt_tool"`` for an export (or run) directory, or an :class:`ExportError`."""
+    if not directory.is_dir():
+        raise ExportError(f"export directory not found: {directory}")
+    if (directory / "adapter" / "adapter_config.json").is_file():
+        return "lora"
+    if (directory / "tool.json").is_file():
+        return "prompt_tool"
+    raise ExportError(f"{directory} is not an export: it has neither tool.json nor adapter/adapter_config.json")
+
+
+class PromptToolAPI(ls.LitAPI):
+    """``POST /v1/<tool>``: one exported prompt tool with its pool.
+
+    Args:
+        export: export directory.
+        tool_name: the tool's name (the endpoint's last part).
+        top_k: ensemble only the k most similar stored prompts (default: the tool's).
+        base_model: frozen model directory overriding the export's.
+    """
+
+    def __init__(self, export: Path, tool_name: str, top_k: int | None = None, base_model: str | None = None) -> None:
+        super().__init__(api_path=f"/v1/{tool_name}")
+        self.export, self.top_k, self.base_model = export, top_k, base_model
+
+    def setup(self, device: str) -> None:
+        from clova_train.tools.serving import PromptToolServer
+
+        self.server = PromptToolServer.from_export(self.export, self.top_k, device, self.base_model)
+
+    async def decode_request(self, request: Request) -> dict[str, Any]:
+        try:
+            payload = await request.json()
+        except (json.JSONDecodeError, UnicodeDecodeError) as err:
+            raise HTTPException(400, f"the request body is not JSON: {err}") from err
+        if not isinstance(payload, dict):
+            raise HTTPException(400, "the request body must be a JSON object")
+        return payload
+
+    def predict(self, request: dict[str, Any]) -> dict[str, Any]:
+        try:
+            return self.server.serve(request)
+        except ClovaTrainError as err:
+            raise HTTPException(400, str(err)) from err
+
+    def encode_response(self, output: dict[str, Any]) -> dict[str, Any]:
+        return output
+
+
+class ToolChatSpec(OpenAISpec):
+    """LitServe's OpenAI chat spec, with the messages checked before a request joins a batch."""
+
+    async def chat_completion(self, request: ChatCompletionRequest, background_tasks: BackgroundTasks):  # noqa: ANN201
+        try:
+            check_messages([m.model_dump() for m in request.messages])
+        except DataError as err:
+            raise HTTPException(400, str(err)) from err
+        if request.n != 1:
+            raise HTTPException(400, "'n' must be 1")
+        return await super().chat_completion(request, background_tasks)
+
+
+class ToolChatAPI(ls.LitAPI):
+    """``POST /v1/chat/completions`` for a LoRA tool-LLM export.
+
+    Args:
+        export: export directory (``merged/`` is served when present, else base + ``adapter/``).
+        base_model: base model directory overriding the export's.
+        max_batch_size: requests generated together.
+        batch_timeout: seconds to wait for a batch to fill.
+    """
+
+    def __init__(self, export: Path, base_model: str | None = None, max_batch_size: int = 4, batch_timeout: float = 0.02) -> None:
+        super().__init__(max_batch_size=max_batch_size, batch_timeout=batch_timeout, spec=ToolChatSpec())
+        self.export, self.base_model = export, base_model
+
+    def setup(self, device: str) -> None:
+        from clova_train.tooluse.served_llm import ServedToolLLM
+
+        self.llm = ServedToolLLM.from_export(self.export, self.base_model, device)
+
+    def decode_request(self, request: ChatCompletionRequest) -> ChatRequest:
+        stop = [request.stop] if isinstance(request.stop, str) else list(request.stop or [])
+        return ChatRequest(
+            messages=[{"role": m.role, "content": m.content} for m in request.messages],
+            max_tokens=request.max_completion_tokens or request.max_tokens,
+            stop=stop, temperature=float(request.temperature or 0.0),
+        )
+
+    def batch(self, inputs: list[ChatRequest]) -> list[ChatRequest]:
+        return list(inputs)
+
+    def unbatch(self, output: Any) -> Any:
+        return output
+
+    def predict(self, requests: ChatRequest | list[ChatRequest]):  # noqa: ANN201 (a generator, as the spec wants)
+        batched = isinstance(requests, list)
+        replies = self.llm.chat_batch(requests if batched else [requests])
+        messages = [
+            {"role": "assistant", "content": r.text, "prompt_tokens": r.prompt_tokens,
+             "completion_tokens": r.completion_tokens, "total_tokens": r.prompt_tokens + r.completion_tokens}
+            for r in replies
+        ]
+        yield messages if batched else messages[0]
+
+
+def build_apis(
+    exports: list[str], top_k: int | None, base_model: str | None, max_batch_size: int, batch_timeout: float
+) -> list[ls.LitAPI]:
+    """One LitAPI per export; a clear error for a missing export or two exports on one endpoint."""
+    from clova_train.tools.serving import read_tool_description
+
+    apis: dict[str, ls.LitAPI] = {}
+    for name in exports:
+        directory = Path(name)
+        if export_kind(directory) == "lora":
+            api: ls.LitAPI = ToolChatAPI(directory, base_model, max_batch_size, batch_timeout)
+            path = "/v1/chat/completions"
+        else:
+            tool = str(read_tool_description(directory).get("tool", "tool"))
+            api = PromptToolAPI(directory, tool, top_k, base_model)
+            path = api.api_path
+        if path in apis:
+            raise ExportError(f"two exports would both serve {path} ({name} and an earlier one): start one server per export")
+        apis[path] = api
+    return list(apis.values())
+
+
+def serve_http(
+    exports: list[str], host: str = "127.0.0.1", port: int = 8000, device: str = "cpu", top_k: int | None = None,
+    base_model: str | None = None, max_batch_size: int = 4, batch_timeout: float = 0.02, timeout: float = 60.0,
+) -> None:
+    """Run the server until interrupted (each export is checked and loaded before the port opens)."""
+    apis = build_apis(exports, top_k, base_model, max_batch_size, batch_timeout)
+    for api in apis:  # fail here, with the clova-train message, rather than inside a worker process
+        api.setup(device)
+    accelerator = "cuda" if device.startswith("cuda") else "cpu"
+    os.environ.setdefault("LITSERVE_LOG_LEVEL", "WARNING")
+    server = ls.LitServer(apis, accelerator=accelerator, devices=1, timeout=timeout)
+    print(f"serving {', '.join(a.api_path for a in apis)} on http://{host}:{port}", flush=True)
+    server.run(host=host, port=port, generate_client_file=False, num_api_servers=1, log_level="warning")

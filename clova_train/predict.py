@@ -1,0 +1,101 @@
+"""``clova-train predict``: an exported prompt tool with its prompt pool over a folder or a JSONL of inputs.
+
+Each input becomes one of the tool's JSON requests (the ones ``clova-train serve`` answers): an image of a
+folder fills the tool's image field and the ``--field NAME=VALUE`` options fill the rest; a JSONL line is a
+request as it is. The output is JSONL, one line per input in input order: ``{"input": request, "output":
+reply}``, or ``{"input": request, "error": message}`` when that input cannot be answered (the others still
+are). The file is written atomically at the end.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from clova_train.core.atomic import write_text_atomic
+from clova_train.core.errors import ClovaTrainError, DataError
+from clova_train.tools.images import IMAGE_SUFFIXES, display_path
+from clova_train.tools.serving import PromptToolServer
+
+
+def parse_fields(fields: list[str]) -> dict[str, Any]:
+    """``NAME=VALUE`` options as request fields (JSON values where they parse, else the text)."""
+    parsed: dict[str, Any] = {}
+    for item in fields:
+        name, sep, value = item.partition("=")
+        if not sep or not name:
+            raise DataError(f"--field {item!r} must be NAME=VALUE")
+        try:
+            parsed[name] = json.loads(value)
+        except json.JSONDecodeError:
+            parsed[name] = value
+    return parsed
+
+
+def requests_from_folder(folder: Path, image_field: str, fields: dict[str, Any]) -> Iterator[dict[str, Any]]:
+    images = sorted(p for p in folder.iterdir() if p.is_file() and p.suffix.lower() in IMAGE_SUFFIXES)
+    if not images:
+        raise DataError(f"input folder {display_path(folder)} holds no images ({', '.join(sorted(IMAGE_SUFFIXES))})")
+    for path in images:
+        yield {**fields, image_field: [str(path)] if image_field == "images" else str(path)}
+
+
+def requests_from_jsonl(path: Path, path_fields: tuple[str, ...]) -> Iterator[dict[str, Any]]:
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except UnicodeDecodeError as err:
+        raise DataError(f"{display_path(path)} is not UTF-8 text (byte {err.start})") from err
+    for number, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            request = json.loads(line)
+        except json.JSONDecodeError as err:
+            raise DataError(f"{display_path(path)} line {number} is not JSON: {err.msg}") from err
+        if not isinstance(request, dict):
+            raise DataError(f"{display_path(path)} line {number} must be a JSON object (a request)")
+        yield {k: _relative_to(path.parent, v) if k in path_fields else v for k, v in request.items()}
+
+
+def _relative_to(folder: Path, value: Any) -> Any:
+    if isinstance(value, str) and value and not Path(value).is_absolute():
+        return str(folder / value)
+    if isinstance(value, list):
+        return [_relative_to(folder, v) for v in value]
+    return value
+
+
+def predict_to_file(
+    export: str, inputs: str, output: str, fields: list[str], top_k: int | None = None, device: str = "cpu",
+    base_model: str | None = None,
+) -> tuple[int, int]:
+    """Answer every input and write the JSONL; returns (lines written, inputs that failed)."""
+    source = Path(inputs)
+    extra = parse_fields(fields)
+    if not source.exists():
+        raise DataError(f"inputs not found: {display_path(source)}")
+    server = PromptToolServer.from_export(export, top_k=top_k, device=device, base_model=base_model)
+    tool = type(server.tool)
+    if source.is_dir():
+        requests = list(requests_from_folder(source, tool.request_image_field, extra))
+    else:
+        if extra:
+            raise DataError("--field applies to folder inputs; a JSONL line is a whole request")
+        requests = list(requests_from_jsonl(source, tool.request_path_fields))
+    lines, failed = [], 0
+    for request in _progress(requests):
+        try:
+            lines.append({"input": request, "output": server.serve(request)})
+        except ClovaTrainError as err:
+            failed += 1
+            lines.append({"input": request, "error": str(err)})
+    write_text_atomic(output, "".join(json.dumps(line) + "\n" for line in lines))
+    return len(lines), failed
+
+
+def _progress(items: list[dict[str, Any]]) -> Any:
+    from tqdm import tqdm
+
+    return tqdm(items, desc="predict", unit="input", disable=len(items) < 2)

@@ -1,0 +1,184 @@
+"""Serving a LoRA tool-LLM export: chat messages in, the next ReAct step out (no Lightning).
+
+>>> llm = ServedToolLLM.from_export("checkpoints/quickstart_lora/export")
+>>> llm.chat_batch([ChatRequest([{"role": "user", "content": instruction}])])[0].text
+'Thought: Do I need to use a tool? Yes\\nAction: ...\\nObservation:'
+
+The model is the export's ``merged/`` directory when there is one, else its base (``--base-model``, the
+export's ``base/`` copy, or the adapter config's base) with ``adapter/`` applied through PEFT. Prompts are
+the tokenizer's chat template (the training prompt, token for token); decoding is greedy unless a request
+asks for a temperature, and stops at EOS or the first stop string (``serving.json``), which is kept in the
+reply as in training.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from clova_train.core.errors import DataError, ExportError, ModelError
+
+SERVING_FILE = "serving.json"
+ROLES = ("system", "user", "assistant")
+
+
+@dataclass
+class ChatRequest:
+    """One chat completion request (OpenAI field meanings).
+
+    Args:
+        messages: ``[{"role": "system" | "user" | "assistant", "content": str}, ...]``.
+        max_tokens: generation budget (default: the export's ``serving.json``).
+        stop: extra stop strings (the export's are always applied).
+        temperature: 0 for greedy decoding (the default), else sampling at this temperature.
+        seed: sampling seed (``temperature > 0`` only).
+    """
+
+    messages: list[dict[str, str]]
+    max_tokens: int | None = None
+    stop: list[str] = field(default_factory=list)
+    temperature: float = 0.0
+    seed: int = 0
+
+
+@dataclass
+class ChatReply:
+    """The generated step and its token counts."""
+
+    text: str
+    prompt_tokens: int
+    completion_tokens: int
+    finish_reason: str  # "stop" (EOS or a stop string) or "length"
+
+
+def check_messages(messages: Any) -> list[dict[str, str]]:
+    """``messages`` as a list of role/content dicts, or a :class:`DataError` naming the bad entry."""
+    if not isinstance(messages, list) or not messages:
+        raise DataError("'messages' must be a non-empty list of {'role', 'content'} objects")
+    for index, message in enumerate(messages):
+        if not isinstance(message, dict) or message.get("role") not in ROLES or not isinstance(message.get("content"), str):
+            raise DataError(f"messages[{index}] must be {{'role': one of {list(ROLES)}, 'content': a string}}")
+    if messages[-1]["role"] != "user":
+        raise DataError("the last message must be the user's (the model answers it)")
+    return messages
+
+
+def _cut(text: str, stops: list[str]) -> tuple[str, bool]:
+    ends = [text.find(s) + len(s) for s in stops if s and s in text]
+    return (text[: min(ends)], True) if ends else (text, False)
+
+
+class ServedToolLLM:
+    """A tool-using LLM loaded from a ``clova-train export`` directory of a LoRA run.
+
+    Args:
+        model: the causal LM (merged, or a PEFT model with the adapter).
+        tokenizer: its tokenizer, with the training chat template.
+        defaults: ``serving.json`` (``stop``, ``temperature``, ``max_tokens``).
+    """
+
+    def __init__(self, model: torch.nn.Module, tokenizer: Any, defaults: dict[str, Any]) -> None:
+        if not getattr(tokenizer, "chat_template", None):
+            raise ExportError("the export's tokenizer has no chat_template (export it again with this version)")
+        self.model = model.eval()
+        self.tokenizer = tokenizer
+        self.tokenizer.padding_side = "left"
+        if self.tokenizer.pad_token_id is None:
+            self.tokenizer.pad_token = self.tokenizer.eos_token
+        self.stop = [str(s) for s in defaults.get("stop", [])]
+        self.max_tokens = int(defaults.get("max_tokens", 256))
+
+    @classmethod
+    def from_export(
+        cls, directory: str | os.PathLike[str], base_model: str | os.PathLike[str] | None = None,
+        device: str | torch.device = "cpu",
+    ) -> ServedToolLLM:
+        """Load an export (``merged/`` if present and no ``base_model`` is given, else base + ``adapter/``)."""
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        directory = Path(directory)
+        adapter, merged = directory / "adapter", directory / "merged"
+        if not (adapter / "adapter_config.json").is_file():
+            raise ExportError(f"{directory} is not a LoRA export (adapter/adapter_config.json missing)")
+        try:
+            if merged.is_dir() and base_model is None:
+                source = merged
+                model = AutoModelForCausalLM.from_pretrained(str(merged))
+            else:
+                from peft import PeftModel
+
+                base = cls._base_location(directory, adapter, base_model)
+                source = adapter
+                model = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(base), str(adapter))
+            tokenizer = AutoTokenizer.from_pretrained(str(source))
+        except (OSError, ValueError) as err:
+            raise ModelError(f"cannot load the LoRA export {directory}: {err}") from err
+        defaults_file = source / SERVING_FILE
+        defaults = json.loads(defaults_file.read_text(encoding="utf-8")) if defaults_file.is_file() else {}
+        return cls(model.to(device), tokenizer, defaults)
+
+    @staticmethod
+    def _base_location(directory: Path, adapter: Path, base_model: str | os.PathLike[str] | None) -> str:
+        if base_model is not None:
+            if not Path(base_model).expanduser().is_dir():
+                raise ExportError(f"base model directory not found: {base_model}")
+            return str(Path(base_model).expanduser())
+        if (directory / "base" / "config.json").is_file():
+            return str(directory / "base")
+        named = json.loads((adapter / "adapter_config.json").read_text())["base_model_name_or_path"]
+        if named.startswith("/") and not Path(named).is_dir():
+            raise ExportError(
+                f"the adapter's base model {named} is not on this machine: pass --base-model DIR, "
+                "or export with --copy-base"
+            )
+        return named
+
+    def prompt(self, messages: list[dict[str, str]]) -> str:
+        """The text the model sees for ``messages`` (the training prompt format)."""
+        return self.tokenizer.apply_chat_template(check_messages(messages), tokenize=False, add_generation_prompt=True)
+
+    @torch.no_grad()
+    def chat_batch(self, requests: list[ChatRequest]) -> list[ChatReply]:
+        """Answer requests together: greedy ones in one left-padded batch, sampled ones one by one."""
+        replies: dict[int, ChatReply] = {}
+        greedy = [i for i, r in enumerate(requests) if r.temperature <= 0]
+        if greedy:
+            for i, reply in zip(greedy, self._generate([requests[i] for i in greedy], sample=False)):
+                replies[i] = reply
+        for i, request in enumerate(requests):
+            if i not in replies:
+                torch.manual_seed(request.seed)
+                replies[i] = self._generate([request], sample=True)[0]
+        return [replies[i] for i in range(len(requests))]
+
+    def _generate(self, requests: list[ChatRequest], sample: bool) -> list[ChatReply]:
+        prompts = [self.prompt(r.messages) for r in requests]
+        encoded = self.tokenizer(prompts, return_tensors="pt", padding=True, add_special_tokens=False)
+        encoded = {k: v.to(self.model.device) for k, v in encoded.items()}
+        budget = max(r.max_tokens or self.max_tokens for r in requests)
+        options: dict[str, Any] = {"do_sample": sample, "max_new_tokens": budget, "pad_token_id": self.tokenizer.pad_token_id,
+                                   "eos_token_id": self.tokenizer.eos_token_id}
+        if sample:
+            options.update(temperature=requests[0].temperature, top_p=1.0, top_k=0)
+        else:
+            options.update(temperature=None, top_p=None, top_k=None)
+        output = self.model.generate(**encoded, **options)
+        width = encoded["input_ids"].shape[1]
+        replies = []
+        for row, request in enumerate(requests):
+            new = output[row, width:].tolist()
+            ended = self.tokenizer.eos_token_id in new
+            if ended:
+                new = new[: new.index(self.tokenizer.eos_token_id)]
+            limit = request.max_tokens or self.max_tokens
+            text, stopped = _cut(self.tokenizer.decode(new[:limit], skip_special_tokens=True), self.stop + list(request.stop))
+            count = len(self.tokenizer(text, add_special_tokens=False)["input_ids"]) if stopped else min(len(new), limit)
+            prompt_tokens = int(encoded["attention_mask"][row].sum())
+            finish = "stop" if stopped or (ended and len(new) <= limit) else "length"
+            replies.append(ChatReply(text, prompt_tokens, count, finish))
+        return replies
