@@ -22,11 +22,17 @@ import math
 from abc import abstractmethod
 from collections.abc import Callable, Iterator
 
+import warnings
+
 from lightning import LightningDataModule
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
 from clova_train.core.errors import DataError
 from clova_train.tools.contracts import ChunkPlan, InstanceDataset, TrainingInstance
+
+
+# PendingChunks deals chunks to DataLoader workers itself, so its __len__ is exact per worker.
+warnings.filterwarnings("ignore", message="Your `IterableDataset` has `__len__` defined", category=UserWarning)
 
 
 class PendingChunks(IterableDataset):

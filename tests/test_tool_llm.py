@@ -218,3 +218,93 @@ def test_ddp_two_ranks_write_one_adapter(tool_data_root: Path, tiny_llama_dir: P
     assert (result.stdout + result.stderr).count("LoRA adapter:") == 1
     assert (tmp_path / "adapter" / "adapter_model.safetensors").is_file()
     assert [p.name for p in tmp_path.rglob("adapter_config.json")] == ["adapter_config.json"]
+
+
+def test_chat_template_renders_the_training_prompt_token_for_token(trained, tmp_path: Path) -> None:
+    from transformers import AutoTokenizer
+
+    from clova_train.cli import main
+
+    _, dm, run_dir, _, _ = trained
+    assert main(["export", str(run_dir), "-o", str(tmp_path / "export")]) == 0
+    tokenizer = AutoTokenizer.from_pretrained(str(tmp_path / "export" / "adapter"))
+    records = dm.splits["val"].records[:5] + [{"instruction": "Describe it.", "input": "image/a.png", "output": "x"}]
+    for record in records:
+        message = dm.template.user_message(record["instruction"], record["input"])
+        rendered = tokenizer.apply_chat_template([{"role": "user", "content": message}], tokenize=False, add_generation_prompt=True)
+        assert rendered == dm.template.prompt(record["instruction"], record["input"])
+        ids = tokenizer.apply_chat_template([{"role": "user", "content": message}], add_generation_prompt=True, tokenize=True)
+        ids = ids["input_ids"] if isinstance(ids, dict) or hasattr(ids, "keys") else ids
+        assert list(ids) == dm.tokenizer(rendered)["input_ids"]
+    system = tokenizer.apply_chat_template(
+        [{"role": "system", "content": "SYS"}, {"role": "user", "content": "hi"}], tokenize=False, add_generation_prompt=True)
+    assert system == dm.template.prompt("hi").replace(dm.template.system, "SYS")
+    serving = json.loads((tmp_path / "export" / "adapter" / "serving.json").read_text())
+    assert serving["stop"] == ["Observation:"] and serving["temperature"] == 0.0
+
+
+def test_merged_model_generates_with_plain_transformers_and_stops_at_the_step(trained, tmp_path: Path) -> None:
+    """``generate()`` and ``pipeline("text-generation")`` with no extra arguments, in a process without clova_train."""
+    from clova_train.cli import main
+
+    module, dm, run_dir, _, _ = trained
+    out = tmp_path / "export"
+    assert main(["export", str(run_dir), "-o", str(out), "--merged"]) == 0
+    generation = json.loads((out / "merged" / "generation_config.json").read_text())
+    assert "stop_strings" not in generation or generation["stop_strings"] is None
+    tool_records = [r for r in dm.splits["val"].records if r["output"].endswith("Observation:")][:3]
+    assert tool_records, "the validation split needs tool steps"
+    prompts = [dm.template.prompt(r["instruction"], r["input"]) for r in tool_records]
+    module.eval()
+    expected = []
+    for prompt in prompts:
+        encoded = dm.tokenizer(prompt, return_tensors="pt")
+        expected.append(module.generate_responses(encoded["input_ids"], encoded["attention_mask"])[0])
+    code = f"""
+import json, sys
+from transformers import AutoModelForCausalLM, AutoTokenizer, pipeline
+merged, prompts = {str(out / "merged")!r}, {prompts!r}
+tok = AutoTokenizer.from_pretrained(merged)
+model = AutoModelForCausalLM.from_pretrained(merged)
+texts, piped = [], []
+for prompt in prompts:
+    enc = tok(prompt, return_tensors="pt")
+    ids = model.generate(**enc)
+    texts.append(tok.decode(ids[0, enc["input_ids"].shape[1]:], skip_special_tokens=True))
+generator = pipeline("text-generation", model=merged)
+for prompt in prompts:
+    piped.append(generator(prompt, return_full_text=False)[0]["generated_text"])
+assert "clova_train" not in sys.modules
+print(json.dumps([texts, piped]))
+"""
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    texts, piped = json.loads(result.stdout.strip().splitlines()[-1])
+    assert texts == piped == expected
+    assert all(text.endswith("Observation:") for text in texts), texts
+
+
+def test_served_llm_from_moved_export_with_copied_base(trained, tmp_path: Path, tiny_llama_dir: Path) -> None:
+    import shutil
+
+    from clova_train.cli import main
+    from clova_train.tooluse.served_llm import ChatRequest, ServedToolLLM
+
+    module, dm, run_dir, _, _ = trained
+    assert main(["export", str(run_dir), "-o", str(tmp_path / "export"), "--copy-base"]) == 0
+    config = json.loads((tmp_path / "export" / "adapter" / "adapter_config.json").read_text())
+    assert Path(config["base_model_name_or_path"]).is_absolute()
+    moved = tmp_path / "moved"
+    shutil.move(str(tmp_path / "export"), moved)
+    record = next(r for r in dm.splits["val"].records if r["output"].endswith("Observation:"))
+    encoded = dm.tokenizer(dm.template.prompt(record["instruction"], record["input"]), return_tensors="pt")
+    module.eval()
+    expected = module.generate_responses(encoded["input_ids"], encoded["attention_mask"])[0]
+    llm = ServedToolLLM.from_export(moved)
+    message = [{"role": "user", "content": dm.template.user_message(record["instruction"], record["input"])}]
+    short = [{"role": "user", "content": "Hello"}]
+    replies = llm.chat_batch([ChatRequest(message, max_tokens=48), ChatRequest(short, max_tokens=5)])
+    assert replies[0].text == expected and replies[0].finish_reason == "stop"
+    assert replies[1].completion_tokens <= 5
+    # the padded batch answers each request as it would be answered alone
+    assert llm.chat_batch([ChatRequest(short, max_tokens=5)])[0].text == replies[1].text

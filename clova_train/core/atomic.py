@@ -38,9 +38,9 @@ def atomic_path(target: str | os.PathLike[str]) -> Iterator[Path]:
     fd, tmp_name = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
     os.close(fd)
     tmp = Path(tmp_name)
-    os.chmod(tmp, default_mode())
     try:
         yield tmp
+        os.chmod(tmp, default_mode())  # after the writer: some writers (safetensors) recreate the file
         with open(tmp, "rb") as handle:
             os.fsync(handle.fileno())
         os.replace(tmp, target)

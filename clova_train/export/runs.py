@@ -68,8 +68,13 @@ def portable_tool_description(tool: dict[str, Any], staging: Path, copy_base: bo
 
 
 def copy_tree(source: Path, target: Path) -> None:
-    """Copy a model directory (files get this process's normal modes, not the source's)."""
-    shutil.copytree(source, target, copy_function=shutil.copyfile)
+    """Copy a model directory; entries get the normal modes of this process's umask, not the source's
+    (``shutil.copytree`` would carry over a private source's 0700 directories)."""
+    for folder, _, files in os.walk(source, followlinks=True):
+        destination = target / Path(folder).relative_to(source)
+        destination.mkdir(parents=True, exist_ok=True)
+        for name in files:
+            shutil.copyfile(Path(folder) / name, destination / name)
 
 
 def _from_run_dir(run_dir: Path, staging: Path, copy_base: bool = False) -> dict[str, Any]:
@@ -86,10 +91,10 @@ def _from_run_dir(run_dir: Path, staging: Path, copy_base: bool = False) -> dict
     write_json_atomic(staging / "tool.json", tool)
     _write_tool_formats(pool, tool, staging)
     if (run_dir / "summary.json").is_file():
-        shutil.copy2(run_dir / "summary.json", staging / "summary.json")
+        shutil.copyfile(run_dir / "summary.json", staging / "summary.json")
     config = _find_config(run_dir)
     if config is not None:
-        shutil.copy2(config, staging / "config.yaml")
+        shutil.copyfile(config, staging / "config.yaml")
     return {"kind": "run_dir", "path": str(run_dir.resolve())}
 
 
