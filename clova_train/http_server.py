@@ -14,15 +14,15 @@ A malformed request is answered with status 400 and one message naming the field
 model. Prompt-tool requests are served one at a time (each request already holds a batch of images).
 """
 
-from __future__ import annotations
+# No ``from __future__ import annotations`` here: LitServe and FastAPI read these signatures' annotations as
+# objects (a string annotation on ``decode_request`` would make LitServe queue the raw request object).
 
-import json
 import os
 from pathlib import Path
 from typing import Any
 
 import litserve as ls
-from fastapi import BackgroundTasks, HTTPException, Request
+from fastapi import BackgroundTasks, HTTPException
 from litserve.specs.openai import ChatCompletionRequest, OpenAISpec
 
 from clova_train.core.errors import ClovaTrainError, DataError, ExportError
@@ -59,14 +59,10 @@ class PromptToolAPI(ls.LitAPI):
 
         self.server = PromptToolServer.from_export(self.export, self.top_k, device, self.base_model)
 
-    async def decode_request(self, request: Request) -> dict[str, Any]:
-        try:
-            payload = await request.json()
-        except (json.JSONDecodeError, UnicodeDecodeError) as err:
-            raise HTTPException(400, f"the request body is not JSON: {err}") from err
-        if not isinstance(payload, dict):
+    def decode_request(self, request):  # noqa: ANN001, ANN201 (unannotated: LitServe then hands over the parsed JSON)
+        if not isinstance(request, dict):
             raise HTTPException(400, "the request body must be a JSON object")
-        return payload
+        return request
 
     def predict(self, request: dict[str, Any]) -> dict[str, Any]:
         try:
@@ -74,7 +70,7 @@ class PromptToolAPI(ls.LitAPI):
         except ClovaTrainError as err:
             raise HTTPException(400, str(err)) from err
 
-    def encode_response(self, output: dict[str, Any]) -> dict[str, Any]:
+    def encode_response(self, output):  # noqa: ANN001, ANN201 (unannotated: a plain JSON response)
         return output
 
 
@@ -133,6 +129,10 @@ class ToolChatAPI(ls.LitAPI):
             for r in replies
         ]
         yield messages if batched else messages[0]
+
+    def encode_response(self, outputs):  # noqa: ANN001, ANN201 (a generator of chat messages, one step here)
+        # Batched: each step is a list with one message per request; LitServe hands message i to request i.
+        yield from outputs
 
 
 def build_apis(

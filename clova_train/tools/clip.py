@@ -423,16 +423,16 @@ class PromptedClip(PromptTool):
         """``{"images": [paths], "labels": [...]}`` -> CLASSIFY; ``{"images": [...], "concept": c}`` -> SELECT."""
         from clova_train.tools.images import load_images
 
-        images = load_images(request.get("images"), self.image_size[0], "images")
         if "labels" in request:
             labels = request["labels"]
             if not isinstance(labels, list) or not labels or not all(isinstance(x, str) for x in labels):
                 raise DataError("request field 'labels' must be a non-empty list of strings")
-            predicted, scores = self.classify(lookup, images, labels)
+            predicted, scores = self.classify(lookup, load_images(request.get("images"), self.image_size[0], "images"), labels)
             return {"labels": predicted, "scores": scores.tolist()}
         concept = request.get("concept")
         if not isinstance(concept, str) or not concept:
             raise DataError("a CLIP request needs 'labels' (CLASSIFY) or 'concept' (SELECT)")
+        images = load_images(request.get("images"), self.image_size[0], "images")
         index, scores = self.select(lookup, images, concept)
         return {"index": index, "scores": scores.tolist()}
 
