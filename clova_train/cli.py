@@ -310,7 +310,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         err = user_error(exc)
         if err is None:
             raise
-        print(f"{PROG}: error: {err}", file=sys.stderr)
+        message = str(err).encode("utf-8", "backslashreplace").decode("utf-8")  # file names need not be UTF-8
+        print(f"{PROG}: error: {message}", file=sys.stderr)
         return 2
     return 0
 

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import warnings
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -30,22 +32,13 @@ def _bomb_message(path: Path, err: BaseException) -> str:
             "PIL.Image.MAX_IMAGE_PIXELS if it is trusted")
 
 
-def check_image(path: Path) -> None:
-    """Raise :class:`DataError` naming ``path`` if it is not a readable image."""
-    open_rgb(path)
-
-
-def open_rgb(path: Path) -> Image.Image:
-    """The image at ``path`` as 8-bit RGB, or a :class:`DataError` naming it.
-
-    Images whose header claims more than PIL's ``MAX_IMAGE_PIXELS`` are refused before decoding (a
-    decompression bomb); 16-bit and 32-bit integer images are scaled to 8 bits, not clipped to white.
-    """
+@contextmanager
+def _reading(path: Path) -> Iterator[None]:
+    """Turn PIL's many failure kinds into one :class:`DataError` naming ``path``."""
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("error", Image.DecompressionBombWarning)
-            with Image.open(path) as img:
-                return _to_rgb(img)
+            yield
     except FileNotFoundError as err:
         raise DataError(f"image not found: {display_path(path)}") from err
     except (Image.DecompressionBombError, Image.DecompressionBombWarning) as err:
@@ -54,14 +47,30 @@ def open_rgb(path: Path) -> Image.Image:
         raise DataError(f"unreadable image {display_path(path)}: {err}") from err
 
 
-def _to_rgb(img: Image.Image) -> Image.Image:
+def check_image(path: Path) -> None:
+    """Raise :class:`DataError` naming ``path`` if it is not a readable image (without decoding its pixels)."""
+    with _reading(path), Image.open(path) as img:
+        img.verify()
+
+
+def open_rgb(path: Path) -> Image.Image:
+    """The image at ``path`` as 8-bit RGB, or a :class:`DataError` naming it.
+
+    Images whose header claims more than PIL's ``MAX_IMAGE_PIXELS`` are refused before decoding (a
+    decompression bomb); 16-bit and 32-bit integer images are scaled to 8 bits, not clipped to white.
+    """
+    with _reading(path), Image.open(path) as img:
+        return _to_rgb(img, path)
+
+
+def _to_rgb(img: Image.Image, path: Path) -> Image.Image:
     if img.mode.startswith("I;16") or img.mode == "I":
         # PNG stores 16-bit greyscale; PIL's convert("RGB") would clip every value above 255 to white.
         values = np.asarray(img, dtype=np.float64)
         scaled = np.clip(np.round(values / 257.0), 0, 255).astype(np.uint8)
         return Image.fromarray(scaled, mode="L").convert("RGB")
     if img.mode == "F":
-        raise DataError("floating-point images are not supported; save it as 8- or 16-bit")
+        raise DataError(f"image {display_path(path)} has floating-point pixels; save it as 8- or 16-bit")
     return img.convert("RGB")
 
 
