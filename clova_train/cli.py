@@ -181,10 +181,6 @@ def run_predict(args: Sequence[str]) -> None:
 
 
 def run_tiny_model(args: Sequence[str]) -> None:
-    from clova_train.tiny_models import (
-        make_tiny_blip, make_tiny_clip, make_tiny_llama, make_tiny_maskformer, make_tiny_owlvit, tool_corpus,
-    )
-
     parser = argparse.ArgumentParser(
         prog=f"{PROG} tiny-model",
         description="Write a tiny random-weight model of a real architecture, loadable by the normal loading code.",
@@ -202,6 +198,11 @@ def run_tiny_model(args: Sequence[str]) -> None:
     )
     parsed = parser.parse_args(list(args))
     steps = {} if parsed.pretrain_steps is None else {"pretrain_steps": parsed.pretrain_steps}
+    print(f"building a tiny {parsed.tool} model in {parsed.output} (pretraining on CPU can take minutes)", flush=True)
+    from clova_train.tiny_models import (
+        make_tiny_blip, make_tiny_clip, make_tiny_llama, make_tiny_maskformer, make_tiny_owlvit, tool_corpus,
+    )
+
     if parsed.tool == "clip":
         out = make_tiny_clip(parsed.output, seed=parsed.seed, **steps)
     elif parsed.tool == "blip":

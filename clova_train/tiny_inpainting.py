@@ -33,7 +33,7 @@ import torch.nn.functional as F
 
 from clova_train.synthetic.masked_concepts import masked_shape
 from clova_train.synthetic.shapes import COLOURS, SHAPES
-from clova_train.tiny_models import clip_bpe_tokenizer, single_thread, warmup_cosine
+from clova_train.tiny_models import clip_bpe_tokenizer, pretraining_steps, single_thread, warmup_cosine
 
 IMAGE_SIZE = 16
 TEXT_LENGTH = 16
@@ -117,7 +117,7 @@ def pretrain_inpainting(pipeline: object, vae_steps: int = 400, unet_steps: int 
         images, masks, captions = pretraining_scenes(scenes, seed)
         vae.train()
         optimizer = torch.optim.Adam(vae.parameters(), lr=3e-3)
-        for step in range(vae_steps):
+        for step in pretraining_steps(vae_steps, "inpainting VAE"):
             batch = images[torch.randint(len(images), (16,), generator=generator)]
             loss = F.mse_loss(vae.decode(vae.encode(batch).latent_dist.mode()).sample, batch)
             optimizer.zero_grad()
@@ -154,7 +154,7 @@ def _pretrain_denoiser(pipeline: object, latents: torch.Tensor, masked_latents: 
     schedule = warmup_cosine(optimizer, warmup=30, steps=steps)
     unet.train()
     text_encoder.train()
-    for step in range(steps):
+    for step in pretraining_steps(steps, "inpainting UNet"):
         pick = torch.randint(len(latents), (32,), generator=generator)
         noise = torch.randn(latents[pick].shape, generator=generator)
         timesteps = torch.randint(noise_schedule.config.num_train_timesteps, (32,), generator=generator)

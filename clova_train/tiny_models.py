@@ -10,7 +10,7 @@ knows some concepts and must learn the others through prompts.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -28,6 +28,13 @@ TINY_CLIP_CONFIG: dict = {
 }
 PRETRAIN_COLOURS = ("red", "green", "blue", "yellow")
 
+
+
+def pretraining_steps(steps: int, model: str) -> Iterable[int]:
+    """``range(steps)`` with a progress bar (total and ETA) on a terminal: pretraining takes minutes on a CPU."""
+    from tqdm import tqdm
+
+    return tqdm(range(steps), desc=f"pretraining tiny {model}", unit="step", disable=None, leave=False)
 
 def _caption_batch(
     rng: np.random.Generator, size: int, image_size: int, colours: tuple[str, ...], tokenizer: object
@@ -58,7 +65,7 @@ def pretrain_clip(
     loss_fn = open_clip.ClipLoss()
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.1)
     model.train()
-    for _ in range(steps):
+    for _ in pretraining_steps(steps, "CLIP"):
         images, texts = _caption_batch(rng, batch_size, image_size, colours, tokenizer)
         image_features, text_features, scale = model((images - mean) / std, texts)
         loss = loss_fn(image_features, text_features, scale)
@@ -108,7 +115,7 @@ def pretrain_causal_lm(model: torch.nn.Module, tokenizer: object, texts: list[st
     ids = [torch.tensor(tokenizer(t)["input_ids"]) for t in texts]
     optimizer = torch.optim.AdamW(model.parameters(), lr=2e-3, weight_decay=0.0)
     model.train()
-    for _ in range(steps):
+    for _ in pretraining_steps(steps, "Llama"):
         rows = []
         for k in torch.randint(len(ids), (8,), generator=generator).tolist():
             start = int(torch.randint(max(1, len(ids[k]) - 256), (1,), generator=generator))
@@ -258,7 +265,7 @@ def pretrain_blip_vqa(model: torch.nn.Module, processor: object, steps: int,
     image_size = model.config.vision_config.image_size
     optimizer = torch.optim.AdamW(model.parameters(), lr=2e-3, weight_decay=0.01)
     model.train()
-    for _ in range(steps):
+    for _ in pretraining_steps(steps, "BLIP"):
         images, questions, answers = [], [], []
         for _ in range(batch_size):
             colour, rgb = shades[rng.integers(len(shades))]
@@ -433,7 +440,7 @@ def pretrain_owlvit(model: torch.nn.Module, processor: object, steps: int, batch
     query_mask = torch.ones(batch_size, len(names), dtype=torch.bool)
     with single_thread():
         model.train()
-        for step in range(steps):
+        for step in pretraining_steps(steps, "OWL-ViT"):
             loss = _owlvit_step(model, processor, optimizer, schedule, rng, names, text, query_mask, batch_size,
                                 image_size)
             if log_every and step % log_every == 0:
@@ -548,7 +555,7 @@ def _maskformer_steps(model: torch.nn.Module, processor: object, optimizer: torc
     from clova_train.synthetic.grounding import random_scene, scene_targets
 
     image_size = int(model.config.backbone_config.image_size)
-    for step in range(steps):
+    for step in pretraining_steps(steps, "MaskFormer"):
         scenes = [random_scene(rng, image_size, None, colours, int(rng.integers(1, 4))) for _ in range(batch_size)]
         pixels = processor(images=[s.image for s in scenes], return_tensors="pt")["pixel_values"]
         labels, masks = [], []

@@ -190,3 +190,30 @@ def test_sharding_strategies_are_refused_with_reason(tiny_clip_dir: Path) -> Non
     module._trainer = SimpleNamespace(strategy=FSDPStrategy())
     with pytest.raises(ModelError, match="not FSDPStrategy: sharding strategies would split and average"):
         module._check_strategy()
+
+
+def test_top_level_help_lists_every_subcommand_under_the_program_name() -> None:
+    from clova_train.cli import COMMANDS
+
+    done = run_cli_subprocess(["--help"], timeout=60)
+    assert done.returncode == 0 and done.stdout.startswith("usage: clova-train ")
+    for command in ("fit", "validate", "test", "predict", "export", "serve", "controller", "tiny-model"):
+        assert command in COMMANDS and f"    {command}" in done.stdout, command
+    bare = run_cli_subprocess([], timeout=60)
+    assert bare.returncode == 2 and "tiny-model" in bare.stdout
+    unknown = run_cli_subprocess(["frobnicate"], timeout=60)
+    assert unknown.returncode == 2 and "unknown command 'frobnicate'" in unknown.stderr
+
+
+@pytest.mark.parametrize("command", ["export", "serve", "predict", "tiny-model", "controller"])
+def test_subcommand_help_does_not_import_lightning(command: str) -> None:
+    import subprocess
+    import sys
+
+    code = ("import sys\nfrom clova_train.cli import main\ntry:\n    main([%r, '--help'])\nexcept SystemExit:\n    pass\n"
+            "print(sorted(m for m in sys.modules if m.split('.')[0] in ('lightning', 'pytorch_lightning', 'torch')))" % command)
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=REPO)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert f"usage: clova-train {command}" in done.stdout
+    heavy = done.stdout.strip().splitlines()[-1]
+    assert "lightning" not in heavy and ("'torch'" not in heavy or command == "controller"), heavy

@@ -110,3 +110,34 @@ def test_check_tool_catches_a_loss_that_mixes_instances(tool: PromptedClip, conc
     dm.setup()
     with pytest.raises(ToolCheckError, match="has a gradient on other instances' prompts"):
         check_tool(broken, [dm.instances[i] for i in (0, 5)], rebuild=False)
+
+
+def test_token_embedding_adapter_matches_open_clip(tool: PromptedClip) -> None:
+    """The one place that knows open_clip's ViT layout: equal to its private ``_embeds`` (where the installed
+    version has it) and, through the blocks, to the tower's own forward."""
+    from clova_train.tools.clip import vit_token_embeddings
+
+    visual = tool.model.visual
+    pixels = torch.randn(3, 3, *tool.image_size)
+    tokens = vit_token_embeddings(visual, pixels)
+    if hasattr(visual, "_embeds"):
+        torch.testing.assert_close(tokens, visual._embeds(pixels), rtol=0, atol=0)
+    hidden = visual.transformer(tokens)
+    pooled, _ = visual._global_pool(visual.ln_post(hidden)) if hasattr(visual, "_global_pool") else (visual.ln_post(hidden)[:, 0], None)
+    if visual.proj is not None:
+        pooled = pooled @ visual.proj
+    torch.testing.assert_close(pooled, visual(pixels), rtol=1e-5, atol=1e-5)
+
+
+def test_images_are_resized_and_centre_cropped_as_open_clip_does(tmp_path: Path) -> None:
+    import numpy as np
+    import open_clip
+    from PIL import Image
+
+    from clova_train.tools.images import load_image
+
+    rng = np.random.default_rng(0)
+    for shape in [(50, 80), (90, 40), (32, 32)]:
+        Image.fromarray(rng.integers(0, 256, (*shape, 3), dtype=np.uint8)).save(tmp_path / "x.png")
+        reference = open_clip.image_transform(32, is_train=False, mean=(0.0, 0.0, 0.0), std=(1.0, 1.0, 1.0))
+        torch.testing.assert_close(load_image(tmp_path / "x.png", 32), reference(Image.open(tmp_path / "x.png")), rtol=0, atol=1e-6)
