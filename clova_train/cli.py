@@ -120,6 +120,8 @@ def run_serve(args: Sequence[str]) -> None:
     parser.add_argument("--base-model", default=None, help="directory of the frozen base model, overriding the export's")
     parser.add_argument("--max-batch-size", type=int, default=4, help="chat: requests generated together")
     parser.add_argument("--batch-timeout", type=float, default=0.02, help="chat: seconds to wait for a batch to fill")
+    parser.add_argument("--output-dir", default="served_outputs",
+                        help="HTTP: directory that files written by tools (REPLACE's 'output') go under")
     parser.add_argument("--request", action="append", default=[], help="a JSON request to answer and exit (repeatable)")
     parser.add_argument("--stdin", action="store_true", help="answer JSON requests read from stdin, one per line")
     parsed = parser.parse_args(list(args))
@@ -136,7 +138,7 @@ def run_serve(args: Sequence[str]) -> None:
     from clova_train.http_server import serve_http
 
     serve_http(parsed.exports, parsed.host, parsed.port, parsed.device, parsed.top_k, parsed.base_model,
-               parsed.max_batch_size, parsed.batch_timeout)
+               parsed.max_batch_size, parsed.batch_timeout, output_dir=parsed.output_dir)
 
 
 def answer_json_lines(export: str, lines: Iterable[str], top_k: int | None, device: str, base_model: str | None) -> None:

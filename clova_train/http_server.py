@@ -12,6 +12,9 @@ Endpoints (one per export; a server can hold several exports of different kinds)
 
 A malformed request is answered with status 400 and one message naming the field; it never reaches the
 model. Prompt-tool requests are served one at a time (each request already holds a batch of images).
+Requests name image files on the server's disk, which the server reads: keep the default loopback address
+unless every client may read those files. Files a tool writes (REPLACE's ``output``) go under
+``--output-dir``, never where the client says.
 """
 
 # No ``from __future__ import annotations`` here: LitServe and FastAPI read these signatures' annotations as
@@ -40,6 +43,17 @@ def export_kind(directory: Path) -> str:
     raise ExportError(f"{directory} is not an export: it has neither tool.json nor adapter/adapter_config.json")
 
 
+def served_output_path(output_dir: Path, name: object) -> Path:
+    """Where a request's ``output`` file goes: a relative path inside ``output_dir`` (a client never chooses
+    where on the server's disk a file is written)."""
+    if not isinstance(name, str) or not name.strip():
+        raise HTTPException(400, "'output' must be a file name (written under the server's --output-dir)")
+    relative = Path(name)
+    if relative.is_absolute() or ".." in relative.parts:
+        raise HTTPException(400, f"'output' must be a relative path without '..' (it is written under the server's --output-dir), got {name!r}")
+    return output_dir.resolve() / relative
+
+
 class PromptToolAPI(ls.LitAPI):
     """``POST /v1/<tool>``: one exported prompt tool with its pool.
 
@@ -48,11 +62,15 @@ class PromptToolAPI(ls.LitAPI):
         tool_name: the tool's name (the endpoint's last part).
         top_k: ensemble only the k most similar stored prompts (default: the tool's).
         base_model: frozen model directory overriding the export's.
+        output_dir: where tools that write files (REPLACE) put a request's ``output``.
     """
 
-    def __init__(self, export: Path, tool_name: str, top_k: int | None = None, base_model: str | None = None) -> None:
+    def __init__(
+        self, export: Path, tool_name: str, top_k: int | None = None, base_model: str | None = None,
+        output_dir: Path = Path("served_outputs"),
+    ) -> None:
         super().__init__(api_path=f"/v1/{tool_name}")
-        self.export, self.top_k, self.base_model = export, top_k, base_model
+        self.export, self.top_k, self.base_model, self.output_dir = export, top_k, base_model, output_dir
 
     def setup(self, device: str) -> None:
         from clova_train.tools.serving import PromptToolServer
@@ -62,6 +80,8 @@ class PromptToolAPI(ls.LitAPI):
     def decode_request(self, request):  # noqa: ANN001, ANN201 (unannotated: LitServe then hands over the parsed JSON)
         if not isinstance(request, dict):
             raise HTTPException(400, "the request body must be a JSON object")
+        if "output" in request:
+            request = {**request, "output": str(served_output_path(self.output_dir, request["output"]))}
         return request
 
     def predict(self, request: dict[str, Any]) -> dict[str, Any]:
@@ -136,7 +156,8 @@ class ToolChatAPI(ls.LitAPI):
 
 
 def build_apis(
-    exports: list[str], top_k: int | None, base_model: str | None, max_batch_size: int, batch_timeout: float
+    exports: list[str], top_k: int | None, base_model: str | None, max_batch_size: int, batch_timeout: float,
+    output_dir: Path = Path("served_outputs"),
 ) -> list[ls.LitAPI]:
     """One LitAPI per export; a clear error for a missing export or two exports on one endpoint."""
     from clova_train.tools.serving import read_tool_description
@@ -149,7 +170,7 @@ def build_apis(
             path = "/v1/chat/completions"
         else:
             tool = str(read_tool_description(directory).get("tool", "tool"))
-            api = PromptToolAPI(directory, tool, top_k, base_model)
+            api = PromptToolAPI(directory, tool, top_k, base_model, output_dir)
             path = api.api_path
         if path in apis:
             raise ExportError(f"two exports would both serve {path} ({name} and an earlier one): start one server per export")
@@ -160,11 +181,14 @@ def build_apis(
 def serve_http(
     exports: list[str], host: str = "127.0.0.1", port: int = 8000, device: str = "cpu", top_k: int | None = None,
     base_model: str | None = None, max_batch_size: int = 4, batch_timeout: float = 0.02, timeout: float = 60.0,
+    output_dir: str = "served_outputs",
 ) -> None:
     """Run the server until interrupted (each export is checked and loaded before the port opens)."""
-    apis = build_apis(exports, top_k, base_model, max_batch_size, batch_timeout)
+    apis = build_apis(exports, top_k, base_model, max_batch_size, batch_timeout, Path(output_dir))
     for api in apis:  # fail here, with the clova-train message, rather than inside a worker process
         api.setup(device)
+        for loaded in ("server", "llm"):  # each worker process loads its own copy
+            api.__dict__.pop(loaded, None)
     accelerator = "cuda" if device.startswith("cuda") else "cpu"
     os.environ.setdefault("LITSERVE_LOG_LEVEL", "WARNING")
     server = ls.LitServer(apis, accelerator=accelerator, devices=1, timeout=timeout)

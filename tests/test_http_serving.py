@@ -184,3 +184,20 @@ def test_predict_over_a_folder_and_a_jsonl(clip_export: Path, concept_root: Path
     assert first["output"]["index"] == alone["index"]
     np.testing.assert_allclose(first["output"]["scores"], alone["scores"], atol=1e-5)
     assert "image not found" in second["error"] and "missing.png" in second["error"]
+
+
+@pytest.mark.parametrize("name", ["/etc/passwd", "../outside.png", "a/../../b.png", "", 3])
+def test_clients_cannot_choose_where_the_server_writes(tmp_path: Path, name: object) -> None:
+    from fastapi import HTTPException
+
+    from clova_train.http_server import served_output_path
+
+    with pytest.raises(HTTPException) as caught:
+        served_output_path(tmp_path, name)
+    assert caught.value.status_code == 400 and "output" in caught.value.detail
+
+
+def test_relative_outputs_land_under_the_output_dir(tmp_path: Path) -> None:
+    from clova_train.http_server import served_output_path
+
+    assert served_output_path(tmp_path, "sub/out.png") == tmp_path.resolve() / "sub" / "out.png"

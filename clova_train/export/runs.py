@@ -70,11 +70,17 @@ def portable_tool_description(tool: dict[str, Any], staging: Path, copy_base: bo
 def copy_tree(source: Path, target: Path) -> None:
     """Copy a model directory; entries get the normal modes of this process's umask, not the source's
     (``shutil.copytree`` would carry over a private source's 0700 directories)."""
-    for folder, _, files in os.walk(source, followlinks=True):
-        destination = target / Path(folder).relative_to(source)
-        destination.mkdir(parents=True, exist_ok=True)
-        for name in files:
-            shutil.copyfile(Path(folder) / name, destination / name)
+    from tqdm import tqdm
+
+    files = [Path(folder) / name for folder, _, names in os.walk(source, followlinks=True) for name in names]
+    total = sum(path.stat().st_size for path in files)
+    with tqdm(total=total, unit="B", unit_scale=True, desc=f"copying {source.name}", disable=None, leave=False) as bar:
+        for path in files:
+            destination = target / path.relative_to(source)
+            destination.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(path, destination)
+            bar.update(path.stat().st_size)
+    target.mkdir(parents=True, exist_ok=True)  # an empty model directory still gives an (empty) copy
 
 
 def _from_run_dir(run_dir: Path, staging: Path, copy_base: bool = False) -> dict[str, Any]:
