@@ -22,17 +22,11 @@ import math
 from abc import abstractmethod
 from collections.abc import Callable, Iterator
 
-import warnings
-
 from lightning import LightningDataModule
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
 from clova_train.core.errors import DataError
 from clova_train.tools.contracts import ChunkPlan, InstanceDataset, TrainingInstance
-
-
-# PendingChunks deals chunks to DataLoader workers itself, so its __len__ is exact per worker.
-warnings.filterwarnings("ignore", message="Your `IterableDataset` has `__len__` defined", category=UserWarning)
 
 
 class PendingChunks(IterableDataset):
@@ -71,11 +65,13 @@ class PendingChunks(IterableDataset):
         mine = chunks[self.rank :: self.world_size]
         return mine + [[] for _ in range(per_rank - len(mine))]
 
-    def __len__(self) -> int:
-        """Chunks this rank will yield (so progress bars show a total and an ETA)."""
-        chunks = len(self.chunk_indices())
-        worker = get_worker_info()
-        return chunks if worker is None else len(range(worker.id, chunks, worker.num_workers))
+    def pending_chunk_count(self) -> int:
+        """Chunks this rank will yield from now on (the progress bar's total).
+
+        Deliberately not ``__len__``: Lightning would take a length as the epoch's batch count and, on resume,
+        count the restored batches against it and end the epoch before the remaining chunks.
+        """
+        return len(self.chunk_indices())
 
     def __iter__(self) -> Iterator[list[TrainingInstance]]:
         chunks = self.chunk_indices()

@@ -295,6 +295,24 @@ class PromptTuning(LightningModule):
         return [InstanceRecord.from_state(state) for part in gathered for state in (part or [])]
 
     # ------------------------------------------------------------------ end of run
+    def on_train_epoch_start(self) -> None:
+        # The chunk stream has no length (see PendingChunks.pending_chunk_count), so the progress bar gets its
+        # total here: the chunks already done in this epoch (restored on resume) plus those still pending.
+        chunks = getattr(self.trainer.train_dataloader, "dataset", None)
+        callback = self.trainer.progress_bar_callback
+        if callback is None or not hasattr(chunks, "pending_chunk_count"):
+            return
+        done = self.trainer.fit_loop.epoch_loop.batch_progress.current.ready
+        total = done + chunks.pending_chunk_count()
+        rich_task = getattr(callback, "train_progress_bar_id", None)
+        if getattr(callback, "progress", None) is not None and rich_task is not None:  # RichProgressBar
+            callback.progress.update(rich_task, total=total, completed=done)
+            callback.refresh()
+        elif getattr(callback, "train_progress_bar", None) is not None:  # TQDMProgressBar
+            callback.train_progress_bar.reset(total=total)
+            callback.train_progress_bar.n = done
+            callback.train_progress_bar.refresh()
+
     def on_train_epoch_end(self) -> None:
         # One pass over the pending instances is the whole job.
         self.trainer.should_stop = True

@@ -32,6 +32,8 @@ def test_every_config_parses_against_the_signatures(config: Path, capsys: pytest
     assert run_fit("fit", "--config", str(config), "--print_config") == 0
     printed = capsys.readouterr().out
     assert "class_path: clova_train.models." in printed and "class_path: clova_train.datamodules." in printed
+    loggers = yaml.safe_load(printed)["trainer"]["logger"]
+    assert sorted(logger["class_path"].rsplit(".", 1)[1] for logger in loggers) == ["CSVLogger", "TensorBoardLogger"]
 
 
 def test_paper_controller_config_keeps_hydra_values(capsys: pytest.CaptureFixture) -> None:

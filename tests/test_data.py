@@ -118,15 +118,16 @@ def test_pending_chunks_skip_finished_and_split_ranks_evenly() -> None:
     assert per_rank[1][-1] == []  # 3 chunks over 2 ranks: rank 1 pads with an empty chunk
 
 
-def test_pending_chunks_know_their_length_for_progress_bars() -> None:
+def test_pending_chunks_count_what_they_will_yield_for_the_progress_bar() -> None:
     data = FakeInstances(11)
     finished: set[str] = set()
     chunks = PendingChunks(data, 3, lambda: finished)
-    assert len(chunks) == len(list(chunks)) == 4
+    assert chunks.pending_chunk_count() == len(list(chunks)) == 4
     finished |= {"i0", "i1", "i2", "i3"}  # a resumed run: only the remaining instances are counted
-    assert len(chunks) == len(list(chunks)) == 3
+    assert chunks.pending_chunk_count() == len(list(chunks)) == 3
     per_rank = [PendingChunks(data, 3, lambda: finished, rank=r, world_size=2) for r in range(2)]
-    assert [len(c) for c in per_rank] == [len(list(c)) for c in per_rank] == [2, 2]
+    assert [c.pending_chunk_count() for c in per_rank] == [len(list(c)) for c in per_rank] == [2, 2]
+    assert not hasattr(chunks, "__len__")  # a length would end a resumed epoch early (see its docstring)
 
 
 def test_synthetic_root_rendered_differently_is_refused(tmp_path: Path) -> None:
