@@ -91,3 +91,65 @@ def test_parser_reads_steps_and_reply() -> None:
     assert [s.action for s in parsed.tool_steps] == ["Segment the Image", "Generate Image Condition On Segmentations"]
     assert parsed.tool_steps[1].action_input == "image/seg.png, a ski resort"
     assert parsed.decisions == ["Yes", "Yes", "No"] and parsed.reply == "Result saved as image/out.png"
+
+
+# ------------------------------------------------------------------ the public script's edge cases, hand-worked
+def coco_perfect(n: int) -> float:
+    """pycocoevalcap BLEU-1 of n words against themselves: p1 (n + 1e-15)/(n + 1e-9) times the brevity penalty
+    exp(1 - 1/r), r = (n + 1e-15)/(n + 1e-9) < 1 because of the epsilons."""
+    import math
+
+    r = (n + 1e-15) / (n + 1e-9)
+    return r * math.exp(1 - 1 / r)
+
+
+EDGE_CASES = {
+    # name: (prediction, reference, paper scores, gpt4tools scores), compared to 1e-15
+    # "AI:" in mid-line: the script searches anywhere; the paper's parser needs it at a line start.
+    "AI mid-line": (f"{NO}\nSure. AI: hello", NO_TOOL, (0, 0, 0, 0), (1, 1, 1, 1)),
+    # No space after "?": no decision for the script (thought 0 over one position); the paper's parser reads it.
+    "tool?Yes": (ONE_STEP.replace("tool? Yes", "tool?Yes"), ONE_STEP, (1, 1, 1, 1),
+                 (0, 1, (1 + coco_perfect(2)) / 2, 0)),
+    # An empty "Action Input: " is still a step for the script: the prediction has 2 steps, the reference 1.
+    # action: [1, 0] -> 0.5; args: step 1 matches ((1 + perfect(2)) / 2), step 2 missing -> halved.
+    "empty action input": (ONE_STEP + "\n" + step("Get Photo Description", ""), ONE_STEP, (0, 0, 0.5, 0),
+                           (0.5, 0.5, (1 + coco_perfect(2)) / 4, 0)),
+    # One wrong .jpg path (scored as text: (0 + 1e-15)/(1 + 1e-9), times the penalty for r just below 1) and one
+    # exact text argument: args just below 0.5, so the script's SR is 0; the paper compares file names.
+    "wrong jpg + exact text": (step("Detect the Given Object", "image/b.jpg, young boy"),
+                               step("Detect the Given Object", "image/a.jpg, young boy"), (1, 1, 0.5, 0),
+                               (1, 1, ((1e-15 / (1 + 1e-9)) * coco_perfect(1) / ((1 + 1e-15) / (1 + 1e-9)) + coco_perfect(2)) / 2, 0)),
+}
+
+
+@pytest.mark.parametrize("name", EDGE_CASES)
+def test_public_script_edge_cases_in_both_modes(name: str) -> None:
+    prediction, reference, paper, gpt4tools = EDGE_CASES[name]
+    assert score_gpt4tools(prediction, reference) == pytest.approx(gpt4tools, rel=1e-12, abs=1e-15)
+    assert score_paper(parse_react(prediction), parse_react(reference)) == pytest.approx(paper, abs=1e-4)
+
+
+def test_a_perfect_text_match_is_just_below_one_as_in_pycocoevalcap() -> None:
+    from clova_train.tooluse.metrics import coco_bleu1
+
+    assert coco_bleu1("young boy", "young boy") == pytest.approx(0.999999999, abs=1e-15)
+    assert coco_bleu1("young boy", "young boy") < 1.0
+    assert coco_bleu1("a b c", "a b c") == pytest.approx(coco_perfect(3), rel=1e-15)
+
+
+def test_bleu1_agrees_with_pycocoevalcap_on_random_strings() -> None:
+    """The formula against the library the public script imports (a dev dependency), on 300 random pairs."""
+    import random
+
+    from clova_train.tooluse.metrics import coco_bleu1
+
+    from pycocoevalcap.bleu.bleu import Bleu  # a dev dependency (setup.cfg)
+
+    bleu = Bleu(n=1)
+    rng = random.Random(0)
+    words = ["a", "boy", "young", "image/a.png", "red", ",", "the", "x"]
+    for _ in range(300):
+        cand = " ".join(rng.choice(words) for _ in range(rng.randint(0, 6)))
+        ref = " ".join(rng.choice(words) for _ in range(rng.randint(0, 6)))
+        expected = bleu.compute_score({1: [ref]}, {1: [cand]}, verbose=0)[0][0]
+        assert coco_bleu1(cand, ref) == pytest.approx(expected, rel=1e-12, abs=1e-300), (cand, ref)

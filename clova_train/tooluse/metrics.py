@@ -16,26 +16,39 @@ reported. Two modes:
     argument or step scores 0; the sample's value is the mean over ``max(len(pred), len(gt))`` steps;
   * SR: thought * action * (args > 0.5). A no-tool sample scores action = args = thought.
 
-``gpt4tools`` (reproduces the public ``eval/evaluate_result.py``, so numbers compare with published ones):
-  * its quirks are kept: an argument counts as an image path if ``".png"`` is in the ground truth, and
-    then scores 1 whenever the prediction also contains ``".png"`` (paths are never compared; a ``.jpg``
-    path is scored as text); text is BLEU-1 (with brevity penalty) on whitespace tokens; a step whose
-    argument count differs scores 0, as does any step with a wrong-type argument; thought, action and
-    args are means over ``max(len(pred), len(gt))`` steps (a trailing predicted "No" after the last
-    action is dropped first); SR needs thought = action = 1 and args >= 0.5;
-  * a no-tool sample needs the first decision "No" and an ``AI:`` line; action and args copy the result.
+``gpt4tools`` (reproduces the public ``eval/evaluate_result.py`` exactly, so numbers compare with published ones):
+  * parsing is the script's: regular-expression *searches* over the stripped response, anywhere in a line
+    (``Thought: Do I need to use a tool\\? (.*)``, ``Action: (.*)``, ``Action Input: (.*)``, ``AI: (.*)``),
+    each capture stripped; the space after each colon is required (``tool?Yes`` is no decision) and an
+    ``Action Input: `` with nothing after it is still a step (with an empty argument);
+  * a sample is a tool sample if its reference contains ``"Action:"`` and ``"Action Input:"``. Decisions,
+    tools and arguments are aligned by position over ``max(len(pred), len(gt))`` positions (a missing one
+    scores 0); the reference's decisions are cut to its number of tools; one trailing predicted "No" after
+    the last action is dropped;
+  * arguments: both sides split on every ``,`` (not stripped); a different count scores the step 0; an
+    argument whose reference contains ``".png"`` scores 1 if the prediction also does, else the whole step
+    scores 0; any other argument scores pycocoevalcap's BLEU-1 of the prediction against the reference
+    (:func:`coco_bleu1`, with its epsilon terms: a perfect match of n words scores about ``1 - 2e-9 / n``);
+    the step's score is the mean over its arguments;
+  * SR needs thought = action = 1 and args >= 0.5 (a NaN mean, from no decisions on either side, passes, as
+    in the script);
+  * a no-tool sample: thought is the aligned mean of the decisions, set to 0 unless the first predicted
+    decision is "No" and an ``AI: `` capture exists anywhere; action, args and SR are 1 if thought is 1,
+    else 0.
+  Not reproduced: the script's IoU (not one of the four rates) and its printing.
 """
 
 from __future__ import annotations
 
+import math
 import os
 import re
+from collections import Counter
 from typing import Literal
 
 import torch
 from nltk.translate.bleu_score import SmoothingFunction, sentence_bleu
 from torchmetrics import Metric
-from torchmetrics.functional.text import bleu_score
 
 from clova_train.tooluse.react import ReActResponse, parse_react, split_arguments
 
@@ -110,6 +123,34 @@ def _mean(values: list[float]) -> float:
     return sum(values) / len(values) if values else float("nan")
 
 
+def coco_bleu1(candidate: str, reference: str) -> float:
+    """pycocoevalcap's ``Bleu(n=1)`` score of one candidate against one reference, from its formula.
+
+    Whitespace tokens; ``p1 = (clipped matches + 1e-15) / (candidate length + 1e-9)``; brevity penalty
+    ``exp(1 - 1 / r)`` when ``r = (candidate length + 1e-15) / (reference length + 1e-9) < 1``, which the
+    epsilons make true even for equal lengths.
+    """
+    candidate_words, reference_words = candidate.split(), reference.split()
+    counts = Counter(reference_words)
+    matches = sum(min(n, counts[word]) for word, n in Counter(candidate_words).items())
+    score = (matches + _TINY) / (len(candidate_words) + _SMALL)
+    ratio = (len(candidate_words) + _TINY) / (len(reference_words) + _SMALL)
+    if ratio < 1:
+        score *= math.exp(1 - 1 / ratio)
+    return score
+
+
+_TINY, _SMALL = 1e-15, 1e-9
+_GPT4TOOLS_THOUGHT = re.compile(r"Thought: Do I need to use a tool\? (.*)")
+_GPT4TOOLS_ACTION = re.compile(r"Action: (.*)")
+_GPT4TOOLS_INPUT = re.compile(r"Action Input: (.*)")
+_GPT4TOOLS_REPLY = re.compile(r"AI: (.*)")
+
+
+def _found(pattern: re.Pattern, text: str) -> list[str]:
+    return [match.strip() for match in pattern.findall(text)]
+
+
 def _gpt4tools_argument_score(gt_item: str, pred_item: str) -> float:
     gt_args, pred_args = gt_item.split(","), pred_item.split(",")
     if len(gt_args) != len(pred_args):
@@ -118,35 +159,32 @@ def _gpt4tools_argument_score(gt_item: str, pred_item: str) -> float:
     for k, v in zip(gt_args, pred_args):
         if ".png" in k and ".png" not in v:
             return 0.0
-        if ".png" not in k:
-            scores.append(float(bleu_score([v], [[k]], n_gram=1)))
-        else:
-            scores.append(1.0)
+        scores.append(coco_bleu1(v, k) if ".png" not in k else 1.0)
     return _mean(scores)
 
 
 def score_gpt4tools(prediction_text: str, reference_text: str) -> Scores:
     """Per-sample scores of the public GPT4Tools evaluation script (see module docstring)."""
-    prediction, reference = parse_react(prediction_text), parse_react(reference_text)
+    prediction = prediction_text.strip()
+    pred_thoughts = _found(_GPT4TOOLS_THOUGHT, prediction)
     if "Action:" in reference_text and "Action Input:" in reference_text:
-        gt_actions = [s.action for s in reference.steps if s.action is not None]
-        gt_inputs = [s.action_input for s in reference.steps if s.action_input is not None]
-        gt_thoughts = reference.decisions[: len(gt_actions)]
-        pred_actions = [s.action for s in prediction.steps if s.action is not None]
-        pred_inputs = [s.action_input for s in prediction.steps if s.action_input is not None]
-        pred_thoughts = prediction.decisions
-        if len(pred_thoughts) == 1 + len(pred_actions) and pred_thoughts[-1] == "No":
-            pred_thoughts = pred_thoughts[:-1]
+        gt_actions, gt_inputs = _found(_GPT4TOOLS_ACTION, reference_text), _found(_GPT4TOOLS_INPUT, reference_text)
+        if len(gt_actions) != len(gt_inputs):
+            raise ValueError(f"reference has {len(gt_actions)} 'Action:' lines but {len(gt_inputs)} 'Action Input:' lines")
+        gt_thoughts = _found(_GPT4TOOLS_THOUGHT, reference_text)[: len(gt_actions)]
+        pred_actions, pred_inputs = _found(_GPT4TOOLS_ACTION, prediction), _found(_GPT4TOOLS_INPUT, prediction)
         action = _mean(_aligned(gt_actions, pred_actions, lambda g, p: float(g == p)))
         args = _mean(_aligned(gt_inputs, pred_inputs, _gpt4tools_argument_score))
+        if len(pred_thoughts) == 1 + len(pred_actions) and pred_thoughts[-1] == "No":
+            pred_thoughts = pred_thoughts[:-1]
         thought = _mean(_aligned(gt_thoughts, pred_thoughts, lambda g, p: float(g == p)))
         success = float(not (thought < 1.0 or action < 1.0 or args < 0.5))
         return thought, action, args, success
-    gt_thoughts, pred_thoughts = reference.decisions, prediction.decisions
+    gt_thoughts = _found(_GPT4TOOLS_THOUGHT, reference_text)
     thought = _mean(_aligned(gt_thoughts, pred_thoughts, lambda g, p: float(g == p)))
-    if not pred_thoughts or pred_thoughts[0] != "No" or prediction.reply is None:
+    if not pred_thoughts or pred_thoughts[0] != "No" or not _GPT4TOOLS_REPLY.findall(prediction):
         thought = 0.0
-    value = 1.0 if thought >= 1.0 else 0.0
+    value = 0.0 if thought < 1.0 else 1.0
     return thought, value, value, value
 
 
