@@ -265,11 +265,11 @@ def run_controller(args: Sequence[str]) -> None:
         return
     checkpoint = options.checkpoint or str(Path(run.train.output_dir) / "controller.zip")
     if command == "evaluate":
-        from stable_baselines3 import DQN
+        from clova_train.controller.trainer import load_controller
 
         if not Path(checkpoint).is_file():
             raise ClovaTrainError(f"controller checkpoint {checkpoint} does not exist")
-        print(format_table(evaluate(run, DQN.load(checkpoint, device="cpu"), options.episodes or None)))
+        print(format_table(evaluate(run, load_controller(checkpoint, run), options.episodes or None)))
     else:
         from clova_train.controller.export import export_controller
 

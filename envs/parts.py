@@ -180,20 +180,27 @@ class ObservationEncoder:
 
     ``layout="per_part"`` embeds the context (everything above ``Samples:``) and each sample text
     separately and concatenates ``[context, sample_1, ..., sample_N, p_1, ..., p_N]``: the vector keeps which
-    instruction sits in which slot, which the action index refers to.
+    instruction sits in which slot, which the action index refers to. With ``probability_features`` the joint
+    embedding is followed by ``p_1, ..., p_N`` too.
 
     Args:
         embedder: embedding backend.
         num_samples: N.
         layout: ``per_part`` or ``joint``.
+        probability_features: ``joint``: append the N probabilities.
     """
 
-    def __init__(self, embedder: EmbeddingBackend, num_samples: int, layout: str = "per_part") -> None:
+    def __init__(self, embedder: EmbeddingBackend, num_samples: int, layout: str = "per_part",
+                 probability_features: bool = False) -> None:
         if layout not in ("per_part", "joint"):
             raise ValueError(f"observation layout must be 'per_part' or 'joint', got {layout!r}")
         self.embedder, self.num_samples, self.layout = embedder, num_samples, layout
+        self.has_probabilities = layout == "per_part" or probability_features
         d = embedder.dim
-        self.dim = d if layout == "joint" else (num_samples + 1) * d + num_samples
+        if layout == "joint":
+            self.dim = d + (num_samples if probability_features else 0)
+        else:
+            self.dim = (num_samples + 1) * d + num_samples
 
     @staticmethod
     def context_text(question: str, iteration: int, max_iterations: int, memory: MemoryBank) -> str:
@@ -205,8 +212,9 @@ class ObservationEncoder:
         return f"{context}\nSamples:\n{lines}"
 
     def encode(self, context: str, samples: list[tuple[str, float]]) -> np.ndarray:
-        if self.layout == "joint":
-            return self.embedder.embed([self.text(context, samples)])[0].astype(np.float32)
-        vectors = self.embedder.embed([context] + [s for s, _ in samples])
         probabilities = np.asarray([p for _, p in samples], dtype=np.float32)
+        if self.layout == "joint":
+            joint = self.embedder.embed([self.text(context, samples)])[0].astype(np.float32)
+            return np.concatenate([joint, probabilities]).astype(np.float32) if self.has_probabilities else joint
+        vectors = self.embedder.embed([context] + [s for s, _ in samples])
         return np.concatenate([vectors.reshape(-1), probabilities]).astype(np.float32)

@@ -142,6 +142,8 @@ class ReasoningLoopConfig:
         error_penalty: subtracted on a step whose code failed or broke a sandbox rule.
         reject_penalty: subtracted on a reject (cost of a re-plan; 0 is Eq. 3 as published).
         layout: observation layout, ``per_part`` or ``joint`` (see ObservationEncoder).
+        probability_features: ``joint`` layout: append the N planner probabilities to the embedding (what HYDRA's
+            Eq. 2 selection reads; the ``per_part`` layout always ends with them).
         split: ``train`` draws tasks with id % 5 != 0, ``eval`` the held-out rest.
         llm: planner/reasoner LLM.
         embedder: observation embedder.
@@ -159,6 +161,7 @@ class ReasoningLoopConfig:
     error_penalty: float = 10.0
     reject_penalty: float = 0.0
     layout: Literal["per_part", "joint"] = "per_part"
+    probability_features: bool = False
     split: Literal["train", "eval"] = "train"
     llm: LLMConfig = field(default_factory=LLMConfig)
     embedder: EmbedderConfig = field(default_factory=EmbedderConfig)
@@ -204,7 +207,7 @@ class ReasoningLoopEnv(gym.Env):
         self.planner = Planner(chat, config.num_samples)
         self.reasoner = Reasoner(chat)
         self.textualizer = Textualizer()
-        self.encoder = ObservationEncoder(embed, config.num_samples, config.layout)
+        self.encoder = ObservationEncoder(embed, config.num_samples, config.layout, config.probability_features)
         self.sandbox = Sandbox(config.sandbox_timeout_s, config.sandbox_memory_mb)
         self.action_space = gym.spaces.Discrete(config.num_samples + 1)
         self.observation_space = gym.spaces.Box(-1.0, 1.0, shape=(self.encoder.dim,), dtype=np.float32)
@@ -309,6 +312,7 @@ class ReasoningLoopEnv(gym.Env):
         return {
             "observation_template": ObservationEncoder.__doc__,
             "layout": self.config.layout,
+            "probabilities_in_last_entries": self.encoder.has_probabilities,
             "observation_dim": self.encoder.dim,
             "num_samples": self.config.num_samples,
             "actions": {str(i): f"run sample {i + 1}" for i in range(self.config.num_samples)}

@@ -44,6 +44,8 @@ def test_paper_controller_config_keeps_hydra_values(capsys: pytest.CaptureFixtur
     assert (env["embedder"]["model"], env["embedder"]["dim"], env["layout"]) == ("text-embedding-3-small", 1536, "joint")
     assert (dqn["net_arch"], dqn["learning_rate"], dqn["batch_size"], dqn["learning_starts"]) == ([512], 1e-4, 128, 1000)
     assert dqn["exploration_initial_eps"] == 0.2 and dqn["exploration_final_eps"] > 0
+    assert (dqn["exploration_schedule"], dqn["exploration_decay"], dqn["exploration_decay_every"]) == ("hydra_step", 0.02, 200)
+    assert dqn["action_selection"] == "eq2" and env["probability_features"] is True
 
 
 def test_paper_config_keeps_paper_values(capsys: pytest.CaptureFixture) -> None:

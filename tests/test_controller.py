@@ -263,12 +263,84 @@ def test_kill_then_rerun_keeps_every_progress_row(tmp_path: Path) -> None:
     ("--env.sandbox_timeout_s=0", "env.sandbox_timeout_s = 0.0: must be a number > 0"),
     ("--train.log_formats=[csv,xml]", "train.log_formats = ['csv', 'xml']: formats must be among"),
     ("--dqn.net_arch=[]", "dqn.net_arch = []: must be a non-empty list"),
+    ("--env.layout=joint --dqn.action_selection=eq2", "eq2 reads the planner probabilities from the observation"),
+    ("--dqn.exploration_decay_every=0", "dqn.exploration_decay_every = 0: must be a number >= 1"),
 ])
 def test_bad_controller_configs_give_one_clear_message(override: str, message: str, tmp_path: Path, capsys) -> None:
     from clova_train.cli import main
 
     code = main(["controller", "fit", "--config", str(REPO / "configs/quickstart/controller_dqn.yaml"),
-                 f"--train.output_dir={tmp_path}", override])
+                 f"--train.output_dir={tmp_path}", *override.split()])
     err = capsys.readouterr().err
     assert code == 2 and message in err and "Traceback" not in err, err
     assert not any(tmp_path.iterdir())  # nothing was started or written
+
+
+# ------------------------------------------------------------------ HYDRA Eq. 2 selection and step-wise exploration
+def test_eq2_weights_q_values_by_planner_probability() -> None:
+    from clova_train.controller.selection import select_actions
+
+    probabilities = [0.5, 0.2, 0.1, 0.1, 0.1]
+    observations = torch.tensor([[9.0, 9.0, *probabilities], [9.0, 9.0, *probabilities]])
+    q = torch.tensor([[1.0, 2.0, 3.0, 0.5, 1.0, 0.0],     # Eq. 2: [.5, .4, .3, .05, .1, 0] -> sample 0
+                      [1.0, 2.0, 3.0, 0.5, 1.0, 10.0]])   # reject weighted by the mean, 0.2: [.., 2.0] -> 5
+    assert select_actions(q, observations, "eq2", 5).tolist() == [0, 5]
+    assert select_actions(q, observations, "argmax_q", 5).tolist() == [2, 5]
+
+
+@pytest.mark.parametrize("steps, epsilon", [(0, 0.2), (199, 0.2), (200, 0.18), (999, 0.12), (1800, 0.02), (9000, 0.02)])
+def test_hydra_step_exploration_schedule(steps: int, epsilon: float) -> None:
+    from clova_train.controller.selection import hydra_step_epsilon
+
+    assert hydra_step_epsilon(steps, 0.2, 0.02, 200, 0.02) == pytest.approx(epsilon)
+
+
+def test_hydra_dqn_trains_with_eq2_and_the_paper_schedule_and_saves_a_plain_dqn_zip(tmp_path: Path) -> None:
+    from stable_baselines3 import DQN
+    from stable_baselines3.common.callbacks import BaseCallback
+
+    from clova_train.controller.evaluation import make_env_fn
+    from clova_train.controller.selection import select_actions
+    from clova_train.controller.trainer import load_controller
+
+    class Rates(BaseCallback):
+        def __init__(self) -> None:
+            super().__init__()
+            self.rates: dict[int, float] = {}
+
+        def _on_step(self) -> bool:
+            self.rates[self.num_timesteps] = self.model.exploration_rate
+            return True
+
+    config = small_config(tmp_path / "run")
+    config.env.layout = "joint"
+    config.env.probability_features = True
+    config.dqn.action_selection, config.dqn.exploration_schedule = "eq2", "hydra_step"
+    config.dqn.exploration_initial_eps, config.dqn.exploration_final_eps = 0.2, 0.02
+    config.train.total_timesteps = 600
+    rates = Rates()
+    model, results = fit(config, [rates])
+    # a callback sees the rate SB3 set after the previous step (2 environments: 2 steps per call)
+    assert rates.rates[4] == pytest.approx(0.2) and rates.rates[400] == pytest.approx(0.18)
+    assert rates.rates[402] == pytest.approx(0.16) and model.exploration_rate == pytest.approx(0.14)
+    assert "trained controller, argmax Q selection" in results  # the other rule, reported beside
+
+    env = make_env_fn(config.env, "eval")()
+    try:
+        observations = []
+        for k in range(8):
+            observations.append(env.reset(seed=k)[0])
+            assert np.allclose(observations[-1][-5:], env.planner_probabilities())  # the last N entries
+        observations = np.stack(observations)
+    finally:
+        env.close()
+    q = model.q_net(torch.as_tensor(observations))
+    expected = select_actions(q, torch.as_tensor(observations), "eq2", 5).numpy()
+    assert np.array_equal(model.predict(observations, deterministic=True)[0], expected)
+
+    zip_path = tmp_path / "run" / "controller.zip"
+    plain = DQN.load(zip_path, device="cpu")  # plain SB3 reads it (and selects by argmax Q)
+    assert np.array_equal(plain.predict(observations, deterministic=True)[0], q.argmax(1).numpy())
+    loaded = load_controller(zip_path, config)
+    assert loaded.action_selection == "eq2" and loaded.exploration_schedule_kind == "hydra_step"
+    assert np.array_equal(loaded.predict(observations, deterministic=True)[0], expected)

@@ -25,7 +25,9 @@ from stable_baselines3.common.logger import CSVOutputFormat, KVWriter, Logger, m
 from stable_baselines3.common.vec_env import DummyVecEnv
 
 from clova_train.core.atomic import write_atomic, write_json_atomic
-from clova_train.controller.evaluation import baselines, make_env_fn, model_policy, run_episodes, summary
+from clova_train.controller.evaluation import (
+    baselines, make_env_fn, model_policy, other_selection, run_episodes, summary,
+)
 from clova_train.envs import ReasoningLoopConfig
 
 LATEST = "latest.json"
@@ -228,7 +230,8 @@ class HeldOutEvalCallback(EvalCallback):
         else:
             controller = run_episodes(self.eval_env.envs[0], model_policy(self.model), self.n_eval_episodes,
                                       self.seed)
-        results = {"trained controller": controller, **self._baselines()}
+        other = other_selection(self.eval_env.envs[0], self.model, self.n_eval_episodes, self.seed)
+        results = {"trained controller": controller, **other, **self._baselines()}
         return {name: summary(result) for name, result in results.items()}
 
     def close(self) -> None:

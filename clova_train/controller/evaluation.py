@@ -50,7 +50,10 @@ def summary(result: dict[str, Any]) -> dict[str, float]:
     return {k: v for k, v in result.items() if k not in ("returns", "lengths", "correct")}
 
 
-def model_policy(model: Any) -> Policy:
+def model_policy(model: Any, rule: str | None = None) -> Policy:
+    """The model's greedy action (by ``rule``, ``argmax_q`` or ``eq2``, when the model offers both)."""
+    if rule is not None and hasattr(model, "greedy_actions"):
+        return lambda obs, env: int(model.greedy_actions(obs, rule))
     return lambda obs, env: int(model.predict(obs, deterministic=True)[0])
 
 
@@ -62,6 +65,17 @@ def planner_top_policy(obs: np.ndarray, env: ReasoningLoopEnv) -> int:
 def random_policy(seed: int) -> Policy:
     rng = np.random.default_rng(seed)
     return lambda obs, env: int(rng.integers(env.config.num_samples))
+
+
+def other_selection(env: ReasoningLoopEnv, model: Any, episodes: int, seed: int) -> dict[str, dict[str, Any]]:
+    """The same Q-network under the other greedy rule (HYDRA's Eq. 2 beside argmax-Q), when the model has
+    both rules and the observation carries the planner probabilities; else nothing."""
+    rule = getattr(model, "action_selection", None)
+    if rule is None or not env.encoder.has_probabilities:
+        return {}
+    other = "argmax_q" if rule == "eq2" else "eq2"
+    label = "Eq. 2 (Q x planner probability)" if other == "eq2" else "argmax Q"
+    return {f"trained controller, {label} selection": run_episodes(env, model_policy(model, other), episodes, seed)}
 
 
 def baselines(env: ReasoningLoopEnv, episodes: int, seed: int, random_seed: int) -> dict[str, dict[str, Any]]:
@@ -77,7 +91,7 @@ def compare(env_config: ReasoningLoopConfig, model: Any, episodes: int, seed: in
     env = make_env_fn(env_config, "eval")()
     try:
         results = {"trained controller": run_episodes(env, model_policy(model), episodes, seed),
-                   **baselines(env, episodes, seed, random_seed)}
+                   **other_selection(env, model, episodes, seed), **baselines(env, episodes, seed, random_seed)}
     finally:
         env.close()
     return {name: summary(result) for name, result in results.items()}

@@ -24,14 +24,20 @@ from clova_train.envs import ReasoningLoopEnv
 from clova_train.core.errors import ExportError
 
 
+ACTION_RULES = {
+    "argmax_q": "argmax",
+    "eq2": "argmax(q * [p_1, ..., p_N, mean(p)]) with p_i the last N observation entries (HYDRA Eq. 2)",
+}
+
+
 def export_controller(checkpoint: str | Path, output: str | Path, config: ControllerConfig) -> Path:
     """Write ``controller.zip``, ``q_network.pt`` and ``controller.json`` to ``output``; returns it."""
-    from stable_baselines3 import DQN
+    from clova_train.controller.trainer import load_controller
 
     checkpoint, output = Path(checkpoint), Path(output)
     if not checkpoint.is_file():
         raise ExportError(f"controller checkpoint {checkpoint} does not exist")
-    model = DQN.load(checkpoint, device="cpu")
+    model = load_controller(checkpoint, config)
     env = ReasoningLoopEnv(config.env)
     try:
         description = env.describe()
@@ -55,7 +61,9 @@ def export_controller(checkpoint: str | Path, output: str | Path, config: Contro
         write_json_atomic(staging / "controller.json", {
             **description,
             "q_network": {"file": "q_network.pt", "format": "torchscript", "input_shape": ["batch", *expected],
-                          "output_shape": ["batch", description["num_samples"] + 1], "action": "argmax"},
+                          "output_shape": ["batch", description["num_samples"] + 1], "action": ACTION_RULES[
+                              config.dqn.action_selection]},
+            "action_selection": config.dqn.action_selection,
             "sb3_zip": "controller.zip",
         })
         write_manifest(staging, "controller", {"kind": "checkpoint", "path": str(checkpoint.resolve())})

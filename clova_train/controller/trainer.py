@@ -54,7 +54,13 @@ class DQNConfig:
         target_update_interval: environment steps between target-network copies.
         exploration_initial_eps: starting epsilon (paper: 0.2).
         exploration_final_eps: epsilon floor (the paper's schedule decays to 0; a floor keeps exploring).
-        exploration_fraction: fraction of training over which epsilon decays linearly to the floor.
+        exploration_fraction: ``linear`` schedule: fraction of training over which epsilon decays to the floor.
+        exploration_schedule: ``linear`` (SB3's) or ``hydra_step`` (the paper's: ``exploration_decay`` off epsilon
+            every ``exploration_decay_every`` environment steps, down to the floor).
+        exploration_decay: ``hydra_step``: epsilon removed at each decay (paper: 0.02).
+        exploration_decay_every: ``hydra_step``: environment steps between decays (paper: 200).
+        action_selection: ``argmax_q`` (SB3's greedy action) or ``eq2`` (HYDRA Eq. 2: Q-value times the planner's
+            probability, the reject action weighted by their mean; needs the probabilities in the observation).
         max_grad_norm: gradient clipping.
         device: torch device (``auto`` picks CUDA when present).
     """
@@ -71,6 +77,10 @@ class DQNConfig:
     exploration_initial_eps: float = 0.2
     exploration_final_eps: float = 0.02
     exploration_fraction: float = 0.5
+    exploration_schedule: Literal["linear", "hydra_step"] = "linear"
+    exploration_decay: float = 0.02
+    exploration_decay_every: int = 200
+    action_selection: Literal["argmax_q", "eq2"] = "argmax_q"
     max_grad_norm: float = 10.0
     device: str = "auto"
 
@@ -178,6 +188,16 @@ def _problems(config: ControllerConfig) -> list[str]:
     within("dqn.exploration_final_eps", dqn.exploration_final_eps, 0, 1)
     need(number(dqn.exploration_fraction) and 0 < dqn.exploration_fraction <= 1, "dqn.exploration_fraction",
          dqn.exploration_fraction, "must be in (0, 1]")
+    need(dqn.exploration_schedule in ("linear", "hydra_step"), "dqn.exploration_schedule", dqn.exploration_schedule,
+         "must be 'linear' or 'hydra_step'")
+    within("dqn.exploration_decay", dqn.exploration_decay, 0, 1)
+    at_least("dqn.exploration_decay_every", dqn.exploration_decay_every, 1)
+    need(dqn.action_selection in ("argmax_q", "eq2"), "dqn.action_selection", dqn.action_selection,
+         "must be 'argmax_q' or 'eq2'")
+    need(dqn.action_selection != "eq2" or env.layout == "per_part" or env.probability_features,
+         "dqn.action_selection", dqn.action_selection,
+         "eq2 reads the planner probabilities from the observation: use env.layout per_part, or set "
+         "env.probability_features true with the joint layout")
     need(number(dqn.max_grad_norm) and dqn.max_grad_norm > 0, "dqn.max_grad_norm", dqn.max_grad_norm,
          "must be a number > 0")
     at_least("train.total_timesteps", train.total_timesteps, 1)
@@ -218,17 +238,30 @@ def make_vec_env(config: ControllerConfig):
 
 
 def build_model(config: ControllerConfig, env: Any) -> Any:
-    from stable_baselines3 import DQN
+    from clova_train.controller.selection import HydraDQN
 
     d = config.dqn
-    return DQN(
+    return HydraDQN(
         "MlpPolicy", env, learning_rate=d.learning_rate, buffer_size=d.buffer_size, learning_starts=d.learning_starts,
         batch_size=d.batch_size, gamma=d.gamma, train_freq=d.train_freq, gradient_steps=d.gradient_steps,
         target_update_interval=d.target_update_interval, exploration_initial_eps=d.exploration_initial_eps,
         exploration_final_eps=d.exploration_final_eps, exploration_fraction=d.exploration_fraction,
         max_grad_norm=d.max_grad_norm, policy_kwargs={"net_arch": list(d.net_arch)}, seed=config.train.seed,
-        device=d.device, verbose=0,
+        device=d.device, verbose=0, action_selection=d.action_selection, num_samples=config.env.num_samples,
+        exploration_schedule=d.exploration_schedule, exploration_decay=d.exploration_decay,
+        exploration_decay_every=d.exploration_decay_every,
     )
+
+
+def load_controller(path: str | Path, config: ControllerConfig, env: Any = None, device: str = "cpu") -> Any:
+    """A saved controller with the configured selection rule and exploration schedule."""
+    from clova_train.controller.selection import HydraDQN
+
+    d = config.dqn
+    # ``load`` sets these keyword arguments as attributes (the names HydraDQN keeps them under).
+    return HydraDQN.load(path, env=env, device=device, action_selection=d.action_selection,
+                         num_samples=config.env.num_samples, exploration_schedule_kind=d.exploration_schedule,
+                         exploration_decay=d.exploration_decay, exploration_decay_every=d.exploration_decay_every)
 
 
 def finished_steps(run_dir: Path) -> int | None:
@@ -258,15 +291,13 @@ def clear_run(run_dir: Path, keep: str | None) -> None:
 
 
 def _load(config: ControllerConfig, env: Any, checkpoints: Path) -> Any:
-    from stable_baselines3 import DQN
-
     from clova_train.controller.callbacks import latest_checkpoint
 
     found = latest_checkpoint(checkpoints)
     if found is None:
         return build_model(config, env)
     model_path, replay_path, _ = found
-    model = DQN.load(model_path, env=env, device=config.dqn.device)
+    model = load_controller(model_path, config, env, config.dqn.device)
     if model.observation_space.shape != env.observation_space.shape:
         raise ClovaTrainError(f"checkpoint {model_path} expects observations of shape {model.observation_space.shape}"
                               f", the configured environment gives {env.observation_space.shape}")

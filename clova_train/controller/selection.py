@@ -1,0 +1,99 @@
+"""HYDRA's action selection and exploration schedule on top of stable-baselines3's DQN.
+
+* ``argmax_q``: SB3's rule, ``argmax_a Q(s, a)``.
+* ``eq2``: HYDRA Eq. 2, ``argmax_i F_C(s)_i * P_P(d_i)``: the controller's output for sample i weighted by
+  the planner's probability of that sample. The action space stays N+1: the last action (reject all
+  samples and re-plan) has no planner probability and is weighted by the mean of the N probabilities (``1 / N``
+  when they sum to one; the planner's scores here are per-sample confidences, not a distribution). The probabilities are read from the last N observation entries, where the per-part layout
+  always keeps them and the joint layout appends them with ``env.probability_features``. Only the
+  selection changes: the Q-learning target is still ``max_a Q_target``.
+* exploration ``linear`` is SB3's (``exploration_initial_eps`` down to ``exploration_final_eps`` over
+  ``exploration_fraction`` of training); ``hydra_step`` is the paper's: ``initial_eps - decay * floor(t /
+  every)`` environment steps, at least ``exploration_final_eps`` (paper: 0.2, 0.02 every 200 steps).
+
+:class:`HydraDQN` is an SB3 ``DQN``; its zip is a plain DQN zip (``DQN.load`` reads it, and then selects by
+``argmax_q``; ``HydraDQN.load`` restores the rule). Exports record the rule in ``controller.json``.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Literal
+
+import numpy as np
+import torch
+from stable_baselines3 import DQN
+
+ActionSelection = Literal["argmax_q", "eq2"]
+ExplorationSchedule = Literal["linear", "hydra_step"]
+
+
+def eq2_weights(probabilities: torch.Tensor) -> torch.Tensor:
+    """``[B, N]`` planner probabilities -> ``[B, N + 1]`` weights of the N samples and the reject action (their mean)."""
+    reject = probabilities.mean(dim=1, keepdim=True)
+    return torch.cat([probabilities, reject], dim=1)
+
+
+def select_actions(q_values: torch.Tensor, observations: torch.Tensor, rule: ActionSelection, num_samples: int) -> torch.Tensor:
+    """Greedy actions ``[B]`` by ``rule`` from Q-values ``[B, N + 1]`` and the observations they came from."""
+    if rule == "argmax_q":
+        return q_values.argmax(dim=1)
+    return (q_values * eq2_weights(observations[:, -num_samples:].to(q_values))).argmax(dim=1)
+
+
+def hydra_step_epsilon(timesteps: int, initial: float, decay: float, every: int, final: float) -> float:
+    """The paper's step-wise epsilon after ``timesteps`` environment steps."""
+    return max(final, initial - decay * math.floor(timesteps / every))
+
+
+class HydraDQN(DQN):
+    """SB3 DQN with HYDRA's action selection and exploration schedule as options.
+
+    Args:
+        action_selection: ``argmax_q`` or ``eq2`` (see the module docstring).
+        num_samples: N, the planner's samples per step (the observation's last N entries are their probabilities).
+        exploration_schedule: ``linear`` (SB3) or ``hydra_step``.
+        exploration_decay: ``hydra_step``: epsilon removed every ``exploration_decay_every`` steps.
+        exploration_decay_every: ``hydra_step``: environment steps between decays.
+        **kwargs: ``stable_baselines3.DQN`` arguments.
+    """
+
+    def __init__(self, *args: Any, action_selection: ActionSelection = "argmax_q", num_samples: int = 5,
+                 exploration_schedule: ExplorationSchedule = "linear", exploration_decay: float = 0.02,
+                 exploration_decay_every: int = 200, **kwargs: Any) -> None:
+        self.action_selection = action_selection
+        self.num_samples = num_samples
+        self.exploration_schedule_kind = exploration_schedule
+        self.exploration_decay = exploration_decay
+        self.exploration_decay_every = exploration_decay_every
+        super().__init__(*args, **kwargs)
+
+    def q_values(self, observation: np.ndarray) -> tuple[torch.Tensor, torch.Tensor, bool]:
+        """(Q-values ``[B, N + 1]``, observations as a tensor, whether the input was a batch)."""
+        tensor, vectorized = self.policy.obs_to_tensor(observation)
+        with torch.no_grad():
+            return self.q_net(tensor), tensor, vectorized
+
+    def greedy_actions(self, observation: np.ndarray, rule: ActionSelection | None = None) -> np.ndarray:
+        """Greedy actions by ``rule`` (default: this model's), batch or single observation like ``predict``."""
+        q, tensor, vectorized = self.q_values(observation)
+        actions = select_actions(q, tensor, rule or self.action_selection, self.num_samples).cpu().numpy()
+        return actions if vectorized else actions[0]
+
+    def predict(self, observation: Any, state: Any = None, episode_start: Any = None,
+                deterministic: bool = False) -> tuple[np.ndarray, Any]:
+        if self.action_selection == "argmax_q":
+            return super().predict(observation, state, episode_start, deterministic)
+        if not deterministic and np.random.rand() < self.exploration_rate:  # SB3's epsilon-greedy draw
+            if self.policy.is_vectorized_observation(observation):
+                return np.array([self.action_space.sample() for _ in range(len(observation))]), state
+            return np.array(self.action_space.sample()), state
+        return self.greedy_actions(observation), state
+
+    def _on_step(self) -> None:
+        super()._on_step()
+        if self.exploration_schedule_kind == "hydra_step":
+            self.exploration_rate = hydra_step_epsilon(
+                self.num_timesteps, self.exploration_initial_eps, self.exploration_decay, self.exploration_decay_every,
+                self.exploration_final_eps)
+            self.logger.record("rollout/exploration_rate", self.exploration_rate)
