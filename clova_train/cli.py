@@ -144,17 +144,11 @@ def run_serve(args: Sequence[str]) -> None:
 def answer_json_lines(export: str, lines: Iterable[str], top_k: int | None, device: str, base_model: str | None) -> None:
     import json
 
-    from clova_train.tools.serving import PromptToolServer
+    from clova_train.tools.serving import PromptToolServer, parse_request
 
     server = PromptToolServer.from_export(export, top_k=top_k, device=device, base_model=base_model)
     for number, line in enumerate(lines, 1):
-        try:
-            request = json.loads(line)
-        except json.JSONDecodeError as err:
-            raise ClovaTrainError(f"request {number} is not valid JSON: {err.msg}") from err
-        if not isinstance(request, dict):
-            raise ClovaTrainError(f"request {number} must be a JSON object")
-        print(json.dumps(server.serve(request)), flush=True)
+        print(json.dumps(server.serve(parse_request(line, f"request {number}"))), flush=True)
 
 
 def run_predict(args: Sequence[str]) -> None:

@@ -16,8 +16,8 @@ from typing import Any
 
 from clova_train.core.atomic import write_text_atomic
 from clova_train.core.errors import ClovaTrainError, DataError
-from clova_train.tools.images import IMAGE_SUFFIXES, display_path
-from clova_train.tools.serving import PromptToolServer
+from clova_train.tools.images import IMAGE_SUFFIXES, display_path, list_images
+from clova_train.tools.serving import PromptToolServer, parse_request
 
 
 def parse_fields(fields: list[str]) -> dict[str, Any]:
@@ -35,7 +35,7 @@ def parse_fields(fields: list[str]) -> dict[str, Any]:
 
 
 def requests_from_folder(folder: Path, image_field: str, fields: dict[str, Any]) -> Iterator[dict[str, Any]]:
-    images = sorted(p for p in folder.iterdir() if p.is_file() and p.suffix.lower() in IMAGE_SUFFIXES)
+    images = list_images(folder)
     if not images:
         raise DataError(f"input folder {display_path(folder)} holds no images ({', '.join(sorted(IMAGE_SUFFIXES))})")
     for path in images:
@@ -50,12 +50,7 @@ def requests_from_jsonl(path: Path, path_fields: tuple[str, ...]) -> Iterator[di
     for number, line in enumerate(lines, 1):
         if not line.strip():
             continue
-        try:
-            request = json.loads(line)
-        except json.JSONDecodeError as err:
-            raise DataError(f"{display_path(path)} line {number} is not JSON: {err.msg}") from err
-        if not isinstance(request, dict):
-            raise DataError(f"{display_path(path)} line {number} must be a JSON object (a request)")
+        request = parse_request(line, f"{display_path(path)} line {number}")
         yield {k: _relative_to(path.parent, v) if k in path_fields else v for k, v in request.items()}
 
 

@@ -24,13 +24,18 @@ SPEC = PoolSpec("clip", "clip:abc", (2, 3), 4)
 
 
 # ---------------------------------------------------------------------------------------------- images
-def png_with_header(path: Path, width: int, height: int) -> Path:
-    """A PNG whose header claims ``width`` x ``height`` (with a token IDAT): a decompression bomb's shape."""
+def png_bytes(width: int, height: int, bit_depth: int, pixels: bytes) -> bytes:
+    """A truecolour PNG written by hand: the header says what it likes, the data is ``pixels`` compressed."""
     def chunk(kind: bytes, data: bytes) -> bytes:
         return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data) & 0xFFFFFFFF)
 
-    header = struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0)
-    path.write_bytes(b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", header) + chunk(b"IDAT", zlib.compress(b"\0" * 16)) + chunk(b"IEND", b""))
+    header = struct.pack(">IIBBBBB", width, height, bit_depth, 2, 0, 0, 0)
+    return b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", header) + chunk(b"IDAT", zlib.compress(pixels)) + chunk(b"IEND", b"")
+
+
+def png_with_header(path: Path, width: int, height: int) -> Path:
+    """A PNG whose header claims ``width`` x ``height`` (with a token IDAT): a decompression bomb's shape."""
+    path.write_bytes(png_bytes(width, height, 8, b"\0" * 16))
     return path
 
 
@@ -58,11 +63,7 @@ def test_16_bit_rgb_png_keeps_its_colours(tmp_path: Path) -> None:
     pixels = np.zeros((4, 4, 3), dtype=">u2")
     pixels[..., 0] = 50000
     pixels[..., 2] = 10000
-    raw = b"".join(b"\0" + row.tobytes() for row in pixels)
-    def chunk(kind: bytes, data: bytes) -> bytes:
-        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data) & 0xFFFFFFFF)
-    path.write_bytes(b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", struct.pack(">IIBBBBB", 4, 4, 16, 2, 0, 0, 0))
-                     + chunk(b"IDAT", zlib.compress(raw)) + chunk(b"IEND", b""))
+    path.write_bytes(png_bytes(4, 4, 16, b"".join(b"\0" + row.tobytes() for row in pixels)))
     red, green, blue = load_image_uint8(path)[:, 0, 0].tolist()
     assert abs(red - 50000 / 257) <= 1 and green == 0 and abs(blue - 10000 / 257) <= 1
 

@@ -201,3 +201,13 @@ def test_relative_outputs_land_under_the_output_dir(tmp_path: Path) -> None:
     from clova_train.http_server import served_output_path
 
     assert served_output_path(tmp_path, "sub/out.png") == tmp_path.resolve() / "sub" / "out.png"
+
+
+@pytest.mark.parametrize("line, message", [("{oops", "line 2 is not valid JSON"), ('["a"]', "line 2 must be a JSON object")])
+def test_predict_names_the_jsonl_line_that_is_not_a_request(clip_export: Path, tmp_path: Path, line: str, message: str,
+                                                            capsys: pytest.CaptureFixture) -> None:
+    requests = tmp_path / "requests.jsonl"
+    requests.write_text(json.dumps({"images": ["a.png"], "concept": "red"}) + "\n" + line + "\n")
+    assert main(["predict", str(clip_export), "--inputs", str(requests), "-o", str(tmp_path / "out.jsonl")]) == 2
+    assert f"requests.jsonl {message}" in capsys.readouterr().err
+    assert not (tmp_path / "out.jsonl").exists()

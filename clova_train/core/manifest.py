@@ -27,6 +27,7 @@ from clova_train.core.atomic import default_mode, write_json_atomic
 
 EXPORT_FORMAT_VERSION = 1
 MANIFEST_FILE = "export.json"
+BASE_DIR = "base"  # where ``export --copy-base`` puts the frozen base model inside an export
 VERSIONS_FILE = "versions.json"
 _PACKAGES = (
     "clova-train", "torch", "lightning", "open_clip_torch", "transformers", "peft", "diffusers",

@@ -30,6 +30,7 @@ from typing import Any
 from clova_train.core.atomic import write_json_atomic
 from clova_train.core.errors import ExportError
 from clova_train.tooluse.prompt_template import TEMPLATE_FILE, PromptTemplate
+from clova_train.tooluse.served_llm import SERVING_FILE  # stop strings and recommended sampling, beside the tokenizer
 
 from clova_train.models.lora_tool_llm import LORA_CHECKPOINT_KEY
 
@@ -64,9 +65,6 @@ def _adapter_from_checkpoint(
         )
     model.save_pretrained(str(staging / "adapter"), safe_serialization=True)
     return hparams["model_name_or_path"], state.get("tokenizer"), PromptTemplate.from_dict(state["template"])
-
-
-SERVING_FILE = "serving.json"  # stop strings and recommended sampling, beside the tokenizer
 
 
 def serving_defaults(template: PromptTemplate) -> dict[str, Any]:
@@ -105,8 +103,8 @@ def export_lora_run(
     """
     from transformers import AutoTokenizer
 
-    from clova_train.export.runs import BASE_DIR, copy_tree
-    from clova_train.tools.pretrained import absolute_model_name, local_model_path
+    from clova_train.export.runs import copy_base_model, copy_tree
+    from clova_train.tools.pretrained import absolute_model_name
 
     if source.is_dir():
         adapter = source / "adapter"
@@ -124,10 +122,7 @@ def export_lora_run(
     base_name = absolute_model_name(base_name)
     _point_adapter_at(staging / "adapter", base_name)
     if copy_base:
-        base = local_model_path(base_name)
-        if base is None or not base.is_dir():
-            raise ExportError(f"--copy-base needs the base model on disk, but {base_name!r} is not a local directory")
-        copy_tree(base, staging / BASE_DIR)
+        copy_base_model(base_name, staging)
     tokenizer = with_chat_template(AutoTokenizer.from_pretrained(tokenizer_name), template)
     write_llm_files(staging / "adapter", tokenizer, template)
     if merged:

@@ -29,11 +29,8 @@ import torch
 
 from clova_train.core.atomic import write_json_atomic
 from clova_train.core.errors import ExportError, ModelError
-from clova_train.core.manifest import staged_directory, write_manifest
+from clova_train.core.manifest import BASE_DIR, staged_directory, write_manifest
 from clova_train.core.pool import PoolSpec, PromptPool
-
-
-BASE_DIR = "base"  # where --copy-base puts the frozen base model inside an export
 
 
 def _find_config(run_dir: Path) -> Path | None:
@@ -44,7 +41,7 @@ def _find_config(run_dir: Path) -> Path | None:
 def portable_tool_description(tool: dict[str, Any], staging: Path, copy_base: bool) -> dict[str, Any]:
     """``tool.json`` for an export: the model path absolute, or (``copy_base``) the model copied into the
     export as ``base/`` and named relative to it, so the export loads from any working directory."""
-    from clova_train.tools.pretrained import absolute_model_name, local_model_path
+    from clova_train.tools.pretrained import absolute_model_name
     from clova_train.tools.serving import BASE_IN_EXPORT
 
     init_args = dict(tool.get("init_args") or {})
@@ -56,15 +53,22 @@ def portable_tool_description(tool: dict[str, Any], staging: Path, copy_base: bo
     init_args["model_name"] = absolute_model_name(name)
     tool = {**tool, "init_args": init_args}
     if copy_base:
-        base = local_model_path(init_args["model_name"])
-        if base is None or not base.is_dir():
-            raise ExportError(
-                f"--copy-base needs the base model on disk, but {name!r} is not a local directory "
-                "(download it, fit from that directory, or export without --copy-base)"
-            )
-        copy_tree(base, staging / BASE_DIR)
+        copy_base_model(init_args["model_name"], staging)
         tool[BASE_IN_EXPORT] = BASE_DIR
     return tool
+
+
+def copy_base_model(name: str, staging: Path) -> None:
+    """``--copy-base``: the local model directory ``name`` copied to ``staging/base``, or an :class:`ExportError`."""
+    from clova_train.tools.pretrained import local_model_path
+
+    base = local_model_path(name)
+    if base is None or not base.is_dir():
+        raise ExportError(
+            f"--copy-base needs the base model on disk, but {name!r} is not a local directory "
+            "(download it, fit from that directory, or export without --copy-base)"
+        )
+    copy_tree(base, staging / BASE_DIR)
 
 
 def copy_tree(source: Path, target: Path) -> None:
@@ -73,13 +77,13 @@ def copy_tree(source: Path, target: Path) -> None:
     from tqdm import tqdm
 
     files = [Path(folder) / name for folder, _, names in os.walk(source, followlinks=True) for name in names]
-    total = sum(path.stat().st_size for path in files)
-    with tqdm(total=total, unit="B", unit_scale=True, desc=f"copying {source.name}", disable=None, leave=False) as bar:
-        for path in files:
+    sizes = [path.stat().st_size for path in files]
+    with tqdm(total=sum(sizes), unit="B", unit_scale=True, desc=f"copying {source.name}", disable=None, leave=False) as bar:
+        for path, size in zip(files, sizes):
             destination = target / path.relative_to(source)
             destination.parent.mkdir(parents=True, exist_ok=True)
             shutil.copyfile(path, destination)
-            bar.update(path.stat().st_size)
+            bar.update(size)
     target.mkdir(parents=True, exist_ok=True)  # an empty model directory still gives an (empty) copy
 
 

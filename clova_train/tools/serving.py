@@ -21,7 +21,7 @@ from typing import Any
 
 import torch
 
-from clova_train.core.errors import ExportError, ModelError
+from clova_train.core.errors import DataError, ExportError, ModelError
 from clova_train.core.pool import PromptPool
 from clova_train.tools.base import PromptTool
 from clova_train.tools.pretrained import relocated_model_name
@@ -42,6 +42,17 @@ def read_tool_description(directory: Path) -> dict[str, Any]:
     if not isinstance(description, dict):
         raise ExportError(f"{path} is not a tool description (a JSON object)")
     return description
+
+
+def parse_request(line: str, where: str) -> dict[str, Any]:
+    """One JSON request (an object) from a line of text, or a :class:`DataError` naming ``where`` it came from."""
+    try:
+        request = json.loads(line)
+    except json.JSONDecodeError as err:
+        raise DataError(f"{where} is not valid JSON: {err.msg}") from err
+    if not isinstance(request, dict):
+        raise DataError(f"{where} must be a JSON object (a request)")
+    return request
 
 
 def with_base_model(

@@ -22,6 +22,7 @@ from typing import Any
 import torch
 
 from clova_train.core.errors import DataError, ExportError, ModelError
+from clova_train.core.manifest import BASE_DIR
 
 SERVING_FILE = "serving.json"
 ROLES = ("system", "user", "assistant")
@@ -128,8 +129,8 @@ class ServedToolLLM:
             if not Path(base_model).expanduser().is_dir():
                 raise ExportError(f"base model directory not found: {base_model}")
             return str(Path(base_model).expanduser())
-        if (directory / "base" / "config.json").is_file():
-            return str(directory / "base")
+        if (directory / BASE_DIR / "config.json").is_file():
+            return str(directory / BASE_DIR)
         named = json.loads((adapter / "adapter_config.json").read_text())["base_model_name_or_path"]
         if named.startswith("/") and not Path(named).is_dir():
             raise ExportError(
