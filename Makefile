@@ -20,10 +20,10 @@ REPLACE_RUN := checkpoints/quickstart_replace
 # are pretrained for minutes and float rounding differs between ATen's SSE, AVX2 and AVX-512 kernels, so
 # without this an AVX-512 host builds other tiny models than the ones the README's quickstart numbers and the
 # learning tests come from. Benchmarks run on the host's own kernels.
-PORTABLE_TARGETS := demo demo-vqa demo-loc demo-seg demo-replace demo-llm demo-controller test
+PORTABLE_TARGETS := demo demo-vqa demo-loc demo-seg demo-replace demo-llm demo-controller demo-controller-joint test
 $(PORTABLE_TARGETS): export ATEN_CPU_CAPABILITY = default
 
-.PHONY: demo demo-vqa demo-loc demo-seg demo-replace demo-llm demo-controller test install benchmark clean
+.PHONY: demo demo-vqa demo-loc demo-seg demo-replace demo-llm demo-controller demo-controller-joint test install benchmark clean
 
 install: $(STAMP)
 
@@ -102,6 +102,12 @@ demo-controller: $(STAMP)
 	$(BIN)/clova-train controller fit --config configs/quickstart/controller_dqn.yaml
 	$(BIN)/clova-train controller export --config configs/quickstart/controller_dqn.yaml --output checkpoints/controller_quickstart/export
 
+# The same world with HYDRA's observation layout (one joint embedding plus the planner probabilities).
+demo-controller-joint: $(STAMP)
+	rm -rf checkpoints/controller_quickstart_joint
+	$(BIN)/clova-train controller fit --config configs/quickstart/controller_dqn_joint.yaml
+	$(BIN)/clova-train controller export --config configs/quickstart/controller_dqn_joint.yaml --output checkpoints/controller_quickstart_joint/export
+
 test: $(STAMP)
 	$(BIN)/python -m pytest -q -n auto --maxprocesses 4 --dist loadfile
 
@@ -114,7 +120,8 @@ benchmark: $(STAMP)
 	$(BIN)/python benchmarks/prompt_tuning.py --tool replace
 	$(BIN)/python benchmarks/lora_finetune.py
 	$(BIN)/python benchmarks/controller.py
+	$(BIN)/python benchmarks/prompt_pool_controls.py
 	$(BIN)/python benchmarks/cli_startup.py
 
 clean:
-	rm -rf $(VENV) checkpoints/quickstart_clip checkpoints/quickstart_vqa checkpoints/quickstart_loc checkpoints/quickstart_seg checkpoints/quickstart_replace checkpoints/quickstart_llm checkpoints/controller_quickstart checkpoints/models checkpoints/data
+	rm -rf $(VENV) checkpoints/quickstart_clip checkpoints/quickstart_vqa checkpoints/quickstart_loc checkpoints/quickstart_seg checkpoints/quickstart_replace checkpoints/quickstart_llm checkpoints/controller_quickstart checkpoints/controller_quickstart_joint checkpoints/models checkpoints/data

@@ -196,11 +196,13 @@ def run_tiny_model(args: Sequence[str]) -> None:
     steps = {} if parsed.pretrain_steps is None else {"pretrain_steps": parsed.pretrain_steps}
     print(f"building a tiny {parsed.tool} model in {parsed.output} (pretraining on CPU can take minutes)", flush=True)
     from clova_train.tiny_models import (
-        make_tiny_blip, make_tiny_clip, make_tiny_llama, make_tiny_maskformer, make_tiny_owlvit, tool_corpus,
+        CLIP_MISCONCEPTION_RATE, CLIP_MISCONCEPTIONS, make_tiny_blip, make_tiny_clip, make_tiny_llama,
+        make_tiny_maskformer, make_tiny_owlvit, tool_corpus,
     )
 
     if parsed.tool == "clip":
-        out = make_tiny_clip(parsed.output, seed=parsed.seed, **steps)
+        out = make_tiny_clip(parsed.output, seed=parsed.seed, confusions=CLIP_MISCONCEPTIONS,
+                             confusion_rate=CLIP_MISCONCEPTION_RATE, **steps)
     elif parsed.tool == "blip":
         out = make_tiny_blip(parsed.output, seed=parsed.seed, **steps)
     elif parsed.tool == "owlvit":

@@ -18,7 +18,7 @@ from pathlib import Path
 import torch
 import yaml
 
-from clova_train.core.pool import PromptPool, random_prompts_like
+from clova_train.core.pool import PromptPool, control_pool
 from clova_train.tools.base import NoPrompt
 from clova_train.tools.blip_vqa import normalise_answer
 from clova_train.tools.images import load_image_uint8
@@ -44,12 +44,7 @@ def read_eval_records(path: Path) -> list[dict]:
 
 def random_prompt_pool(pool: PromptPool, seed: int = 0) -> PromptPool:
     """The control: same entries and features, each non-zero prompt replaced by a random one of equal norm."""
-    control = PromptPool(pool.spec)
-    generator = torch.Generator().manual_seed(seed)
-    for concept in pool.concepts:
-        features, prompts, ids = pool.entry(concept)
-        control.add(concept, features, random_prompts_like(prompts, generator), ids)
-    return control
+    return control_pool(pool, "random", seed)
 
 
 def evaluate(server: PromptToolServer, records: list[dict], batch_size: int = 32) -> dict[str, list[int]]:

@@ -35,6 +35,9 @@ from clova_train.tools.images import IMAGE_SUFFIXES, check_image, list_images, l
 __all__ = ["ConceptFolderDataModule", "SyntheticConceptDataModule", "check_image", "list_images", "load_image"]
 
 
+TEST_SEED_OFFSET = 7_919  # rendered test images use render_seed + this: never the training images' seed
+
+
 @dataclass(frozen=True)
 class ConceptSplit:
     """The train and validation images of one concept."""
@@ -71,6 +74,29 @@ def _instance_rng(seed: int, instance_id: str) -> random.Random:
     return random.Random(int.from_bytes(digest[:8], "little"))
 
 
+def _spread_sample(rng: random.Random, files: dict[str, tuple[Path, ...]], count: int) -> list[tuple[Path, str]]:
+    """``count`` (file, concept) pairs spread over the concepts: a random image of each concept (in random order)
+    before a second of any, so a prompt meets every negative concept it can (one it never meets, it may learn to
+    pull to its own concept)."""
+    remaining = {c: rng.sample(list(paths), len(paths)) for c, paths in files.items()}
+    chosen: list[tuple[Path, str]] = []
+    while len(chosen) < count and any(remaining.values()):
+        for concept in rng.sample(sorted(remaining), len(remaining)):
+            if remaining[concept] and len(chosen) < count:
+                chosen.append((remaining[concept].pop(), concept))
+    return chosen
+
+
+def _noisy_label(seed: int, instance_id: str, concept: str, learned: list[str], label_noise: float) -> str:
+    """``concept``, or with probability ``label_noise`` another learned concept (a mislabelled training image;
+    seeded by the instance, on a stream of its own so the choice of negatives does not change)."""
+    rng = _instance_rng(seed, f"label-noise:{instance_id}")
+    wrong = [c for c in learned if c != concept]
+    if wrong and rng.random() < label_noise:
+        return rng.choice(wrong)
+    return concept
+
+
 class ConceptInstances:
     """Map-style dataset: one item per training image of the learned concepts (see module docstring)."""
 
@@ -83,22 +109,30 @@ class ConceptInstances:
         val_negatives_per_instance: int,
         max_negative_concepts: int | None,
         seed: int,
+        label_noise: float = 0.0,
+        spread_negatives: bool = False,
     ) -> None:
         self.image_size = image_size
         self.items: list[dict[str, Any]] = []
         by_name = {s.concept: s for s in learned + negatives}
-        for split in learned:
-            others = sorted(name for name in by_name if name != split.concept)
-            for path in split.train:
-                instance_id = f"{split.concept}/{path.name}"
+        learned_names = [s.concept for s in learned]
+        for source in learned:
+            for path in source.train:
+                instance_id = f"{source.concept}/{path.name}"
+                split = by_name[_noisy_label(seed, instance_id, source.concept, learned_names, label_noise)]
+                others = sorted(name for name in by_name if name != split.concept)
                 rng = _instance_rng(seed, instance_id)
                 neg_concepts = others
                 if max_negative_concepts is not None and len(others) > max_negative_concepts:
                     neg_concepts = sorted(rng.sample(others, max_negative_concepts))
-                train_pool = [(p, c) for c in neg_concepts for p in by_name[c].train]
-                val_pool = [(p, c) for c in neg_concepts for p in by_name[c].val]
-                train_negs = rng.sample(train_pool, min(negatives_per_instance, len(train_pool)))
-                val_negs = rng.sample(val_pool, min(val_negatives_per_instance, len(val_pool)))
+                if spread_negatives:
+                    train_negs = _spread_sample(rng, {c: by_name[c].train for c in neg_concepts}, negatives_per_instance)
+                    val_negs = _spread_sample(rng, {c: by_name[c].val for c in neg_concepts}, val_negatives_per_instance)
+                else:
+                    train_pool = [(p, c) for c in neg_concepts for p in by_name[c].train]
+                    val_pool = [(p, c) for c in neg_concepts for p in by_name[c].val]
+                    train_negs = rng.sample(train_pool, min(negatives_per_instance, len(train_pool)))
+                    val_negs = rng.sample(val_pool, min(val_negatives_per_instance, len(val_pool)))
                 self.items.append(
                     {
                         "instance_id": instance_id,
@@ -142,11 +176,11 @@ class LabelledImages:
 
     def __getitem__(self, index: int) -> dict[str, Any]:
         path, concept = self.files[index]
-        return {"image": load_image(path, self.image_size), "label": concept}
+        return {"image": load_image(path, self.image_size), "label": concept, "file": str(path)}
 
 
 class _WithNames:
-    """Collate labelled images into ``{"images", "labels", "names"}`` (names: every label of the dataset)."""
+    """Collate labelled images into ``{"images", "labels", "files", "names"}`` (names: every label of the dataset)."""
 
     def __init__(self, names: list[str]) -> None:
         self.names = names
@@ -155,6 +189,7 @@ class _WithNames:
         return {
             "images": torch.stack([item["image"] for item in items]),
             "labels": [item["label"] for item in items],
+            "files": [item["file"] for item in items],
             "names": list(self.names),
         }
 
@@ -169,6 +204,9 @@ class ConceptFolderDataModule(PromptTuningDataModule):
         val_per_concept: held-out images per concept when there is no explicit train/ and val/ split.
         negatives_per_instance: negative training images tuned with each instance's prompt.
         val_negatives_per_instance: held-out negative images in each instance's validation gate.
+        spread_negatives: draw both kinds of negatives spread over the negative concepts (an image of each
+            before a second of any) instead of uniformly from all their images: a prompt that never meets a
+            concept may learn to pull it to its own.
         max_negative_concepts: cap on the negative concept texts per instance (default: all).
         image_size: side length images are resized to when loaded.
         chunk_size: instances tuned together in one training step (results do not depend on it).
@@ -177,6 +215,9 @@ class ConceptFolderDataModule(PromptTuningDataModule):
         eval_batch_size: images per batch in ``validate`` (the held-out split, which the gate also used)
             and ``test`` (every image under ``test_root``).
         test_root: optional concept folders of test images never used in training or gating.
+        label_noise: share of training images given a wrong label (another learned concept), to measure what
+            the validation gate does with noisy collected data (CLOVA Table 4); their gates still validate on
+            the labelled concept's clean held-out images.
     """
 
     def __init__(
@@ -194,8 +235,14 @@ class ConceptFolderDataModule(PromptTuningDataModule):
         seed: int = 0,
         eval_batch_size: int = 64,
         test_root: str | None = None,
+        label_noise: float = 0.0,
+        spread_negatives: bool = False,
     ) -> None:
         super().__init__(chunk_size, num_workers)
+        if not 0.0 <= label_noise < 1.0:
+            raise DataError(f"label_noise must be in [0, 1), got {label_noise}")
+        self.label_noise = label_noise
+        self.spread_negatives = spread_negatives
         self.save_hyperparameters()
         self.eval_batch_size = eval_batch_size
         self.test_root = Path(test_root) if test_root else None
@@ -246,6 +293,8 @@ class ConceptFolderDataModule(PromptTuningDataModule):
             self.val_negatives_per_instance,
             self.max_negative_concepts,
             self.seed,
+            self.label_noise,
+            self.spread_negatives,
         )
 
     def _eval_loader(self, dataset: LabelledImages) -> DataLoader:
@@ -283,6 +332,9 @@ class SyntheticConceptDataModule(ConceptFolderDataModule):
         images_per_concept: images rendered per concept.
         render_size: side of the rendered images.
         render_seed: seed of the renderer.
+        test_images_per_concept: if > 0 and no ``test_root`` is given, render this many test images per concept
+            (with a seed the training images never use) into ``<root>_test``, the ``test_root`` of ``clova-train
+            test``; hundreds resolve differences of a few points.
         **kwargs: the arguments of :class:`ConceptFolderDataModule`.
     """
 
@@ -293,6 +345,7 @@ class SyntheticConceptDataModule(ConceptFolderDataModule):
         images_per_concept: int = 7,
         render_size: int = 64,
         render_seed: int = 0,
+        test_images_per_concept: int = 0,
         **kwargs: Any,
     ) -> None:
         super().__init__(root, **kwargs)
@@ -300,6 +353,10 @@ class SyntheticConceptDataModule(ConceptFolderDataModule):
         self.images_per_concept = images_per_concept
         self.render_size = render_size
         self.render_seed = render_seed
+        self.test_images_per_concept = test_images_per_concept
+        self.rendered_test_root: Path | None = None
+        if test_images_per_concept > 0 and self.test_root is None:
+            self.rendered_test_root = self.test_root = Path(f"{self.root}_test")
 
     def render_parameters(self) -> dict[str, Any]:
         return {
@@ -317,3 +374,13 @@ class SyntheticConceptDataModule(ConceptFolderDataModule):
         if missing:
             write_concept_folders(self.root, missing, self.images_per_concept, self.render_size, seed=self.render_seed)
         record_generation(self.root, wanted)
+        if self.rendered_test_root is not None:
+            root = self.rendered_test_root
+            wanted = {"images_per_concept": self.test_images_per_concept, "render_size": self.render_size,
+                      "render_seed": self.render_seed + TEST_SEED_OFFSET}
+            generated_before(root, wanted)
+            missing = [c for c in self.synthetic_concepts if not (root / c).is_dir()]
+            if missing:
+                write_concept_folders(root, missing, self.test_images_per_concept, self.render_size,
+                                      seed=self.render_seed + TEST_SEED_OFFSET)
+            record_generation(root, wanted)

@@ -6,7 +6,7 @@ parsers and the cache are exercised exactly as with a served model. Its replies 
 function of the prompt (a temperature-0 model): a re-plan differs because the prompt's ``Attempt:`` line
 differs.
 
-What makes choosing well learnable (and why the planner's own probabilities do not suffice):
+What makes choosing well learnable, and why no rule over the planner's probabilities alone does well:
 
 * For each step the planner writes N instructions drawn from kinds: **good** (the right tool for the
   question, e.g. "Count the red circles with find ..."), **wrong skill** (a tool that answers a different
@@ -15,12 +15,16 @@ What makes choosing well learnable (and why the planner's own probabilities do n
   violation), and for two-step questions **premature** (answers after the first count) and **careless**.
 * Each kind has its own wording (several paraphrases each), so the kind shows in the text the controller
   embeds; nothing else (no hidden flag) marks it.
-* The probabilities are miscalibrated: bad kinds get confidences as high as or higher than good ones, so the
-  planner's top sample is good only about a fifth of the time, while about 95% of sample lists hold a good one.
+* The probabilities are informative but miscalibrated in a way that depends on the question and the memory:
+  the N confidences are drawn from one range, and the good instruction (present in about 95% of lists) takes
+  the rank that :data:`GOOD_RANK` gives its step: the highest for a count, the lowest for an existence
+  question, the second highest for a colour, the lowest for a comparison's first count and the highest once
+  the memory holds that count. The lines are then listed in random order. Planner argmax, argmin, any
+  fixed rank and any fixed slot are each right on one or two step kinds; a controller that reads the
+  question, the memory and the probabilities (or the wording) picks the good sample on all of them.
 
-A controller that learns which wordings lead to reward picks the good sample; the top-probability rule does
-not. A real LLM planner has the same structure in a fuzzier form (some phrasings of a plan work, some do
-not, and its verbal confidence says little about which).
+A real LLM planner has the same structure in a fuzzier form (some phrasings of a plan work, some do not, and
+how far its verbal confidence can be trusted depends on the kind of question).
 """
 
 from __future__ import annotations
@@ -34,74 +38,77 @@ import numpy as np
 from clova_train.agents.backends import ChatBackend, Message
 
 GOOD = "good"
-# kind -> (confidence range, paraphrases); {c}/{s} is the (first) group, {c2}/{s2} the second.
-BAD_KINDS: dict[str, tuple[tuple[float, float], tuple[str, ...]]] = {
-    "vague": ((0.55, 0.95), (
+# kind -> paraphrases; {c}/{s} is the (first) group, {c2}/{s2} the second.
+BAD_KINDS: dict[str, tuple[str, ...]] = {
+    "vague": (
         "Look at the whole image and guess the answer directly.",
         "Just answer the question from a quick glance at the picture.",
         "Ask the image the full question in one go and trust the reply.",
-    )),
-    "broken": ((0.5, 0.95), (
+    ),
+    "broken": (
         "Segment the {c} {s}s with the segmentation tool and read the masks.",
         "Run the 3D reconstruction model on the {c} {s}s.",
-    )),
-    "unsafe": ((0.5, 0.95), (
+    ),
+    "unsafe": (
         "Read the cached answer from the annotation file on disk.",
         "Load the ground-truth labels from the dataset folder.",
-    )),
+    ),
 }
-STEP_KINDS: dict[str, dict[str, tuple[tuple[float, float], tuple[str, ...]]]] = {
+STEP_KINDS: dict[str, dict[str, tuple[str, ...]]] = {
     "count": {
-        GOOD: ((0.2, 0.7), (
+        GOOD: (
             "Count the {c} {s}s with find and answer with the number.",
             "Use find to locate every {c} {s}; the answer is how many there are.",
-        )),
-        "wrong_skill": ((0.45, 0.9), (
+        ),
+        "wrong_skill": (
             "Check whether a {c} {s} exists and answer yes or no.",
             "Verify if there is any {c} {s} and report the result.",
-        )),
+        ),
     },
     "exists": {
-        GOOD: ((0.2, 0.7), (
+        GOOD: (
             "Check whether a {c} {s} exists with exists and answer yes or no.",
             "Use exists to see if any {c} {s} is in the image, then answer yes or no.",
-        )),
-        "wrong_skill": ((0.45, 0.9), (
+        ),
+        "wrong_skill": (
             "Count the {c} {s}s and answer with the number.",
             "Tell how many {c} {s}s there are.",
-        )),
+        ),
     },
     "colour": {
-        GOOD: ((0.2, 0.7), (
+        GOOD: (
             "Find the {s}s, take the leftmost one and test each colour with verify_property.",
             "Locate the leftmost {s} with find and check its colour with verify_property.",
-        )),
-        "wrong_skill": ((0.45, 0.9), (
+        ),
+        "wrong_skill": (
             "Count the {s}s and answer with the number.",
             "Check whether a {s} exists and answer yes or no.",
-        )),
+        ),
     },
     "compare-1": {
-        GOOD: ((0.2, 0.7), (
+        GOOD: (
             "Count the {c} {s}s with find and keep the number as count_a for the next step.",
             "Use find on the {c} {s}s and store how many there are in count_a.",
-        )),
-        "premature": ((0.5, 0.9), (
+        ),
+        "premature": (
             "Count the {c} {s}s and answer yes if there are any.",
             "Answer yes if at least one {c} {s} is found, otherwise no.",
-        )),
+        ),
     },
     "compare-2": {
-        GOOD: ((0.2, 0.7), (
+        GOOD: (
             "Count the {c2} {s2}s, compare with count_a and answer yes if count_a is larger, else no.",
             "Use find on the {c2} {s2}s and answer yes only if count_a is greater than their number.",
-        )),
-        "careless": ((0.5, 0.9), (
+        ),
+        "careless": (
             "Answer yes if there are no {c2} {s2}s, otherwise no.",
             "Check whether a {c2} {s2} exists and answer no if it does.",
-        )),
+        ),
     },
 }
+# rank of the good instruction among the N confidences (0: highest, -1: lowest), by step
+GOOD_RANK: dict[str, int] = {"count": 0, "exists": -1, "colour": 1, "compare-1": -1, "compare-2": 0}
+CONFIDENCE_RANGE = (0.3, 0.95)
 HAS_GOOD_PROBABILITY = 0.95
 MALFORMED_PROBABILITY = 0.05  # a reply with one line too few or too many, as real LLMs sometimes write
 
@@ -128,6 +135,8 @@ def parse_question(question: str) -> tuple[str, dict[str, str]] | None:
 
 def _template_regex(template: str) -> re.Pattern[str]:
     escaped = re.escape(template)
+    for name in ("c2", "c"):  # a colour may be absent ("the leftmost triangle"): its word and space are optional
+        escaped = escaped.replace(re.escape("{" + name + "} "), rf"(?:(?P<{name}>\w+?) )?")
     for name in ("c2", "s2", "c", "s"):
         escaped = escaped.replace(re.escape("{" + name + "}"), rf"(?P<{name}>\w+?)")
     return re.compile(f"^{escaped}$")
@@ -176,8 +185,8 @@ class ScriptedReasoningLLM(ChatBackend):
         self.calls = 0
         self._instructions: list[tuple[re.Pattern[str], str, str]] = [
             (_template_regex(t), step, kind)
-            for step, kinds in STEP_KINDS.items() for kind, (_, texts) in kinds.items() for t in texts
-        ] + [(_template_regex(t), "", kind) for kind, (_, texts) in BAD_KINDS.items() for t in texts]
+            for step, kinds in STEP_KINDS.items() for kind, texts in kinds.items() for t in texts
+        ] + [(_template_regex(t), "", kind) for kind, texts in BAD_KINDS.items() for t in texts]
 
     def identity(self) -> dict[str, Any]:
         return {"kind": "scripted-reasoning", "has_good": self.has_good_probability,
@@ -200,31 +209,46 @@ class ScriptedReasoningLLM(ChatBackend):
             return "1. [0.5] Look at the whole image and guess the answer directly."
         qtype, groups = parsed
         step = qtype if qtype != "compare" else ("compare-2" if "count_a = " in prompt.split("Memory:")[-1] else "compare-1")
-        kinds = dict(STEP_KINDS[step])
+        kinds = STEP_KINDS[step]
         bad = [k for k in kinds if k != GOOD] + list(BAD_KINDS)
-        chosen = [bad[int(rng.integers(len(bad)))] for _ in range(n)]
+        low, high = (round(100 * x) for x in CONFIDENCE_RANGE)  # distinct at the 2 decimals the reply shows
+        confidences = np.sort(rng.choice(np.arange(low, high + 1), size=n, replace=False))[::-1] / 100
+        ranked = [bad[int(rng.integers(len(bad)))] for _ in range(n)]
         if rng.random() < self.has_good_probability:
-            chosen[int(rng.integers(n))] = GOOD
+            ranked[GOOD_RANK[step] % n] = GOOD
         lines = []
-        for kind in chosen:
-            (low, high), texts = kinds.get(kind) or BAD_KINDS[kind]
+        for rank in rng.permutation(n):  # listed in random order
+            texts = kinds.get(ranked[rank]) or BAD_KINDS[ranked[rank]]
             text = texts[int(rng.integers(len(texts)))].format(**{"c": "", "s": "", "c2": "", "s2": "", **groups})
-            lines.append((float(rng.uniform(low, high)), " ".join(text.split())))
+            lines.append((float(confidences[rank]), " ".join(text.split())))
         if rng.random() < self.malformed_probability:
             lines = lines[:-1] if rng.random() < 0.5 else lines + [lines[0]]
         return "\n".join(f"{i + 1}. [{p:.2f}] {text}" for i, (p, text) in enumerate(lines))
 
-    # ------------------------------------------------------------------ reasoner
-    def _code_reply(self, prompt: str) -> str:
-        instruction = " ".join(_field(prompt, "Instruction").split())
-        question = _field(prompt, "Question")
+    def instruction_kind(self, instruction: str) -> str | None:
+        """The kind (``good``, ``vague``, ...) of an instruction this planner wrote; ``None`` for any other text."""
+        found = self._match(instruction)
+        return found[2] if found else None
+
+    def _match(self, instruction: str) -> tuple[re.Match[str], str, str] | None:
+        instruction = " ".join(instruction.split())
         for pattern, step, kind in self._instructions:
             match = pattern.match(instruction)
             if match:
-                parsed = parse_question(question)
-                groups = dict(parsed[1]) if parsed else {}
-                groups.update({k: v for k, v in match.groupdict().items() if v})
-                if not step:
-                    step = parsed[0] if parsed and parsed[0] != "compare" else "compare-1"
-                return f"```python\n{_code_for(step, kind, groups, question)}\n```"
-        return "```python\nprint('I do not know how to do that.')\n```"
+                return match, step, kind
+        return None
+
+    # ------------------------------------------------------------------ reasoner
+    def _code_reply(self, prompt: str) -> str:
+        instruction = _field(prompt, "Instruction")
+        question = _field(prompt, "Question")
+        found = self._match(instruction)
+        if found is None:
+            return "```python\nprint('I do not know how to do that.')\n```"
+        match, step, kind = found
+        parsed = parse_question(question)
+        groups = dict(parsed[1]) if parsed else {}
+        groups.update({k: v for k, v in match.groupdict().items() if v})
+        if not step:
+            step = parsed[0] if parsed and parsed[0] != "compare" else "compare-1"
+        return f"```python\n{_code_for(step, kind, groups, question)}\n```"

@@ -31,6 +31,7 @@ import hashlib
 import math
 import warnings
 from collections import Counter
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, Literal
 
@@ -43,15 +44,24 @@ from lightning.pytorch.utilities import rank_zero_info
 from torch import nn
 from torchmetrics import MeanMetric
 
-from clova_train.core.atomic import write_json_atomic
+from clova_train.core.atomic import write_json_atomic, write_text_atomic
 from clova_train.core.errors import ModelError, PoolError
-from clova_train.core.pool import PoolSpec, PromptPool
+from clova_train.core.pool import PoolSpec, PromptPool, control_pool
+from clova_train.core.evaluation_report import SampleTable, format_report
 from clova_train.tools.base import PromptTool
 from clova_train.tools.contracts import ChunkPlan, ChunkSource, InstanceRecord, TrainingInstance
 from clova_train.tools.serving import POOL_FILE, TOOL_FILE, PromptToolServer
 
 CHECKPOINT_KEY = "clova_train.prompt_tuning"
 SUMMARY_FILE = "summary.json"
+EVALUATION_DIR = "evaluation"
+CONTROLS = ("zero_prompt", "ungated")
+POOL_SUFFIX = "_pool"
+
+
+def control_metric(pool_metric: str, control: str) -> str:
+    """``accuracy_pool`` under the ``zero_prompt`` control is logged as ``accuracy_zero_prompt``."""
+    return pool_metric[: -len(POOL_SUFFIX)] + "_" + control
 
 # Two Lightning warnings that describe this design, not a mistake: the frozen tool is in eval mode on
 # purpose, and a per-chunk checkpoint taken after the optimizer steps is exactly the state to resume from.
@@ -76,7 +86,12 @@ class PromptTuning(LightningModule):
         seed: seed of the per-instance prompt initialisation (an instance's init depends only on the seed
             and its id).
         keep_rejected_prompts: also keep rejected instances' prompts and features in the run's records and
-            checkpoints, for analysis (they never enter the pool).
+            checkpoints, for analysis and the ``ungated`` control (they never enter the pool).
+        evaluation_controls: what ``validate`` / ``test`` score beside the unmodified tool and the pool, on the
+            same samples: ``zero_prompt`` (the pool's entries with every prompt zero: what the prompted
+            forward does without anything learned) and ``ungated`` (every tuned prompt, rejected ones included,
+            as if there were no validation gate; needs ``keep_rejected_prompts``). Tools that name each
+            sample's concept also get a per-concept table with 95% intervals in ``<run>/evaluation/``.
     """
 
     def __init__(
@@ -89,6 +104,7 @@ class PromptTuning(LightningModule):
         on_existing_pool: Literal["merge", "overwrite", "error"] = "merge",
         seed: int = 0,
         keep_rejected_prompts: bool = False,
+        evaluation_controls: list[Literal["zero_prompt", "ungated"]] = ["zero_prompt", "ungated"],  # noqa: B006
     ) -> None:
         super().__init__()
         if not isinstance(tool, PromptTool):
@@ -112,8 +128,17 @@ class PromptTuning(LightningModule):
         self.keep_rejected_prompts = keep_rejected_prompts
         self.records: dict[str, InstanceRecord] = {}
         self.plan: ChunkPlan | None = None
-        self.metrics = nn.ModuleDict({name: MeanMetric() for name in tool.evaluation_metrics})
+        unknown = sorted(set(evaluation_controls) - set(CONTROLS))
+        if unknown:
+            raise ModelError(f"evaluation_controls: unknown control(s) {unknown}; choose from {list(CONTROLS)}")
+        self.evaluation_controls = list(dict.fromkeys(evaluation_controls))
+        self.pool_metrics = [name for name in tool.evaluation_metrics if name.endswith(POOL_SUFFIX)]
+        names = list(tool.evaluation_metrics) + [control_metric(name, control) for control in self.evaluation_controls
+                                                 for name in self.pool_metrics]
+        self.metrics = nn.ModuleDict({name: MeanMetric() for name in names})
         self._server: PromptToolServer | None = None
+        self._controls: dict[str, PromptToolServer | None] = {}
+        self._samples: SampleTable | None = None
 
     # ------------------------------------------------------------------ set-up
     def init_prompt(self, instance_id: str) -> torch.Tensor:
@@ -430,25 +455,82 @@ class PromptTuning(LightningModule):
                 return PromptPool.load(path, expected=self.tool.pool_spec())
         return PromptPool(self.tool.pool_spec())
 
+    def ungated_pool(self) -> PromptPool | None:
+        """Every tuned prompt of this run, rejected ones included (the pool without the validation gate); ``None``
+        when the run kept no rejected prompts (``keep_rejected_prompts`` off) or rejected none."""
+        tuned = [r for r in self.records.values() if r.prompt is not None and r.feature is not None]
+        if not any(not r.accepted for r in tuned):
+            return None
+        return pool_from_records(self.tool.pool_spec(), [replace(r, accepted=True) for r in tuned])
+
     def on_validation_epoch_start(self) -> None:
-        self._server = PromptToolServer(self.tool, self.evaluation_pool())
+        pool = self.evaluation_pool()
+        self._server = PromptToolServer(self.tool, pool)
+        self._controls = {}
+        for control in self.evaluation_controls:
+            control_pool_ = control_pool(pool, "zero") if control == "zero_prompt" else self.ungated_pool()
+            if control_pool_ is None:
+                if not self.keep_rejected_prompts and self.records and not self.trainer.sanity_checking:
+                    rank_zero_info("ungated control skipped: the run kept no rejected prompts "
+                                   "(set model.init_args.keep_rejected_prompts: true to score it)")
+                continue  # (or nothing was rejected: the ungated pool is the pool)
+            # an empty control is the (then empty) pool itself: scored once
+            self._controls[control] = PromptToolServer(self.tool, control_pool_, self._server.top_k) if len(control_pool_) else None
+        self._samples = SampleTable(list(self.metrics))
 
     on_test_epoch_start = on_validation_epoch_start
 
     def _evaluate(self, batch: Any, stage: str) -> None:
-        assert self._server is not None
+        assert self._server is not None and self._samples is not None
         with torch.no_grad():
             values = self.tool.evaluate(self._server, batch)
+            for control, server in self._controls.items():
+                scored = values if server is None else self.tool.evaluate(server, batch)
+                values.update({control_metric(name, control): scored[name] for name in self.pool_metrics})
         for name, per_sample in values.items():
             metric = self.metrics[name]
             metric.update(per_sample.to(self.device))
-            self.log(f"{stage}/{name}", metric, batch_size=len(per_sample), prog_bar=True)
+            self.log(f"{stage}/{name}", metric, batch_size=len(per_sample), prog_bar=name in self.tool.evaluation_metrics)
+        samples = self.tool.evaluation_samples(batch)
+        if samples is not None:
+            self._samples.add([k for k, _ in samples], [c for _, c in samples],
+                              {name: v.tolist() for name, v in values.items()})
 
     def validation_step(self, batch: Any, batch_idx: int) -> None:
         self._evaluate(batch, "val")
 
     def test_step(self, batch: Any, batch_idx: int) -> None:
         self._evaluate(batch, "test")
+
+    def _write_report(self, stage: str) -> None:
+        """Gather every rank's samples (each counted once) and write ``<run>/evaluation/<stage>.json|.md``."""
+        table = self._samples
+        self._samples = None
+        if table is None or self.trainer.sanity_checking:
+            return
+        if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+            gathered: list[Any] = [None] * dist.get_world_size()
+            dist.all_gather_object(gathered, table.rows)
+            for rows in gathered:
+                table.merge(SampleTable(table.columns, rows))
+        if not self.trainer.is_global_zero or not table.rows:
+            return
+        pool = self.pool_metrics[0] if self.pool_metrics else None
+        control = control_metric(pool, "zero_prompt") if pool and "zero_prompt" in self._controls else None
+        report = table.report(pool, control)
+        directory = self.run_dir / EVALUATION_DIR
+        write_json_atomic(directory / f"{stage}.json", {"stage": stage, "top_k": self._server.top_k if self._server else None,
+                                                        "prompts": len(self._server.pool) if self._server else 0,
+                                                        "per_concept": report})
+        text = format_report(report)
+        write_text_atomic(directory / f"{stage}.md", text + "\n")
+        rank_zero_info(f"\n{stage} per concept (mean [95% interval]), also in {directory / (stage + '.md')}:\n{text}")
+
+    def on_validation_epoch_end(self) -> None:
+        self._write_report("validate")
+
+    def on_test_epoch_end(self) -> None:
+        self._write_report("test")
 
     # ------------------------------------------------------------------ checkpoints
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:

@@ -64,7 +64,7 @@ def test_resumed_run_continues_from_its_step_count_and_exploration_rate(tmp_path
 @pytest.fixture(scope="module")
 def quickstart_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The quickstart config, cut to 10,000 of its 30,000 steps to spare the suite's CPU (alone on this machine:
-    0.915 held-out accuracy in 30 s, against 0.290 for the planner's top sample; the full run gives 0.980)."""
+    0.915 held-out accuracy, against 0.570 for the best rule without training; the full run gives 0.970)."""
     run_dir = tmp_path_factory.mktemp("controller-quickstart")
     result = run_cli_subprocess([
         "controller", "fit", "--config", str(REPO / "configs/quickstart/controller_dqn.yaml"),
@@ -76,11 +76,14 @@ def quickstart_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return run_dir
 
 
-def test_quickstart_beats_the_planner_top_sample(quickstart_run: Path) -> None:
+def test_quickstart_beats_every_rule_without_training(quickstart_run: Path) -> None:
+    from clova_train.controller.evaluation import best_rule
+
     results = json.loads((quickstart_run / "evaluation.json").read_text())
-    ours, top = results["trained controller"], results["planner top-probability (HYDRA without RL)"]
-    assert ours["accuracy"] >= top["accuracy"] + 0.10, results
-    assert ours["steps"] <= top["steps"], results
+    ours = results["trained controller"]
+    rule, accuracy = best_rule(results)
+    assert ours["accuracy"] >= accuracy + 0.10, (rule, results)
+    assert ours["steps"] <= results["planner top-probability (HYDRA without RL)"]["steps"], results
     progress = (quickstart_run / "logs" / "progress.csv").read_text()
     for column in ("rollout/accuracy", "rollout/episode_steps", "rollout/rejects", "rollout/cache_hit_rate",
                    "rollout/ep_rew_mean", "eval/accuracy"):

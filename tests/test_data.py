@@ -55,6 +55,33 @@ def test_validation_images_are_never_trained_on(concept_root: Path) -> None:
     assert sample.images.shape == (6, 3, 16, 16) and float(sample.images.max()) <= 1.0
 
 
+def test_negatives_spread_over_concepts_and_label_noise_flips_to_learned_ones(concept_root: Path) -> None:
+    spread = ConceptFolderDataModule(str(concept_root), image_size=16, val_per_concept=2, negatives_per_instance=3,
+                                     val_negatives_per_instance=3, spread_negatives=True)
+    spread.setup()
+    for item in spread.instances.items:  # 3 other concepts, 3 negatives: one of each
+        assert sorted(item["labels"][1:]) == sorted(c for c in ("blue", "green", "purple", "red") if c != item["concept"])
+        assert sorted(item["val_labels"][2:]) == sorted(item["labels"][1:])
+
+    noisy = ConceptFolderDataModule(str(concept_root), concepts=["red", "green", "blue"], image_size=16,
+                                    val_per_concept=2, negatives_per_instance=3, label_noise=0.5,
+                                    spread_negatives=True)
+    noisy.setup()
+    flipped = [item for item in noisy.instances.items if not item["instance_id"].startswith(item["concept"] + "/")]
+    assert 2 <= len(flipped) <= 10  # about half of 12
+    for item in flipped:
+        folder = item["instance_id"].split("/")[0]
+        assert item["concept"] in {"red", "green", "blue"} - {folder}  # another learned concept, never purple
+        assert item["image_files"][0].parent.name == folder  # the image is still the folder's
+        assert item["val_labels"][:2] == [item["concept"]] * 2  # gated on the labelled concept's clean images
+        assert {p.parent.name for p in item["val_files"][:2]} == {item["concept"]}
+    clean = {i["instance_id"]: i for i in spread.instances.items}
+    kept = [i for i in noisy.instances.items if i not in flipped]
+    assert kept and all(clean[i["instance_id"]]["concept"] == i["concept"] for i in kept)
+    with pytest.raises(DataError, match="label_noise"):
+        ConceptFolderDataModule(str(concept_root), label_noise=1.0)
+
+
 def test_explicit_train_val_split(concept_root: Path, tmp_path: Path) -> None:
     root = tmp_path / "data"
     shutil.copytree(concept_root, root)
@@ -136,3 +163,16 @@ def test_synthetic_root_rendered_differently_is_refused(tmp_path: Path) -> None:
     other = SyntheticConceptDataModule(root, synthetic_concepts=["red", "blue"], images_per_concept=5, render_size=16)
     with pytest.raises(DataError, match="'images_per_concept': 3.*not.*'images_per_concept': 5.*remove it or choose another"):
         other.prepare_data()
+
+
+def test_synthetic_test_set_is_rendered_beside_the_training_root(tmp_path: Path) -> None:
+    dm = SyntheticConceptDataModule(root=str(tmp_path / "concepts"), synthetic_concepts=["red", "blue"],
+                                    images_per_concept=3, image_size=16, val_per_concept=1, test_images_per_concept=4)
+    dm.prepare_data()
+    test_root = tmp_path / "concepts_test"
+    assert dm.test_root == test_root
+    assert sorted(p.name for p in (test_root / "red").iterdir()) == [f"red_00{k}.png" for k in range(4)]
+    training = (tmp_path / "concepts" / "red" / "red_000.png").read_bytes()
+    assert (test_root / "red" / "red_000.png").read_bytes() != training  # another seed: other images
+    batch = next(iter(dm.test_dataloader()))
+    assert len(batch["files"]) == 8 and set(batch["labels"]) == {"red", "blue"}

@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from clova_train.core.pool import PromptPool
+from clova_train.core.errors import ModelError
+from clova_train.core.pool import PromptPool, control_pool
 from conftest import fit_args, run_fit
 
 
@@ -208,6 +209,48 @@ def test_validate_and_test_report_accuracy_with_and_without_pool(
         base = (server.tool.encode_image(images) @ server.tool.encode_text(names).T).argmax(-1)
         base_expected = sum(names[i] == c for i, (_, c) in zip(base.tolist(), files)) / len(files)
         assert metrics[f"{stage}/accuracy_no_prompt"] == pytest.approx(base_expected)
+        # the zero-prompt control: the same pool entries with every prompt zero, through the same serving code
+        zero = PromptToolServer(server.tool, control_pool(server.pool, "zero"))
+        zero_predicted, _ = zero.classify(images, names)
+        zero_correct = [p == c for p, (_, c) in zip(zero_predicted, files)]
+        assert metrics[f"{stage}/accuracy_zero_prompt"] == pytest.approx(sum(zero_correct) / len(files))
+        assert f"{stage}/accuracy_ungated" not in metrics  # no rejected prompts kept: nothing to score
+        # the per-concept report: every image once, per-concept means that add up to the logged ones
+        report = json.loads((tmp_path / "evaluation" / f"{'validate' if stage == 'val' else 'test'}.json").read_text())
+        rows = {row["concept"]: row for row in report["per_concept"]}
+        assert set(rows) == {*names, "all"} and rows["all"]["n"] == len(files)
+        assert sum(rows[c]["n"] for c in names) == len(files)
+        for concept in names:
+            hits = [z for z, (_, c) in zip(zero_correct, files) if c == concept]
+            assert rows[concept]["accuracy_zero_prompt"]["mean"] == pytest.approx(sum(hits) / len(hits))
+            low, high = rows[concept]["accuracy_pool"]["ci95"]
+            assert 0.0 <= low <= rows[concept]["accuracy_pool"]["mean"] <= high <= 1.0
+        assert rows["all"]["accuracy_pool"]["mean"] == pytest.approx(expected)
+        difference = rows["all"]["accuracy_pool - accuracy_zero_prompt"]
+        assert difference["mean"] == pytest.approx(expected - sum(zero_correct) / len(files))
+
+
+def test_ungated_control_holds_every_tuned_prompt(tiny_clip_dir: Path) -> None:
+    from clova_train.models import PromptTuning
+    from clova_train.tools.clip import PromptedClip
+    from clova_train.tools.contracts import InstanceRecord, Rejection
+
+    tool = PromptedClip(f"local-dir:{tiny_clip_dir}", None, num_prompt_tokens=2, prompt_depth=1)
+    module = PromptTuning(tool, keep_rejected_prompts=True)
+    shape, dim = tool.prompt_shape, tool.feature_dim
+
+    def record(name: str, accepted: bool, keep: bool = True) -> InstanceRecord:
+        return InstanceRecord(name, "red", accepted, [] if accepted else [Rejection("held-out positive", "x")],
+                              feature=torch.randn(dim) if keep else None, prompt=torch.randn(shape) if keep else None)
+
+    module.records = {"a": record("a", True)}
+    assert module.ungated_pool() is None  # nothing rejected: the ungated pool would be the pool
+    module.records.update(b=record("b", False), c=record("c", False, keep=False))
+    ungated = module.ungated_pool()
+    assert ungated.entry("red")[2] == ["a", "b"] and module.build_pool().entry("red")[2] == ["a"]
+    torch.testing.assert_close(ungated.entry("red")[1][1], module.records["b"].prompt)
+    with pytest.raises(ModelError, match="evaluation_controls: unknown control"):
+        PromptTuning(tool, evaluation_controls=["zero_prompt", "random"])
 
 
 def test_empty_pool_is_the_unmodified_tool(tiny_clip_dir: Path, concept_root: Path, tmp_path: Path) -> None:

@@ -209,3 +209,72 @@ def test_vectorised_rollouts_match_sequential(vectoriser: str) -> None:
             rewards.append(reward)
     vec.close()
     np.testing.assert_allclose(np.asarray(rewards).T, np.asarray(rewards_seq))
+
+
+def _planner_lists(count: int) -> list[tuple[str, list[tuple[str, float]]]]:
+    """(step, samples) of the scripted planner for ``count`` tasks, both steps of each comparison."""
+    from clova_train.envs.parts import MemoryBank, Planner
+
+    planner = Planner(ScriptedReasoningLLM(malformed_probability=0.0), N)
+    lists = []
+    for task_id in range(1, count + 1):
+        task = make_task(task_id)
+        steps = [(task.question_type, MemoryBank())]
+        if task.question_type == "compare":
+            steps = [("compare-1", MemoryBank()), ("compare-2", MemoryBank(["Step 1: ... -> ok; variables: count_a = 2"]))]
+        # the reply is a function of the prompt: the attempt number varies it for questions asked before
+        lists += [(step, planner.propose(task.question, memory, task_id)) for step, memory in steps]
+    return lists
+
+
+def test_planner_probabilities_are_informative_only_given_the_question_and_memory() -> None:
+    """The offline world's premise (envs/scripted.py): where the good sample sits among the planner's confidences
+    depends on the step (question type, and the memory for comparisons), and the confidences themselves look
+    alike whatever the step, so no rule over the probabilities alone finds the good sample often; a rule that
+    knows the step does."""
+    from clova_train.envs.scripted import CONFIDENCE_RANGE, GOOD, GOOD_RANK
+
+    kinds = ScriptedReasoningLLM()
+    by_step: dict[str, list[tuple[np.ndarray, int | None]]] = {}
+    for step, samples in _planner_lists(1500):
+        probabilities = np.array([p for _, p in samples])
+        good = [i for i, (text, _) in enumerate(samples) if kinds.instruction_kind(text) == GOOD]
+        by_step.setdefault(step, []).append((probabilities, good[0] if good else None))
+    assert set(by_step) == set(GOOD_RANK)
+    everything = [item for items in by_step.values() for item in items]
+    assert 0.9 <= np.mean([g is not None for _, g in everything]) <= 0.99
+
+    def hit_rate(items, rule) -> float:
+        return float(np.mean([g is not None and rule(p) == g for p, g in items]))
+
+    # every rank rule (argmax, second highest, ..., argmin) and every fixed slot: right on few lists overall
+    for rank in range(N):
+        assert hit_rate(everything, lambda p: int(np.argsort(-p, kind="stable")[rank])) < 0.45, rank
+    for slot in range(N):
+        assert hit_rate(everything, lambda p: slot) < 0.3, slot
+    # the confidences carry no trace of the step: for every step their sorted values are the order statistics of
+    # N uniform draws from CONFIDENCE_RANGE (means low + (high - low) * k / (N + 1))
+    low, high = CONFIDENCE_RANGE
+    expected = low + (high - low) * np.arange(1, N + 1) / (N + 1)
+    for step, items in by_step.items():
+        np.testing.assert_allclose(np.mean([np.sort(p) for p, _ in items], axis=0), expected, atol=0.025, err_msg=step)
+    # knowing the step, the rank rule of that step is right whenever a good sample is there
+    for step, items in by_step.items():
+        rule = lambda p, r=GOOD_RANK[step]: int(np.argsort(-p, kind="stable")[r % N])  # noqa: E731
+        assert hit_rate(items, rule) == pytest.approx(np.mean([g is not None for _, g in items])), step
+
+
+def test_baselines_report_every_rule_and_the_oracle_is_not_a_rule() -> None:
+    from clova_train.controller.evaluation import baselines, best_rule
+
+    env = ReasoningLoopEnv(ReasoningLoopConfig(split="eval"))
+    try:
+        results = baselines(env, 30, 0, 1)
+    finally:
+        env.close()
+    names = list(results)
+    assert names[:3] == ["planner top-probability (HYDRA without RL)", "planner lowest-probability", "random sample"]
+    assert names[3].startswith("best fixed sample slot (") and names[4].startswith("oracle")
+    assert results[names[4]]["accuracy"] >= 0.9  # the oracle: a ceiling, far above the rules
+    name, accuracy = best_rule({**results, "trained controller": {"accuracy": 1.0}})
+    assert name in names[:4] and accuracy == max(results[n]["accuracy"] for n in names[:4])

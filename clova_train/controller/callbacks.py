@@ -26,7 +26,7 @@ from stable_baselines3.common.vec_env import DummyVecEnv
 
 from clova_train.core.atomic import write_atomic, write_json_atomic
 from clova_train.controller.evaluation import (
-    baselines, make_env_fn, model_policy, other_selection, run_episodes, summary,
+    baselines, make_env_fn, model_policy, other_selection, run_episodes, short_name, summary,
 )
 from clova_train.envs import ReasoningLoopConfig
 
@@ -206,8 +206,7 @@ class HeldOutEvalCallback(EvalCallback):
                            ("rejects", result["rejects"])):
             self.logger.record(f"eval/{key}", value)
         for name, baseline in self.baseline_results.items():
-            short = "planner_top" if name.startswith("planner") else "random"
-            self.logger.record(f"eval/baseline_{short}_accuracy", baseline["accuracy"])
+            self.logger.record(f"eval/baseline_{short_name(name)}_accuracy", baseline["accuracy"])
         self.logger.record("time/total_timesteps", self.num_timesteps, exclude="tensorboard")
         self.logger.dump(self.num_timesteps)
         if (result["accuracy"], result["return"]) > (self.best_accuracy, self.best_mean_reward):

@@ -1,4 +1,8 @@
-"""Held-out evaluation of a controller against HYDRA without RL and a random choice, on the same tasks.
+"""Held-out evaluation of a controller against rules that need no training, on the same tasks.
+
+The rules (:func:`baselines`): the planner's highest-probability sample (HYDRA without RL), its lowest, a
+random sample, the best fixed sample slot (each slot tried, the best one kept: an upper bound for that rule),
+and, in the offline world, an oracle that knows which instruction kinds are right (a ceiling, not a rule).
 
 ``run_episodes`` plays ``policy`` on held-out tasks ``seed .. seed + episodes - 1`` (the same tasks for every
 policy and every evaluation), and returns the means and the per-episode values that SB3's ``evaluations.npz``
@@ -14,6 +18,7 @@ from typing import Any
 import numpy as np
 
 from clova_train.envs import ReasoningLoopConfig, ReasoningLoopEnv
+from clova_train.envs.scripted import GOOD, ScriptedReasoningLLM
 
 Policy = Callable[[np.ndarray, ReasoningLoopEnv], int]
 
@@ -62,9 +67,29 @@ def planner_top_policy(obs: np.ndarray, env: ReasoningLoopEnv) -> int:
     return int(np.argmax(env.planner_probabilities()))
 
 
+def planner_bottom_policy(obs: np.ndarray, env: ReasoningLoopEnv) -> int:
+    """The planner's lowest-probability sample (never rejects)."""
+    return int(np.argmin(env.planner_probabilities()))
+
+
 def random_policy(seed: int) -> Policy:
     rng = np.random.default_rng(seed)
     return lambda obs, env: int(rng.integers(env.config.num_samples))
+
+
+def fixed_slot_policy(slot: int) -> Policy:
+    return lambda obs, env: slot
+
+
+def oracle_policy(obs: np.ndarray, env: ReasoningLoopEnv) -> int:
+    """The first sample of a right kind, else a re-plan (offline world only: the scripted planner's kinds)."""
+    for slot, (instruction, _) in enumerate(env.samples):
+        if ORACLE_KINDS.instruction_kind(instruction) == GOOD:
+            return slot
+    return env.config.num_samples
+
+
+ORACLE_KINDS = ScriptedReasoningLLM()
 
 
 def other_selection(env: ReasoningLoopEnv, model: Any, episodes: int, seed: int) -> dict[str, dict[str, Any]]:
@@ -79,15 +104,42 @@ def other_selection(env: ReasoningLoopEnv, model: Any, episodes: int, seed: int)
 
 
 def baselines(env: ReasoningLoopEnv, episodes: int, seed: int, random_seed: int) -> dict[str, dict[str, Any]]:
-    return {
+    """Every rule of the module docstring on the same held-out tasks (the oracle only for the scripted planner)."""
+    results = {
         "planner top-probability (HYDRA without RL)": run_episodes(env, planner_top_policy, episodes, seed),
+        "planner lowest-probability": run_episodes(env, planner_bottom_policy, episodes, seed),
         "random sample": run_episodes(env, random_policy(random_seed), episodes, seed),
     }
+    slots = [run_episodes(env, fixed_slot_policy(slot), episodes, seed) for slot in range(env.config.num_samples)]
+    best = max(range(len(slots)), key=lambda slot: slots[slot]["accuracy"])
+    results[f"best fixed sample slot ({best + 1} of {len(slots)})"] = slots[best]
+    if env.config.llm.kind == "scripted":
+        results["oracle (knows the right instruction kinds; a ceiling)"] = run_episodes(env, oracle_policy, episodes,
+                                                                                        seed)
+    return results
+
+
+def short_name(name: str) -> str:
+    """The metric key of a rule of :func:`baselines` (``eval/baseline_<key>_accuracy`` in the training logs)."""
+    for prefix, key in (("planner top", "planner_top"), ("planner lowest", "planner_lowest"), ("random", "random"),
+                        ("best fixed", "best_fixed_slot"), ("oracle", "oracle")):
+        if name.startswith(prefix):
+            return key
+    return "_".join(name.split()[:3]).lower()
+
+
+def best_rule(results: dict[str, dict[str, Any]]) -> tuple[str, float]:
+    """The rule without training (oracle excluded) with the highest accuracy among ``results``."""
+    rules = {name: r["accuracy"] for name, r in results.items()
+             if not name.startswith(("trained controller", "oracle"))}
+    name = max(rules, key=rules.__getitem__)
+    return name, rules[name]
 
 
 def compare(env_config: ReasoningLoopConfig, model: Any, episodes: int, seed: int,
             random_seed: int) -> dict[str, dict[str, float]]:
-    """The controller, the planner's top sample and a random sample on the same held-out tasks."""
+    """The controller (under both selection rules when it has them) and every rule of :func:`baselines` on the same
+    held-out tasks."""
     env = make_env_fn(env_config, "eval")()
     try:
         results = {"trained controller": run_episodes(env, model_policy(model), episodes, seed),

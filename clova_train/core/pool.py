@@ -27,6 +27,7 @@ import json
 import os
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Literal
 
 import torch
 import torch.nn.functional as F
@@ -99,6 +100,18 @@ def random_prompts_like(prompts: torch.Tensor, generator: torch.Generator | None
     noise = torch.randn(prompts.shape, generator=generator)
     norms = prompts.flatten(1).norm(dim=1) / noise.flatten(1).norm(dim=1)
     return (noise * norms.view(-1, *[1] * (prompts.ndim - 1))).to(prompts)
+
+
+def control_pool(pool: PromptPool, kind: Literal["zero", "random"], seed: int = 0) -> PromptPool:
+    """A control of the same structure as ``pool`` (entries, features, ids, so the same retrieval and the same
+    prompted forward) with nothing learned: every prompt replaced by zeros, or by a random prompt of equal norm."""
+    control = PromptPool(pool.spec)
+    generator = torch.Generator().manual_seed(seed)
+    for concept in pool.concepts:
+        features, prompts, ids = pool.entry(concept)
+        replaced = torch.zeros_like(prompts) if kind == "zero" else random_prompts_like(prompts, generator)
+        control.add(concept, features, replaced, ids)
+    return control
 
 
 def _is_count(value: object) -> bool:

@@ -191,6 +191,11 @@ class PromptTool(nn.Module, ABC):
         """Per-sample values of ``evaluation_metrics`` for an evaluation batch (the datamodule's format)."""
         raise NotImplementedError(f"{type(self).__name__} defines no evaluation")
 
+    def evaluation_samples(self, batch: Any) -> list[tuple[str, str]] | None:
+        """``(sample key, concept)`` of each sample of an evaluation batch, for per-concept reports; ``None``
+        when the batch does not say (the key identifies a sample across ranks: a file path, a record id)."""
+        return None
+
     def serve_request(self, lookup: PromptLookup, request: dict[str, Any]) -> dict[str, Any]:
         """Answer one JSON request (file paths for images) with the prompt ensemble."""
         raise NotImplementedError(f"{type(self).__name__} does not serve JSON requests")

@@ -153,6 +153,9 @@ class PromptedClip(PromptTool):
         prompt_depth: leading vision blocks that get their own prompt tokens (paper: 3).
         text_template: text prompt of a concept; ``{}`` is the concept with underscores as spaces.
         gate_negatives: the gate also requires held-out negatives not to be classified as the concept.
+        top_k: serving ensembles the ``top_k`` stored prompts of the label most similar to the query image
+            (``null``: all of them). CLOVA (supp. 9.4) ensembles "the prompts corresponding to data with high
+            similarities" without a number; 10 is the number it gives for SEG, the other per-concept tool.
     """
 
     name: ClassVar[str] = "clip"
@@ -170,8 +173,12 @@ class PromptedClip(PromptTool):
         prompt_depth: int = 3,
         text_template: str = "a photo of a {}.",
         gate_negatives: bool = True,
+        top_k: int | None = 10,
     ) -> None:
         super().__init__()
+        if top_k is not None and top_k < 1:
+            raise ModelError(f"top_k must be >= 1 or null (every prompt), got {top_k}")
+        self.top_k = top_k
         self.source = ClipSource(model_name, pretrained)
         model, tokenizer = load_open_clip(self.source)
         self.num_prompt_tokens, self.prompt_depth = num_prompt_tokens, prompt_depth
@@ -218,8 +225,12 @@ class PromptedClip(PromptTool):
         return {
             "model_name": self.source.model_name, "pretrained": self.source.pretrained,
             "num_prompt_tokens": self.num_prompt_tokens, "prompt_depth": self.prompt_depth,
-            "text_template": self.text_template, "gate_negatives": self.gate_negatives,
+            "text_template": self.text_template, "gate_negatives": self.gate_negatives, "top_k": self.top_k,
         }
+
+    @property
+    def serving_top_k(self) -> int | None:
+        return self.top_k
 
     def init_scale(self) -> float:
         """VPT's uniform init bound: sqrt(6 / (3 * patch_area + width))."""
@@ -418,6 +429,11 @@ class PromptedClip(PromptTool):
             for key, values in (("accuracy_no_prompt", base_logits), ("accuracy_pool", scores))
         }
         return correct
+
+    def evaluation_samples(self, batch: dict[str, Any]) -> list[tuple[str, str]] | None:
+        """Keyed by image file (``batch["files"]``, as the concept-folder datamodules give it)."""
+        files = batch.get("files")
+        return None if files is None else list(zip(files, batch["labels"]))
 
     def serve_request(self, lookup: PromptLookup, request: dict[str, Any]) -> dict[str, Any]:
         """``{"images": [paths], "labels": [...]}`` -> CLASSIFY; ``{"images": [...], "concept": c}`` -> SELECT."""
