@@ -17,7 +17,7 @@ zero-prompt with its normal interval.
 Targets (issue 13): on the held-out concepts the learned prompts beat the zero-prompt control by >= 10 points;
 with noisy labels the gated pool beats the ungated one.
 
-    python benchmarks/prompt_pool_controls.py [--label-noise 0.2] [--no-record]
+    python benchmarks/prompt_pool_controls.py [--label-noise 0.2] [--override KEY=VALUE ...] [--no-record]
 """
 
 from __future__ import annotations
@@ -47,12 +47,12 @@ def clova_train(*args: str) -> None:
         raise SystemExit(f"clova-train {' '.join(args[:1])} failed:\n{done.stderr[-3000:]}")
 
 
-def run(name: str, workdir: Path, label_noise: float) -> dict:
+def run(name: str, workdir: Path, label_noise: float, overrides: list[str]) -> dict:
     """Fit and test one setting; the test report of its run directory."""
     run_dir = workdir / name
     common = ["--config", str(CONFIG), f"--trainer.default_root_dir={run_dir}",
               "--trainer.logger=false", "--model.init_args.keep_rejected_prompts=true",
-              f"--data.init_args.label_noise={label_noise}"]
+              f"--data.init_args.label_noise={label_noise}", *(f"--{o}" for o in overrides)]
     clova_train("fit", *common, "--model.init_args.on_existing_pool=overwrite")
     clova_train("test", *common, f"--ckpt_path={run_dir / 'checkpoints' / 'last.ckpt'}")
     report = json.loads((run_dir / "evaluation" / "test.json").read_text())
@@ -86,11 +86,13 @@ def held_out_entry(report: list[dict]) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--label-noise", type=float, default=0.2, help="share of flipped training labels (noisy)")
+    parser.add_argument("--override", action="append", default=[], metavar="KEY=VALUE",
+                        help="a config override for both fits, e.g. data.init_args.val_per_concept=4 (repeatable)")
     parser.add_argument("--no-record", action="store_true")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
-        results = {"clean": run("clean", Path(tmp), 0.0), f"noisy ({args.label_noise:.0%} flipped)":
-                   run("noisy", Path(tmp), args.label_noise)}
+        results = {"clean": run("clean", Path(tmp), 0.0, args.override), f"noisy ({args.label_noise:.0%} flipped)":
+                   run("noisy", Path(tmp), args.label_noise, args.override)}
     rows = []
     for setting, result in results.items():
         report = result["report"]["per_concept"]
@@ -104,7 +106,8 @@ def main() -> None:
     publish("prompt_pool_controls", "CLIP prompt pool against controls", f"cpu: {machine()}",
             "Test-set CLASSIFY accuracy, mean [95% interval], of the quickstart (`configs/quickstart/clip_prompt.yaml`), "
             "clean and with flipped training labels; zero prompt: the pool's entries with every prompt zero; "
-            "ungated: every tuned prompt, rejected ones included. Command: `python benchmarks/prompt_pool_controls.py`",
+            "ungated: every tuned prompt, rejected ones included. Command: `python benchmarks/prompt_pool_controls.py"
+            + "".join(f" --override {o}" for o in args.override) + "`",
             ["training labels", "concept", "test images", "no prompt", "pool (gated)", "zero-prompt control",
              "ungated pool", "pool - zero prompt"], rows, record=not args.no_record)
 
