@@ -22,7 +22,7 @@ import yaml
 from PIL import Image, ImageDraw
 from scipy.ndimage import binary_erosion
 
-from clova_train.demo_vqa import random_prompt_pool
+from clova_train.core.pool import control_pool
 from clova_train.tools.base import NoPrompt
 from clova_train.tools.coco_grounding import GroundingAnnotations, GroundingSplit
 from clova_train.tools.grounding import GroundedImage
@@ -82,7 +82,7 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     server = PromptToolServer.from_export(args.export)
     tool = server.tool
-    control = PromptToolServer(tool, random_prompt_pool(server.pool), server.top_k)
+    control = PromptToolServer(tool, control_pool(server.pool, "random"), server.top_k)
     concept, images = eval_images(args.export)
     batch = [(image, concept) for image in images]
     with torch.no_grad():

@@ -18,7 +18,7 @@ from pathlib import Path
 import torch
 import yaml
 
-from clova_train.core.pool import PromptPool, control_pool
+from clova_train.core.pool import control_pool
 from clova_train.tools.base import NoPrompt
 from clova_train.tools.blip_vqa import normalise_answer
 from clova_train.tools.images import load_image_uint8
@@ -42,14 +42,9 @@ def read_eval_records(path: Path) -> list[dict]:
     return [{**r, "image": record_image(path, r["image"])} for r in read_records(path)]
 
 
-def random_prompt_pool(pool: PromptPool, seed: int = 0) -> PromptPool:
-    """The control: same entries and features, each non-zero prompt replaced by a random one of equal norm."""
-    return control_pool(pool, "random", seed)
-
-
 def evaluate(server: PromptToolServer, records: list[dict], batch_size: int = 32) -> dict[str, list[int]]:
     """Per gold answer: [questions, right without prompts, with the pool, with the random-prompt control]."""
-    control = PromptToolServer(server.tool, random_prompt_pool(server.pool), server.top_k)
+    control = PromptToolServer(server.tool, control_pool(server.pool, "random"), server.top_k)
     table: dict[str, list[int]] = defaultdict(lambda: [0, 0, 0, 0])
     for start in range(0, len(records), batch_size):
         batch = records[start : start + batch_size]

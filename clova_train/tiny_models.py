@@ -520,13 +520,6 @@ def make_tiny_owlvit(directory: str | Path, seed: int = 0, pretrain_steps: int =
 # a random prompt loses objects and a learned pool gains where the model is weak (the SEG quickstart, 80
 # held-out images: red circles 0.70 segmented unprompted, 0.69 with random prompts, 0.84 with the pool).
 SEGMENTATION_PRETRAIN_COLOURS = ("red", "green", "blue", "yellow")
-# The quickstart's tiny CLIP (``clova-train tiny-model clip``) also sees purple and orange shapes, captioned
-# "blue" and "yellow" 70% of the time: it learns the words (their text features are distinct, unlike those of
-# words it never reads, which all land in one place) but mostly takes the looks for their neighbours', so the
-# quickstart's prompts have a misconception to correct (issue 13: without the words, no image prompt could
-# separate purple from orange).
-CLIP_MISCONCEPTIONS = {"purple": "blue", "orange": "yellow"}
-CLIP_MISCONCEPTION_RATE = 0.7
 SEGMENTATION_UNANNOTATED_COLOURS = ("purple", "orange")
 def build_tiny_maskformer(image_size: int = 64, seed: int = 0, width: int = 32, num_queries: int = 6) -> tuple:
     """A random-weight ``MaskFormerForInstanceSegmentation`` (tiny Swin backbone) and its image processor.

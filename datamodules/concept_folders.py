@@ -366,21 +366,19 @@ class SyntheticConceptDataModule(ConceptFolderDataModule):
         }
 
     def prepare_data(self) -> None:
+        self._render(self.root, self.render_parameters())
+        if self.rendered_test_root is not None:
+            self._render(self.rendered_test_root, {"images_per_concept": self.test_images_per_concept,
+                                                   "render_size": self.render_size,
+                                                   "render_seed": self.render_seed + TEST_SEED_OFFSET})
+
+    def _render(self, root: Path, parameters: dict[str, Any]) -> None:
+        """Render the concepts missing under ``root`` with ``parameters`` (refused if it holds other ones)."""
         from clova_train.synthetic.shapes import generated_before, record_generation, write_concept_folders
 
-        wanted = self.render_parameters()
-        generated_before(self.root, wanted)
-        missing = [c for c in self.synthetic_concepts if not (self.root / c).is_dir()]
+        generated_before(root, parameters)
+        missing = [c for c in self.synthetic_concepts if not (root / c).is_dir()]
         if missing:
-            write_concept_folders(self.root, missing, self.images_per_concept, self.render_size, seed=self.render_seed)
-        record_generation(self.root, wanted)
-        if self.rendered_test_root is not None:
-            root = self.rendered_test_root
-            wanted = {"images_per_concept": self.test_images_per_concept, "render_size": self.render_size,
-                      "render_seed": self.render_seed + TEST_SEED_OFFSET}
-            generated_before(root, wanted)
-            missing = [c for c in self.synthetic_concepts if not (root / c).is_dir()]
-            if missing:
-                write_concept_folders(root, missing, self.test_images_per_concept, self.render_size,
-                                      seed=self.render_seed + TEST_SEED_OFFSET)
-            record_generation(root, wanted)
+            write_concept_folders(root, missing, parameters["images_per_concept"], parameters["render_size"],
+                                  seed=parameters["render_seed"])
+        record_generation(root, parameters)

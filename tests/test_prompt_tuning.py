@@ -262,5 +262,6 @@ def test_empty_pool_is_the_unmodified_tool(tiny_clip_dir: Path, concept_root: Pa
 
     module = PromptTuning(PromptedClip(f"local-dir:{tiny_clip_dir}", None, num_prompt_tokens=4), pool_path=str(tmp_path / "none.safetensors"))
     dm = ConceptFolderDataModule(str(concept_root), image_size=32, val_per_concept=2)
-    (val,) = Trainer(accelerator="cpu", logger=False, enable_progress_bar=False).validate(module, dm)
+    trainer = Trainer(accelerator="cpu", logger=False, enable_progress_bar=False, default_root_dir=str(tmp_path))
+    (val,) = trainer.validate(module, dm)
     assert val["val/accuracy_pool"] == val["val/accuracy_no_prompt"]

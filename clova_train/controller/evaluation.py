@@ -81,15 +81,15 @@ def fixed_slot_policy(slot: int) -> Policy:
     return lambda obs, env: slot
 
 
+ORACLE_KINDS = ScriptedReasoningLLM()  # reads an instruction's kind from its wording
+
+
 def oracle_policy(obs: np.ndarray, env: ReasoningLoopEnv) -> int:
     """The first sample of a right kind, else a re-plan (offline world only: the scripted planner's kinds)."""
     for slot, (instruction, _) in enumerate(env.samples):
         if ORACLE_KINDS.instruction_kind(instruction) == GOOD:
             return slot
     return env.config.num_samples
-
-
-ORACLE_KINDS = ScriptedReasoningLLM()
 
 
 def other_selection(env: ReasoningLoopEnv, model: Any, episodes: int, seed: int) -> dict[str, dict[str, Any]]:
