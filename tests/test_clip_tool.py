@@ -141,3 +141,35 @@ def test_images_are_resized_and_centre_cropped_as_open_clip_does(tmp_path: Path)
         Image.fromarray(rng.integers(0, 256, (*shape, 3), dtype=np.uint8)).save(tmp_path / "x.png")
         reference = open_clip.image_transform(32, is_train=False, mean=(0.0, 0.0, 0.0), std=(1.0, 1.0, 1.0))
         torch.testing.assert_close(load_image(tmp_path / "x.png", 32), reference(Image.open(tmp_path / "x.png")), rtol=0, atol=1e-6)
+
+
+def test_gate_rules_have_known_answers(tiny_clip_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """One orange instance; held out: an orange positive and a purple negative. With its prompt the purple
+    image's prompted argmax stays purple (0.50 vs orange 0.45), but orange's prompted 0.45 beats every
+    unprompted score (0.35, 0.35, 0.30): at serving the prompt takes the image, so the serving rule (and
+    ``both``) reject it, the prompted rule alone does not. ``gate_decision`` must be a known rule."""
+    from clova_train.tools.clip import ClipChunk
+
+    names = ["blue", "purple", "orange"]
+    prompted = torch.tensor([[0.10, 0.10, 0.80], [0.05, 0.50, 0.45]]).log()
+    unprompted = torch.tensor([[0.10, 0.10, 0.80], [0.35, 0.35, 0.30]]).log()
+    ctx = ClipChunk(
+        tokens=torch.zeros(1), images=torch.zeros(1), owner=torch.zeros(1, dtype=torch.long),
+        labels=torch.zeros(1, dtype=torch.long), first_image=torch.zeros(1, dtype=torch.long),
+        candidates=torch.ones(1, 3, dtype=torch.bool), text=torch.eye(3), names=names, concepts=["orange"],
+        val_tokens=torch.zeros(2), val_owner=torch.zeros(2, dtype=torch.long), val_labels=torch.tensor([2, 1]),
+        val_files=["orange_000.png", "purple_000.png"],
+    )
+    results = {}
+    for rule in ("prompted", "serving", "both"):
+        clip = PromptedClip(f"local-dir:{tiny_clip_dir}", None, 4, 2, gate_decision=rule)
+        scale = float(clip.logit_scale)
+        monkeypatch.setattr(clip, "_logits", lambda *args: prompted)
+        monkeypatch.setattr(clip, "encode_tokens", lambda tokens, prompts: unprompted / scale)
+        (result,) = clip.gate(ctx, torch.zeros(1, *clip.prompt_shape))
+        results[rule] = [r.detail for r in result.rejections]
+    assert results["prompted"] == []
+    assert results["serving"] == ["purple_000.png (purple) classified as 'orange' (serving)"]
+    assert results["both"] == results["serving"]
+    with pytest.raises(ModelError, match="gate_decision must be 'both', 'serving' or 'prompted', got 'vote'"):
+        PromptedClip(f"local-dir:{tiny_clip_dir}", None, 4, 2, gate_decision="vote")

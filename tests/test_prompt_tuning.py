@@ -146,10 +146,13 @@ def test_gate_rejects_wrong_label_and_accepts_clean(tiny_clip_dir: Path, concept
 
 
 def test_gate_negatives_catch_prompt_that_pulls_everything(tiny_clip_dir: Path, concept_root: Path, tmp_path: Path) -> None:
-    """Trained on positives only, a prompt maps every image to the concept: only the negative check sees it."""
+    """Trained on positives only, a prompt maps every image to the concept: only the negative check sees it.
+
+    Judged by the prompted forward alone: the serving rule (in the default ``both``) also rejects some of these
+    prompts on a positive, which this test is not about."""
     common = ("--data.init_args.concepts=[purple]", "--data.init_args.negatives_per_instance=0",
               "--data.init_args.val_negatives_per_instance=6", "--model.init_args.steps=40",
-              "--model.init_args.lr=0.05")
+              "--model.init_args.lr=0.05", "--model.init_args.tool.init_args.gate_decision=prompted")
     positives_only = tmp_path / "positives_only"
     assert run_fit(*fit_args(tiny_clip_dir, concept_root, positives_only, *common,
                              "--model.init_args.tool.init_args.gate_negatives=false")) == 0

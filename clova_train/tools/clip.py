@@ -11,7 +11,13 @@ and its distinct negatives), averaged over the instance's own images. Text featu
 
 Gate: with the instance's prompt, every held-out positive image of the concept must be classified as the
 concept and (unless ``gate_negatives`` is off) no held-out negative may be; a prompt that pulls every image
-to the concept passes a positives-only gate, so the negative check matters.
+to the concept passes a positives-only gate, so the negative check matters. By default (``gate_decision:
+both``) an image must be right by two rules: the prompted forward's argmax (the paper's "the tool with the
+prompt") and the rule CLASSIFY serves with (below: the concept's score from the prompted forward, every
+other label's from the unprompted one). The second catches a prompt that raises the concept's probability on
+look-alikes the unprompted tool is unsure of without making it their prompted argmax: at serving such a
+prompt takes those images; the first catches one that wins the prompted forward on a negative the
+unprompted tool is sure of.
 
 Pool feature: the unprompted, normalised image embedding of the instance's positive image. Serving:
 CLASSIFY scores label ``l`` of image ``x`` as ``softmax_l(scale * f(x; p_l) . t)`` with ``p_l`` label ``l``'s
@@ -27,7 +33,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Literal
 
 import open_clip
 import torch
@@ -153,6 +159,9 @@ class PromptedClip(PromptTool):
         prompt_depth: leading vision blocks that get their own prompt tokens (paper: 3).
         text_template: text prompt of a concept; ``{}`` is the concept with underscores as spaces.
         gate_negatives: the gate also requires held-out negatives not to be classified as the concept.
+        gate_decision: how the gate classifies a held-out image: ``prompted`` (the argmax of the prompted
+            forward), ``serving`` (the concept's score from the prompted forward, every other label's from the
+            unprompted one, as CLASSIFY serves a pool), or ``both`` (an image must be right by both rules).
         top_k: serving ensembles the ``top_k`` stored prompts of the label most similar to the query image
             (``null``: all of them). CLOVA (supp. 9.4) ensembles "the prompts corresponding to data with high
             similarities" without a number; 10 is the number it gives for SEG, the other per-concept tool.
@@ -174,8 +183,12 @@ class PromptedClip(PromptTool):
         text_template: str = "a photo of a {}.",
         gate_negatives: bool = True,
         top_k: int | None = 10,
+        gate_decision: Literal["both", "serving", "prompted"] = "both",
     ) -> None:
         super().__init__()
+        if gate_decision not in ("both", "serving", "prompted"):
+            raise ModelError(f"gate_decision must be 'both', 'serving' or 'prompted', got {gate_decision!r}")
+        self.gate_decision = gate_decision
         if top_k is not None and top_k < 1:
             raise ModelError(f"top_k must be >= 1 or null (every prompt), got {top_k}")
         self.top_k = top_k
@@ -226,6 +239,7 @@ class PromptedClip(PromptTool):
             "model_name": self.source.model_name, "pretrained": self.source.pretrained,
             "num_prompt_tokens": self.num_prompt_tokens, "prompt_depth": self.prompt_depth,
             "text_template": self.text_template, "gate_negatives": self.gate_negatives, "top_k": self.top_k,
+            "gate_decision": self.gate_decision,
         }
 
     @property
@@ -368,15 +382,33 @@ class PromptedClip(PromptTool):
         total = torch.zeros(n, dtype=per_image.dtype, device=per_image.device).index_add(0, ctx.owner, per_image)
         return total / torch.bincount(ctx.owner, minlength=n).to(per_image.dtype)
 
+    def gate_predictions(self, ctx: ClipChunk, prompts: torch.Tensor) -> dict[str, torch.Tensor]:
+        """The label index each held-out image is classified as with its instance's prompt, by each rule the
+        gate applies (``gate_decision``): ``prompted`` (the prompted forward's argmax) and ``serving``."""
+        prompted = self._logits(ctx.val_tokens, ctx.val_owner, prompts, ctx)
+        rules = {}
+        if self.gate_decision in ("prompted", "both"):
+            rules["prompted"] = prompted.argmax(-1)
+        if self.gate_decision in ("serving", "both"):
+            unprompted = self.logit_scale * self.encode_tokens(ctx.val_tokens, None) @ ctx.text.to(prompted.dtype).T
+            scores = unprompted.masked_fill(~ctx.candidates[ctx.val_owner], float("-inf")).softmax(-1)
+            concept = torch.tensor([ctx.names.index(ctx.concepts[i]) for i in ctx.val_owner.tolist()],
+                                   device=scores.device)
+            rows = torch.arange(len(concept), device=scores.device)
+            scores[rows, concept] = prompted.softmax(-1)[rows, concept]
+            rules["serving"] = scores.argmax(-1)
+        return rules
+
     def gate(self, ctx: ClipChunk, prompts: torch.Tensor) -> list[GateResult]:
-        predicted = self._logits(ctx.val_tokens, ctx.val_owner, prompts, ctx).argmax(-1).tolist()
         failures: list[list[Rejection]] = [[] for _ in ctx.concepts]
-        for k, (i, label, pred) in enumerate(zip(ctx.val_owner.tolist(), ctx.val_labels.tolist(), predicted)):
-            concept, file = ctx.concepts[i], Path(ctx.val_files[k]).name
-            if ctx.names[label] == concept and ctx.names[pred] != concept:
-                failures[i].append(Rejection("held-out positive", f"{file} classified as {ctx.names[pred]!r}"))
-            elif self.gate_negatives and ctx.names[label] != concept and ctx.names[pred] == concept:
-                failures[i].append(Rejection("held-out negative", f"{file} ({ctx.names[label]}) classified as {concept!r}"))
+        for rule, predicted in self.gate_predictions(ctx, prompts).items():
+            for k, (i, label, pred) in enumerate(zip(ctx.val_owner.tolist(), ctx.val_labels.tolist(), predicted.tolist())):
+                concept, file = ctx.concepts[i], Path(ctx.val_files[k]).name
+                if ctx.names[label] == concept and ctx.names[pred] != concept:
+                    failures[i].append(Rejection("held-out positive", f"{file} classified as {ctx.names[pred]!r} ({rule})"))
+                elif self.gate_negatives and ctx.names[label] != concept and ctx.names[pred] == concept:
+                    failures[i].append(Rejection(
+                        "held-out negative", f"{file} ({ctx.names[label]}) classified as {concept!r} ({rule})"))
         return [GateResult(tuple(f)) for f in failures]
 
     def pool_features(self, ctx: ClipChunk) -> torch.Tensor:
