@@ -158,14 +158,12 @@ def test_gate_rules_have_known_answers(tiny_clip_dir: Path, monkeypatch: pytest.
         labels=torch.zeros(1, dtype=torch.long), first_image=torch.zeros(1, dtype=torch.long),
         candidates=torch.ones(1, 3, dtype=torch.bool), text=torch.eye(3), names=names, concepts=["orange"],
         val_tokens=torch.zeros(2), val_owner=torch.zeros(2, dtype=torch.long), val_labels=torch.tensor([2, 1]),
-        val_files=["orange_000.png", "purple_000.png"],
+        val_files=["orange_000.png", "purple_000.png"], val_unprompted=unprompted.softmax(-1),
     )
     results = {}
     for rule in ("prompted", "serving", "both"):
         clip = PromptedClip(f"local-dir:{tiny_clip_dir}", None, 4, 2, gate_decision=rule)
-        scale = float(clip.logit_scale)
         monkeypatch.setattr(clip, "_logits", lambda *args: prompted)
-        monkeypatch.setattr(clip, "encode_tokens", lambda tokens, prompts: unprompted / scale)
         (result,) = clip.gate(ctx, torch.zeros(1, *clip.prompt_shape))
         results[rule] = [r.detail for r in result.rejections]
     assert results["prompted"] == []

@@ -146,6 +146,9 @@ class ClipChunk:
     val_owner: torch.Tensor
     val_labels: torch.Tensor
     val_files: list[str]
+    # [V, T] each held-out image's unprompted probabilities over its instance's candidates (for the serving
+    # rule of the gate; None when the gate does not use it)
+    val_unprompted: torch.Tensor | None = None
 
 
 class PromptedClip(PromptTool):
@@ -364,10 +367,16 @@ class PromptedClip(PromptTool):
         )
         sizes = torch.tensor([len(item.images) for item in instances])
         first = torch.cat([torch.zeros(1, dtype=torch.long), sizes.cumsum(0)[:-1]]).to(device)
+        text = self.text_features(names)
+        val_unprompted = None
+        if self.gate_decision != "prompted":
+            features = self.encode_tokens(val_tokens, None)
+            logits = self.logit_scale * features @ text.to(features.dtype).T
+            val_unprompted = logits.masked_fill(~candidates[val_owner], float("-inf")).softmax(-1)
         return ClipChunk(
-            tokens, images, owner, labels, first, candidates, self.text_features(names), names,
+            tokens, images, owner, labels, first, candidates, text, names,
             [str(item.concept) for item in instances], val_tokens, val_owner, val_labels,
-            [f for item in instances for f in item.val_files],
+            [f for item in instances for f in item.val_files], val_unprompted,
         )
 
     def _logits(self, tokens: torch.Tensor, owner: torch.Tensor, prompts: torch.Tensor, ctx: ClipChunk) -> torch.Tensor:
@@ -390,12 +399,10 @@ class PromptedClip(PromptTool):
         if self.gate_decision in ("prompted", "both"):
             rules["prompted"] = prompted.argmax(-1)
         if self.gate_decision in ("serving", "both"):
-            unprompted = self.logit_scale * self.encode_tokens(ctx.val_tokens, None) @ ctx.text.to(prompted.dtype).T
-            scores = unprompted.masked_fill(~ctx.candidates[ctx.val_owner], float("-inf")).softmax(-1)
-            concept = torch.tensor([ctx.names.index(ctx.concepts[i]) for i in ctx.val_owner.tolist()],
-                                   device=scores.device)
+            scores = ctx.val_unprompted.clone()
+            concept = torch.tensor([ctx.names.index(c) for c in ctx.concepts], device=scores.device)[ctx.val_owner]
             rows = torch.arange(len(concept), device=scores.device)
-            scores[rows, concept] = prompted.softmax(-1)[rows, concept]
+            scores[rows, concept] = prompted.softmax(-1)[rows, concept].to(scores.dtype)
             rules["serving"] = scores.argmax(-1)
         return rules
 
