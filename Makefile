@@ -90,7 +90,7 @@ demo-replace: $(STAMP) $(TINY_SD)/model_index.json
 
 # The tool-using LLM quickstart (LoRA on a tiny Llama, synthetic GPT4Tools data, CPU).
 $(TINY_LLAMA)/config.json: | $(STAMP)
-	$(BIN)/clova-train tiny-model llama $(TINY_LLAMA) --pretrain-steps 300
+	$(BIN)/clova-train tiny-model llama $(TINY_LLAMA)
 
 demo-llm: $(STAMP) $(TINY_LLAMA)/config.json
 	$(BIN)/clova-train fit --config configs/quickstart/tool_llm_lora.yaml
@@ -121,6 +121,7 @@ benchmark: $(STAMP)
 	$(BIN)/python benchmarks/lora_finetune.py
 	$(BIN)/python benchmarks/controller.py
 	$(BIN)/python benchmarks/prompt_pool_controls.py
+	$(BIN)/python benchmarks/tool_llm_learning.py
 	$(BIN)/python benchmarks/cli_startup.py
 
 clean:

@@ -24,27 +24,18 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from cli_runs import clova_train  # noqa: E402
 from results_file import machine, publish  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 CONFIG = REPO / "configs/quickstart/clip_prompt.yaml"
 HELD_OUT = ("purple", "orange")
 COLUMNS = ("accuracy_no_prompt", "accuracy_pool", "accuracy_zero_prompt", "accuracy_ungated")
-
-
-def clova_train(*args: str) -> None:
-    env = {**os.environ, "PYTHONWARNINGS": "ignore"}
-    done = subprocess.run([sys.executable, "-m", "clova_train", *args], cwd=REPO, env=env, capture_output=True,
-                          text=True)
-    if done.returncode != 0:
-        raise SystemExit(f"clova-train {' '.join(args[:1])} failed:\n{done.stderr[-3000:]}")
 
 
 def run(name: str, workdir: Path, label_noise: float, overrides: list[str]) -> dict:

@@ -189,14 +189,16 @@ def run_tiny_model(args: Sequence[str]) -> None:
     parser.add_argument(
         "--pretrain-steps", type=int, default=None,
         help="pretraining steps (default: each model's own, enough for its quickstart; CLIP: contrastive, on synthetic shapes; BLIP: answers to questions about "
-        "synthetic shapes; OWL-ViT: detecting named shapes; MaskFormer: segmenting shapes of four colours; Llama: next-token, on tool prompts without responses; "
+        "synthetic shapes; OWL-ViT: detecting named shapes; MaskFormer: segmenting shapes of four colours; Llama: next-token, the mixed steps on tool prompts without responses and generic lookup and copy documents, "
+        "after a phase on copy documents alone; "
         "sd-inpaint: UNet and text encoder steps inpainting captioned shapes, after the VAE's own); 0 keeps random weights",
     )
     parsed = parser.parse_args(list(args))
     steps = {} if parsed.pretrain_steps is None else {"pretrain_steps": parsed.pretrain_steps}
     print(f"building a tiny {parsed.tool} model in {parsed.output} (pretraining on CPU can take minutes)", flush=True)
     from clova_train.tiny_models import (
-        CLIP_MISCONCEPTION_RATE, CLIP_MISCONCEPTIONS, make_tiny_blip, make_tiny_clip, make_tiny_llama,
+        CLIP_MISCONCEPTION_RATE, CLIP_MISCONCEPTIONS, QUICKSTART_LLAMA_CONFIG, QUICKSTART_LLAMA_COPY_STEPS,
+        QUICKSTART_LLAMA_DOCUMENTS, QUICKSTART_LLAMA_PRETRAIN_STEPS, make_tiny_blip, make_tiny_clip, make_tiny_llama,
         make_tiny_maskformer, make_tiny_owlvit, tool_corpus,
     )
 
@@ -215,7 +217,11 @@ def run_tiny_model(args: Sequence[str]) -> None:
         out = make_tiny_inpainting(parsed.output, seed=parsed.seed, **steps)
     else:
         texts, prompts = tool_corpus(parsed.seed)
-        out = make_tiny_llama(parsed.output, texts, prompts, steps.get("pretrain_steps", 200), seed=parsed.seed)
+        out = make_tiny_llama(
+            parsed.output, texts, prompts, steps.get("pretrain_steps", QUICKSTART_LLAMA_PRETRAIN_STEPS), seed=parsed.seed,
+            copy_steps=0 if parsed.pretrain_steps == 0 else QUICKSTART_LLAMA_COPY_STEPS,
+            skill_documents=QUICKSTART_LLAMA_DOCUMENTS, model_config=QUICKSTART_LLAMA_CONFIG,
+        )
     print(f"tiny {parsed.tool} model written to {out}")
 
 

@@ -22,6 +22,7 @@ import random
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from clova_train.synthetic.file_names import file_names
 from clova_train.synthetic.shapes import COLOURS, SHAPES
 from clova_train.tooluse.react import THOUGHT_PREFIX
 
@@ -195,7 +196,7 @@ def negative_record(tools: list[str], image: str, caption: str, question: str, a
 def _scene(rng: random.Random) -> tuple[str, str, dict[str, str]]:
     colours, shapes = rng.sample(sorted(COLOURS), 2), rng.sample(SHAPES, 2)
     objects = [f"{c} {s}" for c, s in zip(colours, shapes)]
-    image = f"image/{rng.getrandbits(32):08x}.png"
+    image = file_names(rng, 1)[0]
     caption = f"a {objects[0]} and a {objects[1]} on a grey background"
     fill = {"obj": objects[0], "obj2": objects[1], "shape": shapes[0], "style": rng.choice(STYLES)}
     return image, caption, fill
@@ -208,8 +209,7 @@ def make_conversation(tool: str, tools_in_prompt: list[str], rng: random.Random)
         detector = CHAINS[tool]
         kind = detector.split(" On ")[0].lower()
         command = f"Generate a new image of a {fill['obj']} from the {kind} of this picture"
-        first = f"image/{rng.getrandbits(32):08x}.png"
-        second = f"image/{rng.getrandbits(32):08x}.png"
+        first, second = [name for name in file_names(rng, 3) if name != image][:2]
         steps = [(detector, image, first), (tool, f"{first}, a {fill['obj']}", second)]
         return Conversation(tools_in_prompt, image, caption, command, steps, f"Here is the image: {second}")
     command = rng.choice(COMMANDS[tool]).format(**fill)
@@ -226,7 +226,7 @@ def make_conversation(tool: str, tools_in_prompt: list[str], rng: random.Random)
         args = fill["obj"]
     else:
         args = ", ".join([image] + [text_args[k] for k in range(1, len(kinds))])
-    observation = f"image/{rng.getrandbits(32):08x}.png"
+    observation = next(name for name in file_names(rng, 2) if name != image)
     return Conversation(tools_in_prompt, image, caption, command, [(tool, args, observation)], f"Done: {observation}")
 
 

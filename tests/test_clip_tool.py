@@ -171,3 +171,41 @@ def test_gate_rules_have_known_answers(tiny_clip_dir: Path, monkeypatch: pytest.
     assert results["both"] == results["serving"]
     with pytest.raises(ModelError, match="gate_decision must be 'both', 'serving' or 'prompted', got 'vote'"):
         PromptedClip(f"local-dir:{tiny_clip_dir}", None, 4, 2, gate_decision="vote")
+
+
+def test_fewer_errors_gate_compares_with_the_unprompted_tool(tiny_clip_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Held out for one purple instance: three purple positives and a blue negative. Unprompted, two purple
+    images are taken for blue (2 errors). Prompt A fixes one of them (1 error: fewer, kept, though the
+    all-correct gate refuses it); prompt B fixes both but pulls the blue image to purple (1 error, kept);
+    prompt C fixes nothing and pulls blue (3 errors by the prompted argmax; 2 by the serving rule, where blue
+    stays blue: no fewer, so refused too, each rule's count named)."""
+    from clova_train.tools.clip import ClipChunk
+
+    names = ["blue", "purple"]
+    unprompted = torch.tensor([[0.6, 0.4], [0.7, 0.3], [0.2, 0.8], [0.9, 0.1]])
+    prompted = {
+        "A": torch.tensor([[0.3, 0.7], [0.7, 0.3], [0.2, 0.8], [0.9, 0.1]]),
+        "B": torch.tensor([[0.3, 0.7], [0.2, 0.8], [0.1, 0.9], [0.4, 0.6]]),
+        "C": torch.tensor([[0.6, 0.4], [0.7, 0.3], [0.2, 0.8], [0.3, 0.7]]),
+    }
+    ctx = ClipChunk(
+        tokens=torch.zeros(1), images=torch.zeros(1), owner=torch.zeros(1, dtype=torch.long),
+        labels=torch.zeros(1, dtype=torch.long), first_image=torch.zeros(1, dtype=torch.long),
+        candidates=torch.ones(1, 2, dtype=torch.bool), text=torch.eye(2), names=names, concepts=["purple"],
+        val_tokens=torch.zeros(4), val_owner=torch.zeros(4, dtype=torch.long), val_labels=torch.tensor([1, 1, 1, 0]),
+        val_files=["p0.png", "p1.png", "p2.png", "b0.png"], val_unprompted=unprompted,
+    )
+    verdicts = {}
+    for criterion in ("all_correct", "fewer_errors"):
+        clip = PromptedClip(f"local-dir:{tiny_clip_dir}", None, 4, 2, gate_criterion=criterion)
+        for name, probabilities in prompted.items():
+            monkeypatch.setattr(clip, "_logits", lambda *args, p=probabilities: p.log())
+            (result,) = clip.gate(ctx, torch.zeros(1, *clip.prompt_shape))
+            verdicts[criterion, name] = result
+    assert [verdicts["all_correct", n].passed for n in "ABC"] == [False, False, False]
+    assert [verdicts["fewer_errors", n].passed for n in "ABC"] == [True, True, False]
+    details = [r.detail for r in verdicts["fewer_errors", "C"].rejections]
+    assert len(details) == 2 and details[0].startswith("3 held-out errors with the prompt, 2 without (prompted)")
+    assert details[1].startswith("2 held-out errors with the prompt, 2 without (serving)")
+    with pytest.raises(ModelError, match="gate_criterion must be 'all_correct' or 'fewer_errors', got 'vote'"):
+        PromptedClip(f"local-dir:{tiny_clip_dir}", None, 4, 2, gate_criterion="vote")

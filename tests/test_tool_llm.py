@@ -209,6 +209,8 @@ def test_ddp_two_ranks_write_one_adapter(tool_data_root: Path, tiny_llama_dir: P
         "fit", "--config", "configs/quickstart/tool_llm_lora.yaml",
         f"--model.init_args.model_name_or_path={tiny_llama_dir}",
         f"--data.init_args.root={tool_data_root}", f"--data.init_args.tokenizer={tiny_llama_dir}",
+        "--data.init_args.conversations_per_tool=8", "--data.init_args.negatives=40",  # the fixture's data
+        "--data.init_args.eval_conversations_per_tool=1",
         f"--trainer.default_root_dir={tmp_path}", "--trainer.logger=false", "--trainer.enable_progress_bar=false",
         "--trainer.max_epochs=1", "--trainer.limit_train_batches=4", "--trainer.limit_val_batches=0",
         "--trainer.devices=2", "--trainer.strategy=ddp",
@@ -308,3 +310,49 @@ def test_served_llm_from_moved_export_with_copied_base(trained, tmp_path: Path, 
     assert replies[1].completion_tokens <= 5
     # the padded batch answers each request as it would be answered alone
     assert llm.chat_batch([ChatRequest(short, max_tokens=5)])[0].text == replies[1].text
+
+
+def test_quickstart_llama_keeps_names_whole_and_loads(tmp_path: Path) -> None:
+    """The quickstart's recipe (curriculum cut to a few steps): every tool name and synthetic file name is
+    one token, embeddings are tied, and model and tokenizer load with plain transformers."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from clova_train.datamodules.tool_conversations import ALL_TOOLS
+    from clova_train.synthetic.file_names import FILE_NAMES
+    from clova_train.tiny_models import QUICKSTART_LLAMA_CONFIG, make_tiny_llama, tool_corpus
+
+    texts, prompts = tool_corpus(0)
+    directory = make_tiny_llama(tmp_path / "llama", texts[:20], prompts[:20], pretrain_steps=2, copy_steps=2,
+                                skill_documents=40, model_config=QUICKSTART_LLAMA_CONFIG)
+    tokenizer = AutoTokenizer.from_pretrained(directory)
+    model = AutoModelForCausalLM.from_pretrained(directory)
+    for name in [*ALL_TOOLS, FILE_NAMES[0], FILE_NAMES[-1]]:
+        assert len(tokenizer(name, add_special_tokens=False)["input_ids"]) == 1, name
+    step = f"Action: {next(iter(ALL_TOOLS))}\nAction Input: {FILE_NAMES[3]}, a red circle"
+    assert tokenizer.decode(tokenizer(step, add_special_tokens=False)["input_ids"]) == step
+    assert model.config.tie_word_embeddings and model.lm_head.weight.data_ptr() == model.model.embed_tokens.weight.data_ptr()
+
+
+def test_skill_documents_answer_from_their_own_text() -> None:
+    """Each lookup document's answers are written earlier in it; copy documents repeat their sequence."""
+    import random
+
+    from clova_train.datamodules.tool_conversations import ALL_TOOLS
+    from clova_train.synthetic import skill_documents as skills
+
+    rng = random.Random(0)
+    for _ in range(50):
+        files = skills.files_document(rng).splitlines()
+        listed = dict(line.removeprefix("the ").split(" is in ") for line in files[1:] if " is in " in line)
+        for line in (line for line in files if line.startswith("Where is the ")):
+            thing, path = line.removeprefix("Where is the ").split("? ")
+            assert listed[thing] == path
+        catalogue = skills.catalogue_document(rng, tuple(ALL_TOOLS)).splitlines()
+        entries = {line[2:].split(": Useful to ")[0]: line.split(": Useful to ")[1] for line in catalogue if line.startswith("> ")}
+        for request, answer in zip(catalogue[1:], catalogue[2:]):
+            if request.startswith("Request: "):
+                verb = entries[answer.removeprefix("Entry: ")].split()[0]
+                assert verb in request.lower(), (request, answer)
+        copy = skills.copy_document(rng, ("Detect Face",)).split("\nAgain: ")
+        assert copy[0].removeprefix("Copy: ") == copy[1]
+        assert len(listed) == sum(" is in " in line for line in files)

@@ -165,6 +165,10 @@ class PromptedClip(PromptTool):
         gate_decision: how the gate classifies a held-out image: ``prompted`` (the argmax of the prompted
             forward), ``serving`` (the concept's score from the prompted forward, every other label's from the
             unprompted one, as CLASSIFY serves a pool), or ``both`` (an image must be right by both rules).
+        gate_criterion: ``all_correct`` (the paper's: every held-out image right with the prompt) or
+            ``fewer_errors`` (the prompt makes fewer held-out errors than the unprompted tool, by each rule of
+            ``gate_decision``): with several held-out positives a single-image prompt rarely gets all of them
+            right, and the graded criterion keeps the prompts that help without keeping those that harm.
         top_k: serving ensembles the ``top_k`` stored prompts of the label most similar to the query image
             (``null``: all of them). CLOVA (supp. 9.4) ensembles "the prompts corresponding to data with high
             similarities" without a number; 10 is the number it gives for SEG, the other per-concept tool.
@@ -187,11 +191,15 @@ class PromptedClip(PromptTool):
         gate_negatives: bool = True,
         top_k: int | None = 10,
         gate_decision: Literal["both", "serving", "prompted"] = "both",
+        gate_criterion: Literal["all_correct", "fewer_errors"] = "all_correct",
     ) -> None:
         super().__init__()
         if gate_decision not in ("both", "serving", "prompted"):
             raise ModelError(f"gate_decision must be 'both', 'serving' or 'prompted', got {gate_decision!r}")
+        if gate_criterion not in ("all_correct", "fewer_errors"):
+            raise ModelError(f"gate_criterion must be 'all_correct' or 'fewer_errors', got {gate_criterion!r}")
         self.gate_decision = gate_decision
+        self.gate_criterion = gate_criterion
         if top_k is not None and top_k < 1:
             raise ModelError(f"top_k must be >= 1 or null (every prompt), got {top_k}")
         self.top_k = top_k
@@ -242,7 +250,7 @@ class PromptedClip(PromptTool):
             "model_name": self.source.model_name, "pretrained": self.source.pretrained,
             "num_prompt_tokens": self.num_prompt_tokens, "prompt_depth": self.prompt_depth,
             "text_template": self.text_template, "gate_negatives": self.gate_negatives, "top_k": self.top_k,
-            "gate_decision": self.gate_decision,
+            "gate_decision": self.gate_decision, "gate_criterion": self.gate_criterion,
         }
 
     @property
@@ -369,7 +377,7 @@ class PromptedClip(PromptTool):
         first = torch.cat([torch.zeros(1, dtype=torch.long), sizes.cumsum(0)[:-1]]).to(device)
         text = self.text_features(names)
         val_unprompted = None
-        if self.gate_decision != "prompted":
+        if self.gate_decision != "prompted" or self.gate_criterion == "fewer_errors":
             features = self.encode_tokens(val_tokens, None)
             logits = self.logit_scale * features @ text.to(features.dtype).T
             val_unprompted = logits.masked_fill(~candidates[val_owner], float("-inf")).softmax(-1)
@@ -407,16 +415,30 @@ class PromptedClip(PromptTool):
         return rules
 
     def gate(self, ctx: ClipChunk, prompts: torch.Tensor) -> list[GateResult]:
-        failures: list[list[Rejection]] = [[] for _ in ctx.concepts]
-        for rule, predicted in self.gate_predictions(ctx, prompts).items():
+        rules = self.gate_predictions(ctx, prompts)
+        if self.gate_criterion == "fewer_errors":
+            rules["unprompted"] = ctx.val_unprompted.argmax(-1)
+        errors: dict[str, list[list[Rejection]]] = {rule: [[] for _ in ctx.concepts] for rule in rules}
+        for rule, predicted in rules.items():
             for k, (i, label, pred) in enumerate(zip(ctx.val_owner.tolist(), ctx.val_labels.tolist(), predicted.tolist())):
                 concept, file = ctx.concepts[i], Path(ctx.val_files[k]).name
                 if ctx.names[label] == concept and ctx.names[pred] != concept:
-                    failures[i].append(Rejection("held-out positive", f"{file} classified as {ctx.names[pred]!r} ({rule})"))
+                    errors[rule][i].append(Rejection("held-out positive", f"{file} classified as {ctx.names[pred]!r} ({rule})"))
                 elif self.gate_negatives and ctx.names[label] != concept and ctx.names[pred] == concept:
-                    failures[i].append(Rejection(
+                    errors[rule][i].append(Rejection(
                         "held-out negative", f"{file} ({ctx.names[label]}) classified as {concept!r} ({rule})"))
-        return [GateResult(tuple(f)) for f in failures]
+        if self.gate_criterion == "all_correct":
+            return [GateResult(tuple(e for rule in rules for e in errors[rule][i])) for i in range(len(ctx.concepts))]
+        base = errors.pop("unprompted")
+        results = []
+        for i in range(len(ctx.concepts)):
+            rejections = tuple(
+                Rejection("no fewer errors", f"{len(errors[rule][i])} held-out errors with the prompt, "
+                          f"{len(base[i])} without ({rule}): " + "; ".join(e.detail for e in errors[rule][i]))
+                for rule in errors if len(errors[rule][i]) >= len(base[i])
+            )
+            results.append(GateResult(rejections))
+        return results
 
     def pool_features(self, ctx: ClipChunk) -> torch.Tensor:
         return self.encode_tokens(ctx.tokens[ctx.first_image], None)
