@@ -29,10 +29,9 @@ import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from cli_runs import clova_train  # noqa: E402
+from cli_runs import REPO, clova_train  # noqa: E402
 from results_file import machine, publish  # noqa: E402
 
-REPO = Path(__file__).resolve().parents[1]
 CONFIG = REPO / "configs/quickstart/clip_prompt.yaml"
 HELD_OUT = ("purple", "orange")
 COLUMNS = ("accuracy_no_prompt", "accuracy_pool", "accuracy_zero_prompt", "accuracy_ungated")

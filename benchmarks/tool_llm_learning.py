@@ -19,13 +19,13 @@ import csv
 import json
 import sys
 import tempfile
+from collections import Counter
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from cli_runs import clova_train  # noqa: E402
+from cli_runs import REPO, clova_train  # noqa: E402
 from results_file import machine, publish  # noqa: E402
 
-REPO = Path(__file__).resolve().parents[1]
 CONFIG = REPO / "configs/quickstart/tool_llm_lora.yaml"
 GROUPS = (("val", "seen", "seen tools (validation)"), ("test", "unseen", "unseen tools (test)"),
           ("val", "no_tool", "no tool (validation)"))
@@ -44,13 +44,13 @@ def evaluate(stage: str, common: list[str], logs: Path, name: str, checkpoint: P
 
 
 def counts(data_root: Path) -> dict[tuple[str, str], int]:
-    """Samples per (split, group): tool samples of val are seen, of test unseen; the rest no-tool."""
-    result = {}
-    for split, tool_group in (("val", "seen"), ("test", "unseen")):
-        records = json.loads((data_root / f"{split}.json").read_text())
-        tools = sum("Action:" in r["output"] for r in records)
-        result[split, tool_group], result[split, "no_tool"] = tools, len(records) - tools
-    return result
+    """Samples per (split, group), grouped as the metric groups them."""
+    from clova_train.datamodules.tool_conversations import SEEN_TOOLS
+    from clova_train.tooluse.metrics import ToolUsageSuccessRate
+
+    metric = ToolUsageSuccessRate(seen_tools=list(SEEN_TOOLS))
+    return Counter((split, metric.category(record["output"]))
+                   for split in ("val", "test") for record in json.loads((data_root / f"{split}.json").read_text()))
 
 
 def main() -> None:

@@ -135,7 +135,7 @@ TINY_LLAMA_CONFIG: dict = {
 QUICKSTART_LLAMA_CONFIG: dict = {**TINY_LLAMA_CONFIG, "num_key_value_heads": 4, "tie_word_embeddings": True}
 # Its pretraining curriculum: copy documents alone first (copying emerges between 1000 and 2000 steps and not
 # at all when they are mixed with the other documents from the start), then every kind of skill document
-# with tool prompts. About 9 minutes on a 2-core CPU.
+# with tool prompts. About 8 minutes on a 2-core CPU.
 QUICKSTART_LLAMA_COPY_STEPS = 2000
 QUICKSTART_LLAMA_PRETRAIN_STEPS = 1000
 QUICKSTART_LLAMA_DOCUMENTS = 20000

@@ -108,7 +108,7 @@ def skill_documents(count: int, seed: int = 0, entry_names: tuple[str, ...] = ()
     """``count`` documents of the kinds above, mixed by :data:`DOCUMENT_WEIGHTS`.
 
     ``entry_names``: names for catalogue entries (default: random words). Given the tool names, the
-    catalogues pair them with random descriptions, never their own.
+    catalogues pair them with random descriptions.
     """
     rng = random.Random(seed)
     kinds = rng.choices(list(DOCUMENT_WEIGHTS), weights=list(DOCUMENT_WEIGHTS.values()), k=count)
