@@ -11,6 +11,8 @@
   and an OpenAI-compatible chat endpoint for a LoRA export; ``--request``/``--stdin`` answer JSON lines instead.
 * ``clova-train controller fit|evaluate|export --config <yaml>`` trains HYDRA's DQN controller on the
   reasoning-loop environment (stable-baselines3), evaluates it and exports it. Reruns of ``fit`` resume.
+* ``clova-train loop --config <yaml>`` runs CLOVA's closed loop over a task file: test stage, training stage
+  (reflection, data collection, a ``clova-train fit`` per tool and concept), test stage; reruns resume.
 * ``clova-train tiny-model KIND DIR`` writes a tiny model of a real architecture (for quickstarts and tests on
   machines without a model hub).
 
@@ -39,6 +41,7 @@ COMMANDS = {
     "export": "write a portable serving directory from a finished run or a checkpoint",
     "serve": "serve exports over HTTP (prompt-tool endpoints, OpenAI-compatible chat) or answer JSON lines",
     "controller": "train, evaluate and export HYDRA's DQN controller (stable-baselines3)",
+    "loop": "run CLOVA's closed loop (inference, reflection, data collection, prompt tuning) over a task file",
     "tiny-model": "write a tiny model of a real architecture (offline quickstarts and tests)",
 }
 
@@ -225,6 +228,24 @@ def run_tiny_model(args: Sequence[str]) -> None:
     print(f"tiny {parsed.tool} model written to {out}")
 
 
+def run_loop(args: Sequence[str]) -> None:
+    from dataclasses import fields
+
+    from jsonargparse import ActionConfigFile, ArgumentParser
+
+    from clova_train.loop_runner import LoopConfig, format_results, run
+
+    parser = ArgumentParser(prog=f"{PROG} loop", description="CLOVA's closed loop: the test stage, the training stage "
+                            "(inference, reflection, data collection, prompt tuning per tool and concept) and the test "
+                            "stage again. Rerunning the same command resumes the run directory.")
+    parser.add_argument("--config", action=ActionConfigFile, help="YAML config")
+    parser.add_class_arguments(LoopConfig, fail_untyped=True, sub_configs=True)
+    instantiate = getattr(parser, "instantiate", None) or parser.instantiate_classes  # renamed in jsonargparse 4.49
+    parsed = instantiate(parser.parse_args(list(args)))
+    config = LoopConfig(**{f.name: parsed[f.name] for f in fields(LoopConfig)})
+    print(format_results(run(config)))
+
+
 def run_controller(args: Sequence[str]) -> None:
     from jsonargparse import ActionConfigFile, ArgumentParser
 
@@ -294,7 +315,7 @@ def user_error(exc: BaseException) -> ClovaTrainError | None:
 
 SUBCOMMANDS = {
     "predict": run_predict, "export": run_export, "serve": run_serve,
-    "controller": run_controller, "tiny-model": run_tiny_model,
+    "controller": run_controller, "tiny-model": run_tiny_model, "loop": run_loop,
 }
 
 

@@ -87,6 +87,9 @@ class PromptTuning(LightningModule):
             and its id).
         keep_rejected_prompts: also keep rejected instances' prompts and features in the run's records and
             checkpoints, for analysis and the ``ungated`` control (they never enter the pool).
+        validation_gate: keep only prompts that pass the tool's gate (CLOVA). ``false`` puts every tuned prompt
+            into the pool (the gate still runs and its verdicts are recorded): the paper's "w/o validation"
+            ablation, for measuring what the gate is worth.
         evaluation_controls: what ``validate`` / ``test`` score beside the unmodified tool and the pool, on the
             same samples: ``zero_prompt`` (the pool's entries with every prompt zero: what the prompted
             forward does without anything learned) and ``ungated`` (every tuned prompt, rejected ones included,
@@ -104,6 +107,7 @@ class PromptTuning(LightningModule):
         on_existing_pool: Literal["merge", "overwrite", "error"] = "merge",
         seed: int = 0,
         keep_rejected_prompts: bool = False,
+        validation_gate: bool = True,
         evaluation_controls: list[Literal["zero_prompt", "ungated"]] = ["zero_prompt", "ungated"],  # noqa: B006
     ) -> None:
         super().__init__()
@@ -126,6 +130,7 @@ class PromptTuning(LightningModule):
         self.on_existing_pool = on_existing_pool
         self.seed = seed
         self.keep_rejected_prompts = keep_rejected_prompts
+        self.validation_gate = validation_gate
         self.records: dict[str, InstanceRecord] = {}
         self.plan: ChunkPlan | None = None
         unknown = sorted(set(evaluation_controls) - set(CONTROLS))
@@ -303,10 +308,11 @@ class PromptTuning(LightningModule):
         prompts = self.prompts[:n].detach().float().cpu()
         records = []
         for i, (item, result) in enumerate(zip(chunk, final)):
-            keep = result.passed or self.keep_rejected_prompts
+            accepted = result.passed or not self.validation_gate
+            keep = accepted or self.keep_rejected_prompts
             records.append(
                 InstanceRecord(
-                    ids[i], item.concept, result.passed, list(result.rejections), float(losses[i]),
+                    ids[i], item.concept, accepted, list(result.rejections), float(losses[i]),
                     int(steps_taken[i]), features[i].clone() if keep else None, prompts[i].clone() if keep else None,
                 )
             )

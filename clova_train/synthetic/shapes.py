@@ -72,12 +72,14 @@ def render_scene(
     palette: dict[str, tuple[int, int, int]] | None = None,
     object_size: tuple[float, float] = (0.25, 0.5),
     background_noise: float = 12.0,
+    spacing: float = 1.0,
 ) -> Scene:
     """Render ``objects`` (``(colour, shape)`` pairs) at random non-overlapping places on a noisy background.
 
     ``palette`` overrides the RGB of some colour names (default :data:`COLOURS`); each object's side is a
     random fraction of ``size`` in ``object_size``; ``background_noise`` is the standard deviation of the
-    background's per-pixel noise.
+    background's per-pixel noise. ``spacing`` > 1 keeps each object out of the square ``spacing`` times another's
+    side around it, so crops of that size show one object (best effort: 50 tries per object).
     """
     palette = {**COLOURS, **(palette or {})}
     rng = rng or np.random.default_rng()
@@ -92,7 +94,8 @@ def render_scene(
             x0 = int(rng.integers(0, size - side + 1))
             y0 = int(rng.integers(0, size - side + 1))
             box = (x0, y0, x0 + side - 1, y0 + side - 1)
-            if all(_disjoint(box, other.box) for other in placed):
+            if all(_disjoint(_grown(box, spacing), other.box) and _disjoint(box, _grown(other.box, spacing))
+                   for other in placed):
                 break
         jitter = rng.integers(-20, 21, size=3)
         fill = tuple(int(v) for v in np.clip(np.array(palette[colour]) + jitter, 0, 255))
@@ -106,6 +109,15 @@ def render_scene(
         qa.append((f"What shape is the {obj.colour} object?", obj.shape))
     qa.append(("How many shapes are there?", str(len(placed))))
     return Scene(np.array(image), placed, qa)
+
+
+def _grown(box: tuple[int, int, int, int], factor: float) -> tuple[int, int, int, int]:
+    if factor == 1.0:
+        return box
+    x0, y0, x1, y1 = box
+    side = max(x1 - x0, y1 - y0) * factor / 2
+    cx, cy = (x0 + x1) / 2, (y0 + y1) / 2
+    return int(cx - side), int(cy - side), int(cx + side), int(cy + side)
 
 
 def _disjoint(a: tuple[int, int, int, int], b: tuple[int, int, int, int]) -> bool:

@@ -1,0 +1,108 @@
+"""What CLOVA's closed loop adds on the offline world, and what its validation gate adds under noisy data
+(CLOVA Table 4's direction), in one run.
+
+For each world seed and each share of mislabelled images in the image source, two loops of
+``configs/quickstart/loop.yaml`` on the same world: the loop as configured (validation gate on) and the same
+loop with the gate off (every tuned prompt joins the pool: the paper's "w/o validation"). Both run the test
+stage on the same held-out tasks before training (the tools and demonstrations as they start: the named
+baseline) and after it. Accuracy with 95% Wilson intervals; the paired per-task differences (after - before,
+gated - ungated) with normal 95% intervals, per seed and pooled over seeds.
+
+Targets (issue 14): after > before; with mislabelled data, gated > ungated.
+
+    python benchmarks/closed_loop.py [--seeds 0 1 2] [--mislabel 0.0 0.3] [--test-tasks 300] [--no-record]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+import tempfile
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from cli_runs import REPO, clova_train  # noqa: E402
+from results_file import machine, publish  # noqa: E402
+
+CONFIG = REPO / "configs/quickstart/loop.yaml"
+
+
+def wilson(k: int, n: int, z: float = 1.96) -> tuple[float, float]:
+    p = k / n
+    centre = (p + z * z / (2 * n)) / (1 + z * z / n)
+    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
+    return centre - half, centre + half
+
+
+def paired(a: list[bool], b: list[bool]) -> str:
+    diffs = [float(x) - float(y) for x, y in zip(a, b)]
+    n = len(diffs)
+    mean = sum(diffs) / n
+    sd = math.sqrt(sum((d - mean) ** 2 for d in diffs) / (n - 1)) if n > 1 else 0.0
+    half = 1.96 * sd / math.sqrt(n)
+    return f"{mean:+.3f} [{mean - half:+.3f}, {mean + half:+.3f}]"
+
+
+def accuracy(correct: list[bool]) -> str:
+    low, high = wilson(sum(correct), len(correct))
+    return f"{sum(correct) / len(correct):.3f} [{low:.3f}, {high:.3f}]"
+
+
+def loop(workdir: Path, seed: int, mislabel: float, gate: bool, train_tasks: int, test_tasks: int) -> dict:
+    name = f"{mislabel:g}-{seed}"
+    run_dir = workdir / f"run-{name}-{'gated' if gate else 'ungated'}"
+    clova_train("loop", "--config", str(CONFIG), f"--run_dir={run_dir}", f"--world.root={workdir / ('world-' + name)}",
+                f"--world.seed={seed}", f"--world.mislabel_rate={mislabel}", f"--world.train_tasks={train_tasks}",
+                f"--world.test_tasks={test_tasks}", f"--validation_gate={str(gate).lower()}")
+    read = lambda file: json.loads((run_dir / file).read_text())  # noqa: E731
+    report = read("report.json")
+    learned = report["learned"].values()
+    return {"before": [r["correct"] for r in read("evaluation_before.json")["results"]],
+            "after": [r["correct"] for r in read("evaluation_after.json")["results"]],
+            "accepted": sum(e["accepted"] for e in learned), "tried": sum(e["tried"] for e in learned),
+            "fits": sum(e["fits"] for e in learned)}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    parser.add_argument("--mislabel", type=float, nargs="+", default=[0.0, 0.3], help="shares of mislabelled source images")
+    parser.add_argument("--train-tasks", type=int, default=40)
+    parser.add_argument("--test-tasks", type=int, default=300)
+    parser.add_argument("--no-record", action="store_true")
+    args = parser.parse_args()
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for mislabel in args.mislabel:
+            pooled: dict[str, list[bool]] = {"before": [], "gated": [], "ungated": []}
+            for seed in args.seeds:
+                gated = loop(Path(tmp), seed, mislabel, True, args.train_tasks, args.test_tasks)
+                ungated = loop(Path(tmp), seed, mislabel, False, args.train_tasks, args.test_tasks)
+                assert gated["before"] == ungated["before"], "the test stage before training must not depend on the gate"
+                for key, values in (("before", gated["before"]), ("gated", gated["after"]), ("ungated", ungated["after"])):
+                    pooled[key] += values
+                rows.append(f"| {mislabel:.0%} | {seed} | {len(gated['before'])} | {accuracy(gated['before'])} | "
+                            f"{accuracy(gated['after'])} | {accuracy(ungated['after'])} | "
+                            f"{paired(gated['after'], gated['before'])} | {paired(gated['after'], ungated['after'])} | "
+                            f"{gated['fits']} fits, {gated['accepted']}/{gated['tried']} accepted | "
+                            f"{ungated['fits']} fits, {ungated['accepted']}/{ungated['tried']} |")
+                print(rows[-1], flush=True)
+            rows.append(f"| {mislabel:.0%} | all | {len(pooled['before'])} | {accuracy(pooled['before'])} | "
+                        f"{accuracy(pooled['gated'])} | {accuracy(pooled['ungated'])} | "
+                        f"{paired(pooled['gated'], pooled['before'])} | {paired(pooled['gated'], pooled['ungated'])} | | |")
+    publish("closed_loop", "CLOVA closed loop: test stage before and after training, gated and ungated",
+            f"cpu: {machine()}",
+            "Offline world (`configs/quickstart/loop.yaml`: tiny CLIP, scripted LLM, image source with a share of "
+            f"mislabelled images), {args.train_tasks} training tasks, held-out test tasks; accuracy [95% Wilson], "
+            "paired differences [95% normal]. Baseline: the test stage before training (the same loop's tools and "
+            "demonstrations as they start); ablation: the validation gate off. Command: `python benchmarks/closed_loop.py"
+            + f" --seeds {' '.join(map(str, args.seeds))} --mislabel {' '.join(f'{m:g}' for m in args.mislabel)}"
+            + f" --train-tasks {args.train_tasks} --test-tasks {args.test_tasks}`",
+            ["mislabelled", "seed", "test tasks", "before training", "after (gated)", "after (ungated)",
+             "gated - before", "gated - ungated", "gated loop", "ungated loop"], rows, record=not args.no_record)
+
+
+if __name__ == "__main__":
+    main()
