@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import sys
 import tempfile
 from pathlib import Path
@@ -62,7 +63,7 @@ def loop(workdir: Path, seed: int, mislabel: float, gate: bool, train_tasks: int
     return {"before": [r["correct"] for r in read("evaluation_before.json")["results"]],
             "after": [r["correct"] for r in read("evaluation_after.json")["results"]],
             "accepted": sum(e["accepted"] for e in learned), "tried": sum(e["tried"] for e in learned),
-            "fits": sum(e["fits"] for e in learned)}
+            "fits": sum(e["fits"] for e in learned), "merged": sum(e["merged_fits"] for e in learned)}
 
 
 def main() -> None:
@@ -86,7 +87,7 @@ def main() -> None:
                 rows.append(f"| {mislabel:.0%} | {seed} | {len(gated['before'])} | {accuracy(gated['before'])} | "
                             f"{accuracy(gated['after'])} | {accuracy(ungated['after'])} | "
                             f"{paired(gated['after'], gated['before'])} | {paired(gated['after'], ungated['after'])} | "
-                            f"{gated['fits']} fits, {gated['accepted']}/{gated['tried']} accepted | "
+                            f"{gated['fits']} fits ({gated['merged']} merged), {gated['accepted']}/{gated['tried']} prompts accepted | "
                             f"{ungated['fits']} fits, {ungated['accepted']}/{ungated['tried']} |")
                 print(rows[-1], flush=True)
             rows.append(f"| {mislabel:.0%} | all | {len(pooled['before'])} | {accuracy(pooled['before'])} | "
@@ -97,7 +98,9 @@ def main() -> None:
             "Offline world (`configs/quickstart/loop.yaml`: tiny CLIP, scripted LLM, image source with a share of "
             f"mislabelled images), {args.train_tasks} training tasks, held-out test tasks; accuracy [95% Wilson], "
             "paired differences [95% normal]. Baseline: the test stage before training (the same loop's tools and "
-            "demonstrations as they start); ablation: the validation gate off. Command: `python benchmarks/closed_loop.py"
+            "demonstrations as they start); ablation: the validation gate off (no per-prompt gate, no pool check: "
+            "every tuned prompt joins the pool). ATEN_CPU_CAPABILITY="
+            + os.environ.get("ATEN_CPU_CAPABILITY", "(host default)") + ". Command: `python benchmarks/closed_loop.py"
             + f" --seeds {' '.join(map(str, args.seeds))} --mislabel {' '.join(f'{m:g}' for m in args.mislabel)}"
             + f" --train-tasks {args.train_tasks} --test-tasks {args.test_tasks}`",
             ["mislabelled", "seed", "test tasks", "before training", "after (gated)", "after (ungated)",

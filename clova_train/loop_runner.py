@@ -31,10 +31,12 @@ from clova_train.agents.backends import (
     TransformersEmbeddingBackend,
 )
 from clova_train.agents.llm_cache import CachedChat, CachedEmbedding, CallCache
+from clova_train.agents.sandbox import Sandbox
 from clova_train.closedloop import world as offline_world
 from clova_train.closedloop.collectors import FolderImageSource, GroundingCollector, HttpImageSource, ImageCollector, VqaCollector
 from clova_train.closedloop.inference import InferenceSettings
-from clova_train.closedloop.loop import ClosedLoop, FitResult, LoopSettings, LoopTool
+from clova_train.closedloop.loop import PROGRAM_TIMEOUT_S, ClosedLoop, FitResult, LoopSettings, LoopTool
+from clova_train.closedloop.pool_check import HeldOutClassification
 from clova_train.closedloop.reflection import Templates
 from clova_train.closedloop.tasks import read_tasks
 from clova_train.closedloop.toolapi import ServerLocator, VisualTools, VqaCaptioner
@@ -171,7 +173,9 @@ class LoopConfig:
         embedder: the text embedder of demonstration retrieval.
         cache_path: SQLite cache of every LLM and embedding call (default: ``<run_dir>/llm_cache.sqlite``).
         cache_mode: ``record`` (replay hits, store misses), ``replay`` (misses are errors) or ``off``.
-        validation_gate: keep only prompts that pass validation (``false``: the ungated ablation).
+        validation_gate: keep only prompts that pass validation: each prompt on its own (the fit's gate), then the
+            fit's prompts together as the pool serves them (merged only if the served pool makes fewer errors on
+            the collection's held-out images). ``false``: the ungated ablation, every tuned prompt merged.
         local_reflection: check a still-failing task step by step after learning from global reflection.
         max_collections_per_concept: collections (and fits) per (tool, concept) over the loop at most.
         correct_examples: correct demonstrations per prompt.
@@ -179,6 +183,8 @@ class LoopConfig:
         templates_dir: a folder of prompt templates overriding the packaged ones.
         fit_arguments: extra ``clova-train fit`` arguments for every fit (``--trainer.devices=2``, ...).
         crop_margin: CLASSIFY crops are this many times a found object's side.
+        program_timeout_s: wall-time limit of one program in the sandbox, its tool calls (model forwards)
+            included; a program over it fails its task. Generous: a run must not fail because a machine is busy.
         world: the offline world.
     """
 
@@ -199,6 +205,7 @@ class LoopConfig:
     templates_dir: str = ""
     fit_arguments: list[str] = field(default_factory=list)
     crop_margin: float = offline_world.CROP_MARGIN
+    program_timeout_s: float = PROGRAM_TIMEOUT_S
     world: OfflineWorldConfig = field(default_factory=OfflineWorldConfig)
 
 
@@ -230,6 +237,8 @@ def validate(config: LoopConfig) -> None:
         problems.append(f"world.mislabel_rate: {config.world.mislabel_rate} is not in [0, 1)")
     if config.max_collections_per_concept < 1:
         problems.append("max_collections_per_concept: must be >= 1")
+    if not 0 < config.program_timeout_s < float("inf"):
+        problems.append(f"program_timeout_s: must be a positive number of seconds, not {config.program_timeout_s}")
     if problems:
         raise ClovaTrainError("bad loop config: " + "; ".join(problems))
 
@@ -329,12 +338,14 @@ def build_loop(config: LoopConfig, validation_gate: bool | None = None, run_dir:
             collector = GroundingCollector(tool_config.annotations, tool_config.image_root or None, tool_config.images_per_collection)
         else:
             collector = VqaCollector(llm, templates)
-        tools[name] = LoopTool(name, server, collector)
+        # SELECT and REPLACE would need checks of their own; CLASSIFY is the one the program API serves
+        check = HeldOutClassification(config.labels) if name == "CLASSIFY" and tool_config.collector == "images" else None
+        tools[name] = LoopTool(name, server, collector, check)
     gate = config.validation_gate if validation_gate is None else validation_gate
     learner = CliFitLearner({n: t.fit_config for n, t in config.tools.items()}, gate, config.fit_arguments)
     labels, margin = list(config.labels), config.crop_margin
     settings = LoopSettings(config.local_reflection, config.max_collections_per_concept,
-                            InferenceSettings(config.correct_examples, config.incorrect_examples))
+                            InferenceSettings(config.correct_examples, config.incorrect_examples), pool_validation=gate)
 
     def tool_api(task: Any, servers: dict[str, PromptToolServer]) -> VisualTools:
         # without a LOC tool, boxes come from the task file's annotations (the offline world's)
@@ -349,7 +360,8 @@ def build_loop(config: LoopConfig, validation_gate: bool | None = None, run_dir:
                 return annotations.caption(task)
             return VqaCaptioner(tools["VQA"].server).caption(task)  # the server with the pool as it is now
 
-    return ClosedLoop(run_dir_path, llm, embedder, tools, tool_api, Captions(), learner, labels, templates, settings)
+    return ClosedLoop(run_dir_path, llm, embedder, tools, tool_api, Captions(), learner, labels, templates, settings,
+                      Sandbox(timeout_s=config.program_timeout_s))
 
 
 def task_files(config: LoopConfig) -> tuple[Path, Path | None]:
@@ -364,6 +376,7 @@ def task_files(config: LoopConfig) -> tuple[Path, Path | None]:
 
 def run(config: LoopConfig, progress: Any = print) -> dict[str, Any]:
     """Test stage before, training stage, test stage after (see the module docstring); the results."""
+    validate(config)  # before the world, the run directory or anything else is written
     train_file, test_file = task_files(config)
     train_tasks = read_tasks(train_file)
     test_tasks = read_tasks(test_file) if test_file else []
@@ -403,7 +416,8 @@ def format_results(results: dict[str, Any]) -> str:
     lines.append(f"training tasks: {report['tasks']}")
     for key, entry in report["learned"].items():
         lines.append(f"  {key}: {entry['collections']} collection(s), {entry['fits']} fit(s), prompts tried "
-                     f"{entry['tried']}, accepted {entry['accepted']}, rejected {entry['rejected']}"
+                     f"{entry['tried']}, accepted {entry['accepted']}, rejected {entry['rejected']}; "
+                     f"{entry['merged_fits']} fit(s) merged into the pool ({entry['prompts_in_pool']} prompts)"
                      + (f"; skipped {_count_reasons(entry['skipped'])}" if entry["skipped"] else ""))
     if report["reflections"]["unusable"]:
         lines.append(f"  unusable reflections: {len(report['reflections']['unusable'])}")

@@ -13,6 +13,7 @@ import threading
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 import yaml
@@ -26,9 +27,11 @@ from clova_train.closedloop import (
 )
 from clova_train.closedloop import world
 from clova_train.closedloop.inference import ToolCall
+from clova_train.closedloop.pool_check import HeldOutClassification, HeldOutErrors
 from clova_train.closedloop.toolapi import VisualTools
 from clova_train.core.errors import DataError
 from clova_train.core.pool import PromptPool
+from clova_train.synthetic.shapes import render_scene
 from clova_train.tools.base import PromptTool
 from clova_train.tools.serving import PromptToolServer
 from conftest import REPO
@@ -408,6 +411,111 @@ def test_a_failing_http_llm_pauses_the_loop_with_its_state_and_a_rerun_continues
         server.server.shutdown()
     assert Journal(tmp_path / "paused" / "journal.jsonl").events()[:len(saved)] == saved  # nothing rewritten
     assert len(learner.fits) == len(Journal(tmp_path / "straight" / "journal.jsonl").events("fit_done"))
+
+
+def test_held_out_classification_counts_each_distinct_image_once_over_collections(tiny_clip_dir: Path, tmp_path: Path) -> None:
+    clip = PromptTool.from_description({"class_path": "clova_train.tools.clip.PromptedClip",
+                                        "init_args": {"model_name": f"local-dir:{tiny_clip_dir}", "pretrained": None}})
+    server = PromptToolServer(clip, PromptPool(clip.pool_spec()))
+    labels = ["red", "blue", "purple"]
+    def draw(colour: str, k: int) -> np.ndarray:
+        return render_scene([(colour, "circle")], size=32, rng=np.random.default_rng(k)).image
+    files: dict[tuple[str, str], np.ndarray] = {}
+    for collection, concept in (("purple-00", "purple"), ("purple-01", "purple")):
+        for label in labels:  # the negatives are the same images in both collections, the concept's are new
+            for k in range(2):
+                seed = labels.index(label) * 10 + k + (100 * int(collection[-1]) if label == concept else 0)
+                files[(f"{collection}/{label}/val/{k:03d}.png", label)] = draw(label, seed)
+        (tmp_path / collection / concept / "train").mkdir(parents=True)  # train images are not held out
+        Image.fromarray(draw(concept, 999)).save(tmp_path / collection / concept / "train" / "000.png")
+    for (name, _), pixels in files.items():
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        Image.fromarray(pixels).save(tmp_path / name)
+    check = HeldOutClassification(labels)
+    result = check.errors(server, [tmp_path / "purple-00", tmp_path / "purple-01"])
+    distinct = {name for name, _ in files if name.startswith("purple-00") or "/purple/" in name}
+    assert result.images == len(distinct) == 8  # 2 + 2 purple, the 4 negatives once
+    images = torch.stack([torch.from_numpy(files[(n, l)]).permute(2, 0, 1).float() / 255 for n, l in files
+                          if n in distinct])
+    expected, _ = server.classify(images, labels)
+    truths = [l for n, l in files if n in distinct]
+    assert result.errors == sum(e != t for e, t in zip(expected, truths)) == len(result.wrong)
+
+
+class _ScriptedCheck:
+    """A pool check whose verdict per fit is given: ``improves[k]`` says whether the k-th checked fit lowers errors."""
+
+    def __init__(self, improves: list[bool]) -> None:
+        self.improves, self.calls = improves, 0
+
+    def errors(self, server: PromptToolServer, directories: list[Path]) -> HeldOutErrors:
+        self.calls += 1
+        fit, trial = divmod(self.calls - 1, 2)  # called for the pool as it is, then with the fit merged
+        better = self.improves[fit % len(self.improves)]
+        return HeldOutErrors(5 - (trial if better else 0), 10)
+
+
+@pytest.mark.parametrize("pool_validation", [True, False])
+def test_a_fit_joins_the_pool_only_if_the_served_pool_makes_fewer_held_out_errors(
+        pool_validation: bool, small_world: Path, tiny_clip_dir: Path, tmp_path: Path) -> None:
+    clip = PromptTool.from_description({"class_path": "clova_train.tools.clip.PromptedClip",
+                                        "init_args": {"model_name": f"local-dir:{tiny_clip_dir}", "pretrained": None}})
+    tasks = read_tasks(small_world / "train_tasks.jsonl")
+
+    def loop(check: _ScriptedCheck) -> ClosedLoop:
+        built = _loop(tmp_path / "run", clip, world.ScriptedLoopLLM(), _PoolLearner(clip), small_world / "image_source")
+        built.tools["CLASSIFY"].pool_check = check
+        built.settings.pool_validation = pool_validation
+        return built
+
+    first = loop(_ScriptedCheck([False, True]))
+    report = first.train(tasks)
+    pool = first.tools["CLASSIFY"].server.pool
+    first.close()
+    fits = Journal(tmp_path / "run" / "journal.jsonl").events("fit_done")
+    assert len(fits) >= 2
+    merged = [e["merged"] for e in fits]
+    assert merged == ([k % 2 == 1 for k in range(len(fits))] if pool_validation else [True] * len(fits))
+    assert all((e["pool_check"] is not None) == pool_validation for e in fits)
+    assert sum(pool.num_prompts(c) for c in pool.concepts) == sum(merged)  # one prompt per fit (_PoolLearner)
+    entry_totals = {k: sum(e[k] for e in report["learned"].values()) for k in ("fits", "merged_fits", "prompts_in_pool")}
+    assert entry_totals == {"fits": len(fits), "merged_fits": sum(merged), "prompts_in_pool": sum(merged)}
+    resumed = loop(_ScriptedCheck([False]))  # rebuilt from the journal: the same pool, nothing re-checked
+    again = resumed.tools["CLASSIFY"].server.pool
+    assert resumed.train(tasks) == report and resumed.tools["CLASSIFY"].pool_check.calls == 0
+    assert {c: again.num_prompts(c) for c in again.concepts} == {c: pool.num_prompts(c) for c in pool.concepts}
+    resumed.close()
+
+
+@pytest.mark.parametrize("option, message", [
+    ("--tools={}", "the loop needs CLASSIFY"),
+    ('--tools={"CLASSIFY": {"fit_config": "configs/quickstart/loop_clip_fit.yaml"}, '
+     '"SEG": {"fit_config": "configs/quickstart/loop_clip_fit.yaml", "collector": "grounding"}}',
+     "tools.SEG: the loop's program API"),
+    ('--tools={"CLASSIFY": {"fit_config": "no/such/fit.yaml"}}', "tools.CLASSIFY.fit_config: file not found: no/such/fit.yaml"),
+    ("--program_timeout_s=0", "program_timeout_s: must be a positive number of seconds"),
+    ("--world.mislabel_rate=1.5", "world.mislabel_rate: 1.5 is not in [0, 1)"),
+    ("--cache_mode=sometimes", "cache_mode: 'sometimes' is not record, replay or off"),
+    ("--max_collections_per_concept=0", "max_collections_per_concept: must be >= 1"),
+    ("--tasks=TASKS", "TASKS:2: missing field 'feedback'"),
+    ("--llm.kind=gpt", "llm.kind"),
+])
+def test_bad_loop_configs_fail_with_one_message_before_anything_is_written(
+        option: str, message: str, tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    from conftest import run_fit
+
+    tasks = tmp_path / "tasks.jsonl"
+    tasks.write_text(json.dumps({"id": "a", "instruction": "What colour is the circle?", "image": "a.png",
+                                 "feedback": {"answer": "red"}}) + "\n" + json.dumps({"id": "b", "instruction": "x", "image": "b.png"}) + "\n")
+    run_dir, world_root = tmp_path / "run", tmp_path / "world"
+    Image.new("RGB", (8, 8)).save(tmp_path / "a.png")
+    option, message = option.replace("TASKS", str(tasks)), message.replace("TASKS", str(tasks))
+    code = run_fit("loop", "--config", str(REPO / "configs/quickstart/loop.yaml"), f"--run_dir={run_dir}",
+                   f"--world.root={world_root}", option)
+    err = capsys.readouterr().err
+    assert code == 2 and message in err and "Traceback" not in err, err[-2000:]
+    assert len([line for line in err.splitlines() if "error:" in line]) == 1, err
+    assert not run_dir.exists() and (not world_root.exists() or option.startswith("--tasks"))
 
 
 def _loop_config(tmp_path: Path, tiny_clip_dir: Path, world_root: Path, run_dir: Path) -> Path:

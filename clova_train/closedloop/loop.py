@@ -3,7 +3,8 @@
 For each training task: infer (plan, program, run). If the task is solved, its plan and program join the
 demonstration pool as correct examples. If not: global reflection names the tool and concept at fault; the
 tool's collector gathers data; the tool's prompt tuning runs (through the ``learner``: the same
-LightningModules and Trainer as ``clova-train fit``) and its accepted prompts are merged into the tool's pool;
+LightningModules and Trainer as ``clova-train fit``) and its accepted prompts are merged into the tool's pool
+if the pool, as served, then makes fewer errors on the tool's held-out images (:mod:`.pool_check`);
 the plan and program join the pool as incorrect examples with the critique; the task is tried again. If it
 still fails, local reflection checks the steps one by one and the first step it finds wrong is learned from
 the same way.
@@ -31,6 +32,7 @@ from clova_train.closedloop.collectors import CollectionRequest, Collected, Coll
 from clova_train.closedloop.demonstrations import Demonstration, DemonstrationPool
 from clova_train.closedloop.inference import Inference, InferenceSettings, Trace
 from clova_train.closedloop.journal import Journal
+from clova_train.closedloop.pool_check import PoolCheck
 from clova_train.closedloop.reflection import Critique, Templates, parse_local_verdict, parse_reflection
 from clova_train.closedloop.tasks import LoopTask
 from clova_train.closedloop.toolapi import Captioner
@@ -41,6 +43,7 @@ from clova_train.tools.serving import PromptToolServer
 
 JOURNAL = "journal.jsonl"
 REPORT = "report.json"
+PROGRAM_TIMEOUT_S = 120.0  # a program's wall time, tool calls included
 
 
 class LoopPaused(ClovaTrainError):
@@ -63,11 +66,14 @@ class Learner(Protocol):
 
 @dataclass
 class LoopTool:
-    """A visual tool the loop can update: its server (frozen tool + current pool) and its data collector."""
+    """A visual tool the loop can update: its server (frozen tool + current pool), its data collector and,
+    optionally, the check a fit's prompts must pass as served before they join the pool
+    (:mod:`clova_train.closedloop.pool_check`)."""
 
     name: str
     server: PromptToolServer
     collector: Collector
+    pool_check: PoolCheck | None = None
 
 
 @dataclass
@@ -78,11 +84,14 @@ class LoopSettings:
         local_reflection: after learning from global reflection, check a task that still fails step by step.
         max_collections_per_concept: collections (and fits) per (tool, concept) at most over the whole loop.
         inference: how many demonstrations each prompt gets.
+        pool_validation: merge a fit's prompts only if the served pool then makes fewer errors on the
+            collection's held-out images (tools with a ``pool_check``); off in the ungated ablation.
     """
 
     local_reflection: bool = True
     max_collections_per_concept: int = 3
     inference: InferenceSettings = field(default_factory=InferenceSettings)
+    pool_validation: bool = True
 
 
 def wilson_interval(successes: int, total: int, z: float = 1.96) -> tuple[float, float]:
@@ -108,7 +117,8 @@ class ClosedLoop:
         labels: the labels CLASSIFY chooses among (shown to the LLM).
         templates: prompt templates.
         settings: reflection and learning settings.
-        sandbox: where programs run (default: a new one with default limits).
+        sandbox: where programs run (default: the sandbox's limits with ``PROGRAM_TIMEOUT_S``: a program's time
+            includes its tool calls, model forwards that a busy machine slows down).
     """
 
     def __init__(self, run_dir: str | Path, llm: ChatBackend, embedder: EmbeddingBackend, tools: dict[str, LoopTool],
@@ -120,7 +130,7 @@ class ClosedLoop:
         self.captioner, self.learner, self.labels = captioner, learner, labels
         self.templates = templates or Templates()
         self.settings = settings or LoopSettings()
-        self.sandbox = sandbox or Sandbox()
+        self.sandbox = sandbox or Sandbox(timeout_s=PROGRAM_TIMEOUT_S)
         self.journal = Journal(self.run_dir / JOURNAL)
         self.base_pools = {name: tool.server.pool for name, tool in tools.items()}
         self.demonstrations = DemonstrationPool(embedder)
@@ -133,7 +143,8 @@ class ClosedLoop:
             pool = PromptPool(self.base_pools[name].spec)
             pool.merge(self.base_pools[name])
             for event in self.journal.events("fit_done", tool=name):
-                pool.merge(PromptPool.load(event["pool_path"], expected=pool.spec))
+                if event.get("merged", True):
+                    pool.merge(PromptPool.load(event["pool_path"], expected=pool.spec))
             tool.server = PromptToolServer(tool.server.tool, pool, tool.server.top_k)
         for event in self.journal.events("demonstration"):
             self.demonstrations.add(Demonstration(**event["example"]))
@@ -218,11 +229,25 @@ class ClosedLoop:
             shutil.rmtree(output_dir, ignore_errors=True)  # cut off last time: fit again from the start
         self.journal.append("fit_started", key=key, tool=tool_name, concept=concept, directory=str(output_dir))
         result = self.learner.fit(tool_name, concept, collected.fit_arguments, output_dir)
-        added = tool.server.pool.merge(PromptPool.load(result.pool_path, expected=tool.server.pool.spec))
+        candidate = PromptPool(tool.server.pool.spec)
+        candidate.merge(tool.server.pool)
+        added = candidate.merge(PromptPool.load(result.pool_path, expected=candidate.spec))
+        merged, check = added > 0, None
+        if added and tool.pool_check is not None and self.settings.pool_validation:
+            trial = PromptToolServer(tool.server.tool, candidate, tool.server.top_k)
+            held_out = [Path(e["collected"]["directory"]) for e in self.journal.events("collected", tool=tool_name)
+                        if not e["collected"]["skipped"]]  # this collection and the earlier ones
+            now, then = (tool.pool_check.errors(s, held_out) for s in (tool.server, trial))
+            merged = then.errors < now.errors
+            check = {"images": now.images, "errors_before": now.errors, "errors_after": then.errors,
+                     "wrong_after": list(then.wrong)}
+        if merged:
+            tool.server = PromptToolServer(tool.server.tool, candidate, tool.server.top_k)
         self.journal.append("fit_done", key=key, tool=tool_name, concept=concept, task=task.task_id, phase=phase,
-                            added=added, pool_path=result.pool_path, summary=_summary_counts(result.summary))
+                            added=added if merged else 0, merged=merged, pool_check=check,
+                            pool_path=result.pool_path, summary=_summary_counts(result.summary))
         self._save_state()
-        return added > 0
+        return merged
 
     def _remember(self, task: LoopTask, trace: Trace, correct: bool, critique: str = "") -> None:
         for kind, text in (("plan", trace.plan), ("program", trace.program)):
@@ -276,7 +301,7 @@ class ClosedLoop:
             except BackendError as err:
                 raise LoopPaused(f"the test stage stopped at task {task.task_id}: {err}. Nothing learned is lost; "
                                  "rerun the same command to continue.") from None
-            results.append({"task": task.task_id, "answer": trace.answer, "correct": trace.correct})
+            results.append({"task": task.task_id, "answer": trace.answer, "correct": trace.correct, "error": trace.error})
         solved = sum(r["correct"] for r in results)
         low, high = wilson_interval(solved, len(results))
         return {"tasks": len(results), "correct": solved, "accuracy": solved / max(1, len(results)),
@@ -296,6 +321,8 @@ class ClosedLoop:
             entry["fits"] += 1
             for key in ("tried", "accepted", "rejected"):
                 entry[key] += event["summary"].get(key, 0)
+            entry["merged_fits"] += int(event.get("merged", True))
+            entry["prompts_in_pool"] += event["added"]
         reflections = self.journal.events("reflection")
         verdicts = [e["verdict"] for e in self.journal.events("task_done")]
         return {
@@ -317,7 +344,8 @@ class ClosedLoop:
 
 
 def _empty_entry() -> dict[str, Any]:
-    return {"collections": 0, "fits": 0, "tried": 0, "accepted": 0, "rejected": 0, "skipped": []}
+    return {"collections": 0, "fits": 0, "tried": 0, "accepted": 0, "rejected": 0, "merged_fits": 0,
+            "prompts_in_pool": 0, "skipped": []}
 
 
 def _summary_counts(summary: dict[str, Any]) -> dict[str, Any]:
