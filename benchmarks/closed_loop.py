@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import sys
 import tempfile
@@ -27,27 +26,18 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from cli_runs import REPO, clova_train  # noqa: E402
 from results_file import machine, publish  # noqa: E402
 
+from clova_train.core.evaluation_report import paired_difference, wilson_interval  # noqa: E402
+
 CONFIG = REPO / "configs/quickstart/loop.yaml"
 
 
-def wilson(k: int, n: int, z: float = 1.96) -> tuple[float, float]:
-    p = k / n
-    centre = (p + z * z / (2 * n)) / (1 + z * z / n)
-    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
-    return centre - half, centre + half
-
-
 def paired(a: list[bool], b: list[bool]) -> str:
-    diffs = [float(x) - float(y) for x, y in zip(a, b)]
-    n = len(diffs)
-    mean = sum(diffs) / n
-    sd = math.sqrt(sum((d - mean) ** 2 for d in diffs) / (n - 1)) if n > 1 else 0.0
-    half = 1.96 * sd / math.sqrt(n)
-    return f"{mean:+.3f} [{mean - half:+.3f}, {mean + half:+.3f}]"
+    mean, low, high = paired_difference([float(x) for x in a], [float(y) for y in b])
+    return f"{mean:+.3f} [{low:+.3f}, {high:+.3f}]"
 
 
 def accuracy(correct: list[bool]) -> str:
-    low, high = wilson(sum(correct), len(correct))
+    low, high = wilson_interval(sum(correct), len(correct))
     return f"{sum(correct) / len(correct):.3f} [{low:.3f}, {high:.3f}]"
 
 

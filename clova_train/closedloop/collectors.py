@@ -37,9 +37,7 @@ from clova_train.closedloop.reflection import Templates
 from clova_train.closedloop.tasks import LoopTask
 from clova_train.core.atomic import write_atomic, write_text_atomic
 from clova_train.core.errors import DataError
-
-IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".webp")
-
+from clova_train.tools.images import list_images
 
 class SourceUnavailable(BackendError):
     """An image source could not be reached or answered badly (the loop pauses; rerunning continues)."""
@@ -112,8 +110,7 @@ class FolderImageSource:
         folder = self.root / concept_folder(concept)
         if not folder.is_dir():
             return []
-        files = sorted(p for p in folder.iterdir() if p.suffix.lower() in IMAGE_SUFFIXES)
-        return [p.read_bytes() for p in files[offset:offset + count]]
+        return [p.read_bytes() for p in list_images(folder)[offset:offset + count]]
 
 
 class HttpImageSource:

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import math
 import shutil
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
@@ -28,7 +27,7 @@ from typing import Any, Protocol
 
 from clova_train.agents.backends import BackendError, ChatBackend, EmbeddingBackend
 from clova_train.agents.sandbox import Sandbox, ToolAPI
-from clova_train.closedloop.collectors import CollectionRequest, Collected, Collector
+from clova_train.closedloop.collectors import CollectionRequest, Collected, Collector, concept_folder
 from clova_train.closedloop.demonstrations import Demonstration, DemonstrationPool
 from clova_train.closedloop.inference import Inference, InferenceSettings, Trace
 from clova_train.closedloop.journal import Journal
@@ -38,6 +37,7 @@ from clova_train.closedloop.tasks import LoopTask
 from clova_train.closedloop.toolapi import Captioner
 from clova_train.core.atomic import write_json_atomic
 from clova_train.core.errors import ClovaTrainError
+from clova_train.core.evaluation_report import wilson_interval
 from clova_train.core.pool import PromptPool
 from clova_train.tools.serving import PromptToolServer
 
@@ -92,15 +92,6 @@ class LoopSettings:
     max_collections_per_concept: int = 3
     inference: InferenceSettings = field(default_factory=InferenceSettings)
     pool_validation: bool = True
-
-
-def wilson_interval(successes: int, total: int, z: float = 1.96) -> tuple[float, float]:
-    if total == 0:
-        return 0.0, 0.0
-    p = successes / total
-    centre = (p + z * z / (2 * total)) / (1 + z * z / total)
-    half = z * math.sqrt(p * (1 - p) / total + z * z / (4 * total * total)) / (1 + z * z / total)
-    return max(0.0, centre - half), min(1.0, centre + half)
 
 
 class ClosedLoop:
@@ -205,7 +196,7 @@ class ClosedLoop:
         collected_event = self.journal.last("collected", task=task.task_id, phase=phase)
         if collected_event is None:
             index = len(self.journal.events("collected", tool=tool_name, concept=concept))
-            directory = self.run_dir / "data" / tool_name / f"{concept.replace(' ', '_')}-{index:02d}"
+            directory = self.run_dir / "data" / tool_name / f"{concept_folder(concept)}-{index:02d}"
             if index >= self.settings.max_collections_per_concept:
                 collected = Collected(tool_name, concept, str(directory),
                                       skipped=f"at its cap of {self.settings.max_collections_per_concept} collections "
@@ -224,7 +215,7 @@ class ClosedLoop:
         if done is not None:  # this (tool, concept, data) was trained on before: never twice
             # on a resumed run this is the fit this very phase ran before the interruption
             return done["task"] == task.task_id and done["phase"] == phase and done["added"] > 0
-        output_dir = self.run_dir / "fits" / f"{tool_name}-{concept.replace(' ', '_')}-{key}"
+        output_dir = self.run_dir / "fits" / f"{tool_name}-{concept_folder(concept)}-{key}"
         if self.journal.last("fit_started", key=key) is not None:
             shutil.rmtree(output_dir, ignore_errors=True)  # cut off last time: fit again from the start
         self.journal.append("fit_started", key=key, tool=tool_name, concept=concept, directory=str(output_dir))

@@ -20,11 +20,11 @@ from pathlib import Path
 from typing import Protocol
 
 import torch
-import torch.nn.functional as F
 
-from clova_train.closedloop.collectors import IMAGE_SUFFIXES, concept_folder
+from clova_train.closedloop.collectors import concept_folder
+from clova_train.closedloop.toolapi import to_input_size
 from clova_train.core.errors import DataError
-from clova_train.tools.images import load_image_uint8
+from clova_train.tools.images import list_images, load_image_uint8
 from clova_train.tools.serving import PromptToolServer
 
 
@@ -58,9 +58,7 @@ class HeldOutClassification:
         images, truths, names, seen = [], [], [], set()
         for directory, label in ((Path(d), label) for d in directories for label in self.labels):
             folder = directory / concept_folder(label) / "val"
-            for path in sorted(folder.glob("*")) if folder.is_dir() else []:
-                if path.suffix.lower() not in IMAGE_SUFFIXES:
-                    continue
+            for path in list_images(folder) if folder.is_dir() else []:
                 digest = hashlib.sha256(path.read_bytes()).digest()
                 if (label, digest) in seen:  # negatives repeat from one collection to the next
                     continue
@@ -69,7 +67,7 @@ class HeldOutClassification:
                     pixels = load_image_uint8(path).float()[None] / 255.0
                 except (OSError, ValueError) as err:
                     raise DataError(f"held-out image {path}: cannot be read ({err})") from None
-                images.append(F.interpolate(pixels, size=size, mode="bicubic", antialias=True, align_corners=False).clamp(0, 1))
+                images.append(to_input_size(pixels, size))
                 truths.append(label)
                 names.append(f"{directory.name}/{concept_folder(label)}/val/{path.name}")
         return (torch.cat(images) if images else torch.empty(0, 3, *size)), truths, names

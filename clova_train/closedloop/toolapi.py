@@ -34,6 +34,14 @@ def crop_box(box: Box, height: int, width: int, margin: float) -> tuple[int, int
     return x0, y0, max(x1, x0 + 1), max(y1, y0 + 1)
 
 
+
+def to_input_size(images: torch.Tensor, size: tuple[int, int]) -> torch.Tensor:
+    """``[N, 3, h, w]`` images in [0, 1] resized (bicubic, antialiased) to a tool's input ``size``: how the loop
+    hands CLASSIFY both its crops and the pool check's held-out images."""
+    resized = F.interpolate(images, size=size, mode="bicubic", antialias=True, align_corners=False)
+    return resized.clamp(0, 1)
+
+
 class Locator(Protocol):
     """LOC for the loop: boxes ``(left, lower, right, upper)`` (y from the bottom) of ``object_name`` in ``patch``."""
 
@@ -118,9 +126,7 @@ class VisualTools:
         """A square crop around ``box``, resized to the classifier's input size."""
         _, height, width = self.image.shape
         x0, y0, x1, y1 = crop_box(box, height, width, self.crop_margin)
-        crop = self.image[:, y0:y1, x0:x1].unsqueeze(0)
-        resized = F.interpolate(crop, size=self.classify.tool.image_size, mode="bicubic", antialias=True, align_corners=False)
-        return resized.clamp(0, 1)
+        return to_input_size(self.image[:, y0:y1, x0:x1].unsqueeze(0), self.classify.tool.image_size)
 
     def find(self, patch: PatchRef, object_name: str) -> list[Box]:
         return self.locator.find(self.task, patch, object_name)
