@@ -20,10 +20,10 @@ REPLACE_RUN := checkpoints/quickstart_replace
 # are pretrained for minutes and float rounding differs between ATen's SSE, AVX2 and AVX-512 kernels, so
 # without this an AVX-512 host builds other tiny models than the ones the README's quickstart numbers and the
 # learning tests come from. Benchmarks run on the host's own kernels.
-PORTABLE_TARGETS := demo demo-vqa demo-loc demo-seg demo-replace demo-llm demo-controller demo-controller-joint demo-loop test
+PORTABLE_TARGETS := demo demo-vqa demo-loc demo-seg demo-replace demo-llm demo-controller demo-controller-joint demo-avis demo-hammr demo-loop test
 $(PORTABLE_TARGETS): export ATEN_CPU_CAPABILITY = default
 
-.PHONY: demo demo-vqa demo-loc demo-seg demo-replace demo-llm demo-controller demo-controller-joint demo-loop test install benchmark clean
+.PHONY: demo demo-vqa demo-loc demo-seg demo-replace demo-llm demo-controller demo-controller-joint demo-avis demo-hammr demo-loop test install benchmark clean
 
 install: $(STAMP)
 
@@ -108,6 +108,20 @@ demo-controller-joint: $(STAMP)
 	$(BIN)/clova-train controller fit --config configs/quickstart/controller_dqn_joint.yaml
 	$(BIN)/clova-train controller export --config configs/quickstart/controller_dqn_joint.yaml --output checkpoints/controller_quickstart_joint/export
 
+# AVIS: the controller picks the next tool within the transition graph (the paper's Figure 3, adapted), honouring
+# its action mask; working memory and backtracking. About a minute on 2 cores. Starts afresh.
+demo-avis: $(STAMP)
+	rm -rf checkpoints/controller_avis
+	$(BIN)/clova-train controller fit --config configs/quickstart/controller_avis.yaml
+	$(BIN)/clova-train controller export --config configs/quickstart/controller_avis.yaml --output checkpoints/controller_avis/export
+
+# HAMMR: a dispatcher learns which agent answers each kind of question (specialists, one of which calls another
+# agent as a tool, and a generic agent with every tool). About a minute on 2 cores. Starts afresh.
+demo-hammr: $(STAMP)
+	rm -rf checkpoints/controller_hammr
+	$(BIN)/clova-train controller fit --config configs/quickstart/controller_hammr.yaml
+	$(BIN)/clova-train controller export --config configs/quickstart/controller_hammr.yaml --output checkpoints/controller_hammr/export
+
 # CLOVA's closed loop on the offline world (tiny CLIP, scripted LLM): the test stage, the training stage
 # (reflection, data collection, one `clova-train fit` per blamed concept) and the test stage again; about a
 # minute on 2 cores. Starts afresh.
@@ -133,4 +147,4 @@ benchmark: $(STAMP)
 	$(BIN)/python benchmarks/cli_startup.py
 
 clean:
-	rm -rf $(VENV) checkpoints/quickstart_clip checkpoints/quickstart_vqa checkpoints/quickstart_loc checkpoints/quickstart_seg checkpoints/quickstart_replace checkpoints/quickstart_llm checkpoints/controller_quickstart checkpoints/controller_quickstart_joint checkpoints/quickstart_loop checkpoints/models checkpoints/data
+	rm -rf $(VENV) checkpoints/quickstart_clip checkpoints/quickstart_vqa checkpoints/quickstart_loc checkpoints/quickstart_seg checkpoints/quickstart_replace checkpoints/quickstart_llm checkpoints/controller_quickstart checkpoints/controller_quickstart_joint checkpoints/controller_avis checkpoints/controller_hammr checkpoints/quickstart_loop checkpoints/models checkpoints/data

@@ -20,8 +20,19 @@ Part 2, the quickstart DQN with each observation layout (``configs/quickstart/co
 time to the target held-out accuracy, and the final held-out accuracy against every rule without training
 (planner argmax, argmin, random, the best fixed sample slot) and the oracle, on the same tasks.
 
-    python benchmarks/controller.py [--part all|throughput|dqn] [--steps 1000] [--llm-latency-ms 20] [--rounds 5]
-                                    [--no-record]
+Part 3, AVIS (``configs/quickstart/controller_avis.yaml``): the masked DQN (never picks an action the transition
+graph forbids) against the same DQN without the mask (it learns from the infeasible-action penalty), same seeds,
+held-out evaluation every ``--avis-eval-every`` steps: environment steps and wall time to the target accuracy, and
+the final accuracy, beside AVIS's rules without training (the planner LLM's own choice, a random feasible action).
+Target: masking reaches the target in at most half the steps.
+
+Part 4, HAMMR (``configs/quickstart/controller_hammr.yaml``): the trained dispatcher against the generic agent with
+every tool and every example in one prompt (HAMMR's flat baseline), the LLM dispatcher's own choice, a random agent
+and each specialist always, on the same held-out tasks: accuracy, dispatcher steps and LLM calls per episode
+(nested calls included). Target: the dispatcher beats the flat agent by at least 10 points.
+
+    python benchmarks/controller.py [--part all|throughput|dqn|avis|hammr] [--steps 1000] [--llm-latency-ms 20]
+                                    [--rounds 5] [--seeds 0 1 2] [--no-record]
 """
 
 from __future__ import annotations
@@ -122,26 +133,11 @@ def throughput(args: argparse.Namespace, workdir: Path) -> tuple[list[str], str]
 
 def time_to_target(args: argparse.Namespace, workdir: Path, config_name: str) -> tuple[list[str], str]:
     """Fit one quickstart config; its time to the target and every policy of its final held-out evaluation."""
-    import jsonargparse
-
     from clova_train.controller.evaluation import best_rule
 
-    raw = yaml.safe_load((REPO / "configs/quickstart" / config_name).read_text())
-    raw["train"].update(output_dir=str(workdir / config_name), log_formats=["csv"], eval_every=args.eval_every,
-                        progress_bar=False)
-    raw["env"]["cache_path"] = str(workdir / f"{config_name}.sqlite")
-    parser = jsonargparse.ArgumentParser()
-    parser.add_class_arguments(ControllerConfig, sub_configs=True)
-    instantiate = getattr(parser, "instantiate", None) or parser.instantiate_classes
-    config = instantiate(parser.parse_object(raw))
-    config = ControllerConfig(env=config.env, dqn=config.dqn, train=config.train)
-    started = time.perf_counter()
-    stdout, sys.stdout = sys.stdout, io.StringIO()
-    try:
-        _, results = fit(config)
-    finally:
-        sys.stdout = stdout
-    total = time.perf_counter() - started
+    config = load_quickstart(config_name, output_dir=str(workdir / config_name), eval_every=args.eval_every)
+    config.env.cache_path = str(workdir / f"{config_name}.sqlite")
+    results, total = quiet_fit(config)
     target = workdir / config_name / "target_reached.json"
     reached = yaml.safe_load(target.read_text()) if target.exists() else None
     layout = f"{config.env.layout}" + (" + probabilities" if config.env.layout == "joint" and config.env.probability_features else "")
@@ -162,13 +158,106 @@ def time_to_target(args: argparse.Namespace, workdir: Path, config_name: str) ->
     return rows, note
 
 
+def load_quickstart(name: str, **train: object) -> ControllerConfig:
+    """A quickstart controller config as ``clova-train controller fit`` reads it, with ``train`` overrides."""
+    import jsonargparse
+
+    raw = yaml.safe_load((REPO / "configs/quickstart" / name).read_text())
+    raw["train"].update(log_formats=["csv"], progress_bar=False, **train)
+    parser = jsonargparse.ArgumentParser()
+    parser.add_class_arguments(ControllerConfig, sub_configs=True)
+    instantiate = getattr(parser, "instantiate", None) or parser.instantiate_classes
+    parsed = instantiate(parser.parse_object(raw))
+    return ControllerConfig(**{name: parsed[name] for name in ("environment", "env", "avis", "hammr", "dqn", "train")})
+
+
+def quiet_fit(config: ControllerConfig) -> tuple[dict, float]:
+    started = time.perf_counter()
+    stdout, sys.stdout = sys.stdout, io.StringIO()
+    try:
+        _, results = fit(config)
+    finally:
+        sys.stdout = stdout
+    return results, time.perf_counter() - started
+
+
+def first_crossing(run_dir: Path, target: float) -> int | None:
+    import numpy as np
+
+    with np.load(run_dir / "evaluations.npz") as saved:
+        for steps, accuracy in zip(saved["timesteps"], saved["accuracy"]):
+            if accuracy >= target:
+                return int(steps)
+    return None
+
+
+def avis_masking(args: argparse.Namespace, workdir: Path) -> tuple[list[str], str]:
+    """Masked vs unmasked DQN on the AVIS quickstart, the same seeds; steps to the target and final accuracy."""
+    rows, reached = [], {True: [], False: []}
+    rules = None
+    for seed in args.seeds:
+        for masked in (True, False):
+            out = workdir / f"avis-{'masked' if masked else 'unmasked'}-{seed}"
+            config = load_quickstart("controller_avis.yaml", output_dir=str(out), seed=seed,
+                                     eval_every=args.avis_eval_every, eval_episodes=args.avis_eval_episodes,
+                                     total_timesteps=args.avis_steps)
+            config.dqn.mask_actions = masked
+            results, wall = quiet_fit(config)
+            target = config.train.target_accuracy
+            steps = first_crossing(out, target)
+            saved = json.loads((out / "target_reached.json").read_text()) if (out / "target_reached.json").exists() \
+                else None
+            reached[masked].append(steps if steps is not None else float("inf"))
+            ours = results["trained controller"]
+            rows.append(f"| {'masked' if masked else 'unmasked'} DQN | {seed} | {steps if steps is not None else 'not reached'} | "
+                        f"{saved['wall_seconds']:.1f} | {ours['accuracy']:.3f} | {ours['rejects']:.2f} | {ours['steps']:.2f} |"
+                        if saved else f"| {'masked' if masked else 'unmasked'} DQN | {seed} | not reached | - | "
+                        f"{ours['accuracy']:.3f} | {ours['rejects']:.2f} | {ours['steps']:.2f} |")
+            rules = {k: v for k, v in results.items() if k != "trained controller"}
+    for name, result in (rules or {}).items():
+        rows.append(f"| {name} | - | - | - | {result['accuracy']:.3f} | {result['rejects']:.2f} | {result['steps']:.2f} |")
+    masked_median, unmasked_median = (statistics.median(reached[m]) for m in (True, False))
+    ratio = masked_median / unmasked_median if unmasked_median not in (0, float("inf")) else float("nan")
+    note = (f"target accuracy {config.train.target_accuracy:.2f}; median steps to it: masked {masked_median:g}, unmasked "
+            f"{unmasked_median:g} (ratio {ratio:.2f}; target <= 0.50); {args.avis_steps} steps per run, held-out "
+            f"evaluation every {args.avis_eval_every} steps on {args.avis_eval_episodes} tasks (the same for every run)")
+    return rows, note
+
+
+def hammr_dispatch(args: argparse.Namespace, workdir: Path) -> tuple[list[str], str]:
+    """The trained dispatcher against the flat generic agent and the rules without training, same held-out tasks."""
+    rows, notes = [], []
+    for seed in args.seeds:
+        out = workdir / f"hammr-{seed}"
+        config = load_quickstart("controller_hammr.yaml", output_dir=str(out), seed=seed,
+                                 eval_every=0, eval_episodes=args.hammr_eval_episodes)
+        results, wall = quiet_fit(config)
+        flat = results["always agent generic"]
+        ours = results["trained controller"]
+        notes.append(f"seed {seed}: dispatcher {ours['accuracy']:.3f} - flat {flat['accuracy']:.3f} = "
+                     f"{100 * (ours['accuracy'] - flat['accuracy']):+.1f} points")
+        for name, result in results.items():
+            if seed != args.seeds[0] and name != "trained controller":
+                continue  # rules without training do not depend on the training seed
+            label = {"trained controller": f"trained DQN dispatcher (seed {seed}, {wall:.0f} s)",
+                     "always agent generic": "flat agent with every tool (generic ReAct-style prompt)"}.get(name, name)
+            rows.append(f"| {label} | {result['accuracy']:.3f} | {result['steps']:.2f} | {result['llm_calls']:.1f} |")
+    return rows, "; ".join(notes) + f"; {args.hammr_eval_episodes} held-out tasks"
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=1000, help="environment steps per throughput row")
     parser.add_argument("--llm-latency-ms", type=float, default=20.0, help="simulated latency per LLM call")
     parser.add_argument("--eval-every", type=int, default=2500, help="DQN: steps between held-out evaluations")
     parser.add_argument("--rounds", type=int, default=5, help="throughput rounds (each runs both versions)")
-    parser.add_argument("--part", choices=["all", "throughput", "dqn"], default="all", help="which part to run")
+    parser.add_argument("--part", choices=["all", "throughput", "dqn", "avis", "hammr"], default="all",
+                        help="which part to run")
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2, 3, 4], help="AVIS and HAMMR training seeds")
+    parser.add_argument("--avis-steps", type=int, default=6000, help="AVIS: environment steps per run")
+    parser.add_argument("--avis-eval-every", type=int, default=200, help="AVIS: steps between held-out evaluations")
+    parser.add_argument("--avis-eval-episodes", type=int, default=200, help="AVIS: held-out tasks per evaluation")
+    parser.add_argument("--hammr-eval-episodes", type=int, default=500, help="HAMMR: held-out tasks")
     parser.add_argument("--no-record", action="store_true")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
@@ -179,7 +268,19 @@ def main() -> None:
                     f"Environment steps per second, one environment, {args.steps} random-action steps per row, "
                     f"simulated LLM latency {args.llm_latency_ms:g} ms per call where stated; {env_note}",
                     ["environment", "steps/s", "LLM calls", "cache hit rate"], env_rows, record=not args.no_record)
-        if args.part == "throughput":
+        if args.part in ("all", "avis"):
+            rows, note = avis_masking(args, workdir)
+            publish("controller", "Controller benchmark results", f"cpu: {machine()}",
+                    f"AVIS: masked vs unmasked DQN on the quickstart world; {note}",
+                    ["agent", "seed", "steps to target", "wall seconds to target", "final held-out accuracy",
+                     "infeasible actions / episode", "steps / episode"], rows, record=not args.no_record)
+        if args.part in ("all", "hammr"):
+            rows, note = hammr_dispatch(args, workdir)
+            publish("controller", "Controller benchmark results", f"cpu: {machine()}",
+                    f"HAMMR: dispatcher vs flat agent vs the LLM's own choice on the quickstart world; {note}",
+                    ["policy", "held-out accuracy", "dispatcher steps / episode", "LLM calls / episode"], rows,
+                    record=not args.no_record)
+        if args.part not in ("all", "dqn"):
             return
         dqn_rows, dqn_notes = [], []
         for config_name in QUICKSTARTS:

@@ -247,12 +247,15 @@ def run_loop(args: Sequence[str]) -> None:
 
 
 def run_controller(args: Sequence[str]) -> None:
+    from dataclasses import fields
+
     from jsonargparse import ActionConfigFile, ArgumentParser
 
     from clova_train.controller.trainer import ControllerConfig, evaluate, fit, format_table, validate
 
     parser = ArgumentParser(prog=f"{PROG} controller",
-                            description="Train, evaluate and export HYDRA's DQN controller.")
+                            description="Train, evaluate and export a DQN controller on the reasoning-loop environments: "
+                                        "HYDRA (environment: hydra), AVIS (avis) or HAMMR (hammr).")
     subcommands = parser.add_subcommands(dest="command")
     for name, help_text in (
         ("fit", "train (or resume from <output_dir>/checkpoints) and evaluate on held-out tasks"),
@@ -278,7 +281,7 @@ def run_controller(args: Sequence[str]) -> None:
     options = parsed[command]
     instantiate = getattr(parser, "instantiate", None) or parser.instantiate_classes  # renamed in jsonargparse 4.49
     config = instantiate(parsed)[command]
-    run = ControllerConfig(env=config.env, dqn=config.dqn, train=config.train)
+    run = ControllerConfig(**{f.name: config[f.name] for f in fields(ControllerConfig)})
     validate(run)
     if command == "fit":
         model, results = fit(run, force=options.force)

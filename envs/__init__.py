@@ -1,11 +1,24 @@
-"""Gymnasium environments of clova-train (installed as ``clova_train.envs``).
+"""Gymnasium environments of clova-train (installed as ``clova_train.envs``): the reasoning-loop family.
 
-``gymnasium.make("clova_train/ReasoningLoop-v0", config=ReasoningLoopConfig(...))`` builds HYDRA's
-planner -> controller -> reasoner -> textualizer loop (:class:`ReasoningLoopEnv`).
+* ``clova_train/ReasoningLoop-v0`` (HYDRA): planner -> controller -> reasoner -> textualizer; the controller picks
+  one of the planner's N instruction samples or asks for new ones (:class:`ReasoningLoopEnv`).
+* ``clova_train/InformationSeeking-v0`` (AVIS): the controller picks the next tool among those a transition
+  graph allows in the current state (``action_masks()``); a reasoner labels each result, uninformative ones
+  backtrack; results go into a working memory (:class:`InformationSeekingEnv`).
+* ``clova_train/AgentDispatch-v0`` (HAMMR): the controller picks which agent answers a question; agents are
+  environments plus policies, callable as tools by other agents, with a depth limit and an LLM-call budget
+  (:class:`AgentDispatchEnv`).
+
+``gymnasium.make(ENV_ID, config=...)`` builds each; :func:`make_env` builds the one a config object names.
 """
+
+from typing import Any
 
 import gymnasium
 
+from clova_train.envs.agents import AgentSpec
+from clova_train.envs.dispatch import AgentDispatchConfig, AgentDispatchEnv
+from clova_train.envs.information_seeking import InformationSeekingConfig, InformationSeekingEnv
 from clova_train.envs.reasoning_loop import (
     EmbedderConfig,
     LLMConfig,
@@ -13,10 +26,29 @@ from clova_train.envs.reasoning_loop import (
     ReasoningLoopEnv,
     eq3_step_reward,
 )
+from clova_train.envs.transition_graph import GraphError, TransitionGraph, load_graph
 
 ENV_ID = "clova_train/ReasoningLoop-v0"
+AVIS_ENV_ID = "clova_train/InformationSeeking-v0"
+HAMMR_ENV_ID = "clova_train/AgentDispatch-v0"
 
-if ENV_ID not in gymnasium.registry:
-    gymnasium.register(id=ENV_ID, entry_point="clova_train.envs.reasoning_loop:ReasoningLoopEnv")
+for _id, _entry in ((ENV_ID, "reasoning_loop:ReasoningLoopEnv"), (AVIS_ENV_ID, "information_seeking:InformationSeekingEnv"),
+                    (HAMMR_ENV_ID, "dispatch:AgentDispatchEnv")):
+    if _id not in gymnasium.registry:
+        gymnasium.register(id=_id, entry_point=f"clova_train.envs.{_entry}")
 
-__all__ = ["ENV_ID", "EmbedderConfig", "LLMConfig", "ReasoningLoopConfig", "ReasoningLoopEnv", "eq3_step_reward"]
+EnvConfig = ReasoningLoopConfig | InformationSeekingConfig | AgentDispatchConfig
+
+
+def make_env(config: Any) -> ReasoningLoopEnv | InformationSeekingEnv | AgentDispatchEnv:
+    """The environment of a config object of this family."""
+    if isinstance(config, InformationSeekingConfig):
+        return InformationSeekingEnv(config)
+    if isinstance(config, AgentDispatchConfig):
+        return AgentDispatchEnv(config)
+    return ReasoningLoopEnv(config)
+
+
+__all__ = ["AVIS_ENV_ID", "AgentDispatchConfig", "AgentDispatchEnv", "AgentSpec", "ENV_ID", "EmbedderConfig",
+           "EnvConfig", "GraphError", "HAMMR_ENV_ID", "InformationSeekingConfig", "InformationSeekingEnv", "LLMConfig",
+           "ReasoningLoopConfig", "ReasoningLoopEnv", "TransitionGraph", "eq3_step_reward", "load_graph", "make_env"]

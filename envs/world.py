@@ -62,6 +62,14 @@ def is_held_out(task_id: int) -> bool:
     return task_id % HELD_OUT_MODULUS == 0
 
 
+def draw_task_id(rng: np.random.Generator, split: str) -> int:
+    """A random task id of ``split`` (``train``: not held out; ``eval``: held out)."""
+    while True:
+        candidate = int(rng.integers(0, 2**31 - 1))
+        if is_held_out(candidate) == (split == "eval"):
+            return candidate
+
+
 def _count(objects: tuple[SceneObject, ...], colour: str, shape: str) -> int:
     return sum(o.colour == colour and o.shape == shape for o in objects)
 

@@ -28,7 +28,7 @@ from clova_train.core.atomic import write_atomic, write_json_atomic
 from clova_train.controller.evaluation import (
     baselines, make_env_fn, model_policy, other_selection, run_episodes, short_name, summary,
 )
-from clova_train.envs import ReasoningLoopConfig
+from clova_train.envs import EnvConfig
 
 LATEST = "latest.json"
 BEST_MODEL = "best_model.zip"
@@ -143,7 +143,7 @@ class HeldOutEvalCallback(EvalCallback):
         started: ``time.perf_counter()`` at the start of the run.
     """
 
-    def __init__(self, env_config: ReasoningLoopConfig, run_dir: Path, eval_freq: int, episodes: int, seed: int,
+    def __init__(self, env_config: EnvConfig, run_dir: Path, eval_freq: int, episodes: int, seed: int,
                  random_seed: int, target_accuracy: float = 0.0, started: float | None = None) -> None:
         super().__init__(DummyVecEnv([make_env_fn(env_config, "eval")]), n_eval_episodes=episodes,
                          eval_freq=eval_freq, log_path=str(run_dir), best_model_save_path=str(run_dir), verbose=0)

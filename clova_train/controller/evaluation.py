@@ -17,36 +17,41 @@ from typing import Any
 
 import numpy as np
 
-from clova_train.envs import ReasoningLoopConfig, ReasoningLoopEnv
+from clova_train.envs import EnvConfig, ReasoningLoopEnv, make_env
 from clova_train.envs.scripted import GOOD, ScriptedReasoningLLM
 
-Policy = Callable[[np.ndarray, ReasoningLoopEnv], int]
+Policy = Callable[[np.ndarray, Any], int]
 
 
-def make_env_fn(config: ReasoningLoopConfig, split: str | None = None) -> Callable[[], ReasoningLoopEnv]:
+def make_env_fn(config: EnvConfig, split: str | None = None) -> Callable[[], Any]:
     env_config = config if split is None else replace(config, split=split)
 
-    def build() -> ReasoningLoopEnv:
-        return ReasoningLoopEnv(env_config)
+    def build() -> Any:
+        return make_env(env_config)
 
     return build
 
 
-def run_episodes(env: ReasoningLoopEnv, policy: Policy, episodes: int, seed: int) -> dict[str, Any]:
-    """Mean accuracy, steps, rejects and return of ``policy``, plus per-episode ``returns``/``lengths``/``correct``."""
-    correct, steps, rejects, returns = [], [], [], []
+def run_episodes(env: Any, policy: Policy, episodes: int, seed: int) -> dict[str, Any]:
+    """Mean accuracy, steps, rejects (HYDRA) or infeasible actions (AVIS, HAMMR), LLM calls and return of
+    ``policy``, plus per-episode ``returns``/``lengths``/``correct``."""
+    correct, steps, rejects, returns, llm_calls = [], [], [], [], []
     for episode in range(episodes):
         obs, _ = env.reset(seed=seed + episode)
-        total, done, n, info = 0.0, False, 0, {}
+        total, done, n, info, calls, infeasible = 0.0, False, 0, {}, 0, 0
         while not done:
             obs, reward, terminated, truncated, info = env.step(policy(obs, env))
             total, n, done = total + reward, n + 1, terminated or truncated
+            calls += info.get("costs", {}).get("llm_calls", 0)
+            infeasible += bool(info.get("infeasible", False))
         correct.append(bool(info.get("correct", False)))
         steps.append(n)
-        rejects.append(info.get("rejects", 0))
+        rejects.append(info.get("rejects", infeasible))
         returns.append(total)
+        llm_calls.append(calls)
     return {"accuracy": float(np.mean(correct)), "steps": float(np.mean(steps)),
-            "rejects": float(np.mean(rejects)), "return": float(np.mean(returns)), "episodes": episodes,
+            "rejects": float(np.mean(rejects)), "return": float(np.mean(returns)),
+            "llm_calls": float(np.mean(llm_calls)), "episodes": episodes,
             "returns": returns, "lengths": steps, "correct": correct}
 
 
@@ -96,15 +101,19 @@ def other_selection(env: ReasoningLoopEnv, model: Any, episodes: int, seed: int)
     """The same Q-network under the other greedy rule (HYDRA's Eq. 2 beside argmax-Q), when the model has
     both rules and the observation carries the planner probabilities; else nothing."""
     rule = getattr(model, "action_selection", None)
-    if rule is None or not env.encoder.has_probabilities:
+    if rule is None or not isinstance(env, ReasoningLoopEnv) or not env.encoder.has_probabilities:
         return {}
     other = "argmax_q" if rule == "eq2" else "eq2"
     label = "Eq. 2 (Q x planner probability)" if other == "eq2" else "argmax Q"
     return {f"trained controller, {label} selection": run_episodes(env, model_policy(model, other), episodes, seed)}
 
 
-def baselines(env: ReasoningLoopEnv, episodes: int, seed: int, random_seed: int) -> dict[str, dict[str, Any]]:
-    """Every rule of the module docstring on the same held-out tasks (the oracle only for the scripted planner)."""
+def baselines(env: Any, episodes: int, seed: int, random_seed: int) -> dict[str, dict[str, Any]]:
+    """Every rule of the module docstring on the same held-out tasks (the oracle only for the scripted planner);
+    the AVIS and HAMMR environments name their own rules (``reference_policies``)."""
+    if not isinstance(env, ReasoningLoopEnv):
+        return {name: run_episodes(env, policy, episodes, seed)
+                for name, policy in env.reference_policies(random_seed).items()}
     results = {
         "planner top-probability (HYDRA without RL)": run_episodes(env, planner_top_policy, episodes, seed),
         "planner lowest-probability": run_episodes(env, planner_bottom_policy, episodes, seed),
@@ -122,7 +131,8 @@ def baselines(env: ReasoningLoopEnv, episodes: int, seed: int, random_seed: int)
 def short_name(name: str) -> str:
     """The metric key of a rule of :func:`baselines` (``eval/baseline_<key>_accuracy`` in the training logs)."""
     for prefix, key in (("planner top", "planner_top"), ("planner lowest", "planner_lowest"), ("random", "random"),
-                        ("best fixed", "best_fixed_slot"), ("oracle", "oracle")):
+                        ("best fixed", "best_fixed_slot"), ("oracle", "oracle"), ("planner's own", "planner_own"),
+                        ("LLM dispatcher", "llm_dispatcher")):
         if name.startswith(prefix):
             return key
     return "_".join(name.split()[:3]).lower()
@@ -136,7 +146,7 @@ def best_rule(results: dict[str, dict[str, Any]]) -> tuple[str, float]:
     return name, rules[name]
 
 
-def compare(env_config: ReasoningLoopConfig, model: Any, episodes: int, seed: int,
+def compare(env_config: EnvConfig, model: Any, episodes: int, seed: int,
             random_seed: int) -> dict[str, dict[str, float]]:
     """The controller (under both selection rules when it has them) and every rule of :func:`baselines` on the same
     held-out tasks."""
@@ -150,7 +160,9 @@ def compare(env_config: ReasoningLoopConfig, model: Any, episodes: int, seed: in
 
 
 def format_table(results: dict[str, dict[str, float]]) -> str:
-    lines = ["| policy | accuracy | steps / episode | rejects / episode | return |", "| --- | --- | --- | --- | --- |"]
+    lines = ["| policy | accuracy | steps / episode | rejects or infeasible / episode | LLM calls / episode | return |",
+             "| --- | --- | --- | --- | --- | --- |"]
     for name, r in results.items():
-        lines.append(f"| {name} | {r['accuracy']:.3f} | {r['steps']:.2f} | {r['rejects']:.2f} | {r['return']:.1f} |")
+        lines.append(f"| {name} | {r['accuracy']:.3f} | {r['steps']:.2f} | {r['rejects']:.2f} | "
+                     f"{r.get('llm_calls', float('nan')):.1f} | {r['return']:.1f} |")
     return "\n".join(lines)

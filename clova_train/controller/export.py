@@ -12,6 +12,7 @@ output, run ``q_network.pt`` (``torch.jit.load``; input ``[batch, observation_di
 from __future__ import annotations
 
 import shutil
+from dataclasses import replace
 import warnings
 from pathlib import Path
 
@@ -20,10 +21,11 @@ import torch
 from clova_train.core.atomic import write_json_atomic
 from clova_train.core.manifest import staged_directory, write_manifest
 from clova_train.controller.trainer import ControllerConfig
-from clova_train.envs import ReasoningLoopEnv
+from clova_train.envs import make_env
 from clova_train.core.errors import ExportError
 
 
+MASKED_RULE = "argmax over the feasible actions: those whose entry in the observation's action_mask part is 1"
 ACTION_RULES = {
     "argmax_q": "argmax",
     "eq2": "argmax(q * [p_1, ..., p_N, mean(p)]) with p_i the last N observation entries (HYDRA Eq. 2)",
@@ -38,7 +40,7 @@ def export_controller(checkpoint: str | Path, output: str | Path, config: Contro
     if not checkpoint.is_file():
         raise ExportError(f"controller checkpoint {checkpoint} does not exist")
     model = load_controller(checkpoint, config)
-    env = ReasoningLoopEnv(config.env)
+    env = make_env(replace(config.env_config(), cache_path=None))
     try:
         description = env.describe()
     finally:
@@ -61,8 +63,8 @@ def export_controller(checkpoint: str | Path, output: str | Path, config: Contro
         write_json_atomic(staging / "controller.json", {
             **description,
             "q_network": {"file": "q_network.pt", "format": "torchscript", "input_shape": ["batch", *expected],
-                          "output_shape": ["batch", description["num_samples"] + 1], "action": ACTION_RULES[
-                              config.dqn.action_selection]},
+                          "output_shape": ["batch", int(model.action_space.n)],
+                          "action": MASKED_RULE if config.mask_size() else ACTION_RULES[config.dqn.action_selection]},
             "action_selection": config.dqn.action_selection,
             "sb3_zip": "controller.zip",
         })

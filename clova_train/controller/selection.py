@@ -13,6 +13,12 @@
 
 :class:`HydraDQN` is an SB3 ``DQN``; its zip is a plain DQN zip (``DQN.load`` reads it, and then selects by
 ``argmax_q``; ``HydraDQN.load`` restores the rule). Exports record the rule in ``controller.json``.
+
+Action masks (the AVIS and HAMMR environments): with ``mask_size`` > 0 the observation's last ``mask_size``
+entries say which actions are feasible (1) now. The masked DQN never picks an infeasible action: not in the
+random warm-up, not when exploring (a uniform feasible action), not greedily (the argmax over feasible
+actions); and its Q-learning target is the max over the next state's feasible actions (a forward hook on the
+target network, so SB3's ``train`` is unchanged and the zip stays a plain DQN zip).
 """
 
 from __future__ import annotations
@@ -34,11 +40,31 @@ def eq2_weights(probabilities: torch.Tensor) -> torch.Tensor:
     return torch.cat([probabilities, reject], dim=1)
 
 
-def select_actions(q_values: torch.Tensor, observations: torch.Tensor, rule: ActionSelection, num_samples: int) -> torch.Tensor:
+MASKED_Q = -1e9  # finite: a terminal transition multiplies the target by 0, and -inf * 0 is nan
+
+
+def mask_q_values(q_values: torch.Tensor, observations: torch.Tensor, mask_size: int) -> torch.Tensor:
+    """Q-values with the infeasible actions (mask entry < 0.5 in the last ``mask_size`` observation entries) at
+    ``MASKED_Q``; unchanged when ``mask_size`` is 0."""
+    if not mask_size:
+        return q_values
+    feasible = observations[:, -mask_size:].to(q_values.device) > 0.5
+    return torch.where(feasible, q_values, torch.full_like(q_values, MASKED_Q))
+
+
+def select_actions(q_values: torch.Tensor, observations: torch.Tensor, rule: ActionSelection, num_samples: int,
+                   mask_size: int = 0) -> torch.Tensor:
     """Greedy actions ``[B]`` by ``rule`` from Q-values ``[B, N + 1]`` and the observations they came from."""
+    q_values = mask_q_values(q_values, observations, mask_size)
     if rule == "argmax_q":
         return q_values.argmax(dim=1)
     return (q_values * eq2_weights(observations[:, -num_samples:].to(q_values))).argmax(dim=1)
+
+
+def random_feasible(observations: np.ndarray, mask_size: int, rng: np.random.Generator) -> np.ndarray:
+    """A uniform feasible action per row of a batch of observations."""
+    masks = np.asarray(observations)[:, -mask_size:] > 0.5
+    return np.array([rng.choice(np.flatnonzero(row)) if row.any() else 0 for row in masks])
 
 
 def hydra_step_epsilon(timesteps: int, initial: float, decay: float, every: int, final: float) -> float:
@@ -55,13 +81,15 @@ class HydraDQN(DQN):
         exploration_schedule: ``linear`` (SB3) or ``hydra_step``.
         exploration_decay: ``hydra_step``: epsilon removed every ``exploration_decay_every`` steps.
         exploration_decay_every: ``hydra_step``: environment steps between decays.
+        mask_size: trailing observation entries that are the action mask (0: every action always feasible).
         **kwargs: ``stable_baselines3.DQN`` arguments.
     """
 
     def __init__(self, *args: Any, action_selection: ActionSelection = "argmax_q", num_samples: int = 5,
                  exploration_schedule: ExplorationSchedule = "linear", exploration_decay: float = 0.02,
-                 exploration_decay_every: int = 200, **kwargs: Any) -> None:
+                 exploration_decay_every: int = 200, mask_size: int = 0, **kwargs: Any) -> None:
         self.action_selection = action_selection
+        self.mask_size = mask_size
         self.num_samples = num_samples
         self.exploration_schedule_kind = exploration_schedule
         self.exploration_decay = exploration_decay
@@ -77,18 +105,40 @@ class HydraDQN(DQN):
     def greedy_actions(self, observation: np.ndarray, rule: ActionSelection | None = None) -> np.ndarray:
         """Greedy actions by ``rule`` (default: this model's), batch or single observation like ``predict``."""
         q, tensor, vectorized = self.q_values(observation)
-        actions = select_actions(q, tensor, rule or self.action_selection, self.num_samples).cpu().numpy()
+        actions = select_actions(q, tensor, rule or self.action_selection, self.num_samples,
+                                 getattr(self, "mask_size", 0)).cpu().numpy()
+        return actions if vectorized else actions[0]
+
+    def _random_actions(self, observation: np.ndarray) -> np.ndarray:
+        vectorized = self.policy.is_vectorized_observation(observation)
+        batch = np.asarray(observation) if vectorized else np.asarray(observation)[None]
+        if getattr(self, "mask_size", 0):
+            actions = random_feasible(batch, self.mask_size, self._mask_rng)
+        else:
+            actions = np.array([self.action_space.sample() for _ in range(len(batch))])
         return actions if vectorized else actions[0]
 
     def predict(self, observation: Any, state: Any = None, episode_start: Any = None,
                 deterministic: bool = False) -> tuple[np.ndarray, Any]:
-        if self.action_selection == "argmax_q":
+        if self.action_selection == "argmax_q" and not getattr(self, "mask_size", 0):
             return super().predict(observation, state, episode_start, deterministic)
         if not deterministic and np.random.rand() < self.exploration_rate:  # SB3's epsilon-greedy draw
-            if self.policy.is_vectorized_observation(observation):
-                return np.array([self.action_space.sample() for _ in range(len(observation))]), state
-            return np.array(self.action_space.sample()), state
+            return self._random_actions(observation), state
         return self.greedy_actions(observation), state
+
+    def _sample_action(self, learning_starts: int, action_noise: Any = None, n_envs: int = 1) -> tuple[np.ndarray, np.ndarray]:
+        if getattr(self, "mask_size", 0) and self.num_timesteps < learning_starts:  # SB3's warm-up ignores masks
+            actions = self._random_actions(self._last_obs)
+            return actions, actions
+        return super()._sample_action(learning_starts, action_noise, n_envs)
+
+    def _setup_model(self) -> None:
+        super()._setup_model()
+        self._mask_rng = np.random.default_rng(self.seed)
+        if getattr(self, "mask_size", 0):
+            size = self.mask_size
+            self.q_net_target.register_forward_hook(
+                lambda module, inputs, output: mask_q_values(output, inputs[0], size))
 
     def _on_step(self) -> None:
         super()._on_step()

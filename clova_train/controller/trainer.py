@@ -21,13 +21,13 @@ import json
 import math
 import shutil
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal, get_args
 
 from clova_train.core.atomic import write_atomic, write_json_atomic, write_text_atomic
 from clova_train.controller.evaluation import compare, format_table, make_env_fn
-from clova_train.envs import ReasoningLoopConfig
+from clova_train.envs import AgentDispatchConfig, InformationSeekingConfig, ReasoningLoopConfig
 from clova_train.core.errors import ClovaTrainError
 from clova_train.agents.llm_cache import CacheMode
 
@@ -61,6 +61,9 @@ class DQNConfig:
         exploration_decay_every: ``hydra_step``: environment steps between decays (paper: 200).
         action_selection: ``argmax_q`` (SB3's greedy action) or ``eq2`` (HYDRA Eq. 2: Q-value times the planner's
             probability, the reject action weighted by their mean; needs the probabilities in the observation).
+        mask_actions: AVIS/HAMMR: honour the environment's action mask (never pick an infeasible action, in
+            exploration or greedily, and bootstrap from feasible actions only); false: an unmasked agent that
+            learns from the infeasible-action penalty (the ablation).
         max_grad_norm: gradient clipping.
         device: torch device (``auto`` picks CUDA when present).
     """
@@ -81,6 +84,7 @@ class DQNConfig:
     exploration_decay: float = 0.02
     exploration_decay_every: int = 200
     action_selection: Literal["argmax_q", "eq2"] = "argmax_q"
+    mask_actions: bool = True
     max_grad_norm: float = 10.0
     device: str = "auto"
 
@@ -123,14 +127,38 @@ class ControllerConfig:
     """A controller run: the environment, the DQN agent and the training loop.
 
     Args:
-        env: the reasoning-loop environment.
+        environment: which environment of the reasoning-loop family: ``hydra`` (``env``: pick one of the
+            planner's samples), ``avis`` (``avis``: pick the next tool within a transition graph) or ``hammr``
+            (``hammr``: pick the agent that answers).
+        env: the HYDRA reasoning-loop environment.
+        avis: the AVIS information-seeking environment.
+        hammr: the HAMMR dispatcher environment.
         dqn: the DQN agent.
         train: the training loop.
     """
 
+    environment: Literal["hydra", "avis", "hammr"] = "hydra"
     env: ReasoningLoopConfig = field(default_factory=ReasoningLoopConfig)
+    avis: InformationSeekingConfig = field(default_factory=InformationSeekingConfig)
+    hammr: AgentDispatchConfig = field(default_factory=AgentDispatchConfig)
     dqn: DQNConfig = field(default_factory=DQNConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
+
+    def env_config(self) -> ReasoningLoopConfig | InformationSeekingConfig | AgentDispatchConfig:
+        """The configuration of the environment this run trains on."""
+        return {"hydra": self.env, "avis": self.avis, "hammr": self.hammr}[self.environment]
+
+    def mask_size(self) -> int:
+        """Trailing observation entries that are the action mask the agent honours (0: none)."""
+        if self.environment == "hydra" or not self.dqn.mask_actions:
+            return 0
+        from clova_train.envs import make_env
+
+        env = make_env(replace(self.env_config(), cache_path=None))
+        try:
+            return int(env.action_space.n)
+        finally:
+            env.close()
 
 
 # ---------------------------------------------------------------------------------------------- validation
@@ -151,6 +179,12 @@ def _problems(config: ControllerConfig) -> list[str]:
     def within(key: str, value: Any, low: float, high: float) -> None:
         need(number(value) and low <= value <= high, key, value, f"must be between {low:g} and {high:g}")
 
+    need(config.environment in ("hydra", "avis", "hammr"), "environment", config.environment,
+         "must be 'hydra', 'avis' or 'hammr'")
+    if config.environment == "avis":
+        problems += _seeking_problems("avis", config.avis)
+    if config.environment == "hammr":
+        problems += _seeking_problems("hammr", config.hammr)
     for key in ("num_samples", "max_iterations"):
         at_least(f"env.{key}", getattr(env, key), 1)
     for key in ("r1", "alpha"):
@@ -194,6 +228,8 @@ def _problems(config: ControllerConfig) -> list[str]:
     at_least("dqn.exploration_decay_every", dqn.exploration_decay_every, 1)
     need(dqn.action_selection in ("argmax_q", "eq2"), "dqn.action_selection", dqn.action_selection,
          "must be 'argmax_q' or 'eq2'")
+    need(dqn.action_selection != "eq2" or config.environment == "hydra", "dqn.action_selection", dqn.action_selection,
+         "eq2 weights the planner's N sample probabilities: only the hydra environment has them")
     need(dqn.action_selection != "eq2" or env.layout == "per_part" or env.probability_features,
          "dqn.action_selection", dqn.action_selection,
          "eq2 reads the planner probabilities from the observation: use env.layout per_part, or set "
@@ -213,6 +249,48 @@ def _problems(config: ControllerConfig) -> list[str]:
     return problems
 
 
+def _seeking_problems(section: str, env: InformationSeekingConfig | AgentDispatchConfig) -> list[str]:
+    """The AVIS / HAMMR environment's values, and whether it can be built (graph files, agents, controllers)."""
+    from clova_train.envs import make_env
+    from clova_train.envs.information_seeking import as_specs
+    from clova_train.envs.seeking_world import SEEKING_KINDS
+
+    problems = []
+    unknown = [k for k in env.kinds if k not in SEEKING_KINDS]
+    if unknown or not env.kinds:
+        problems.append(f"{section}.kinds = {env.kinds!r}: each must be one of {', '.join(SEEKING_KINDS)}")
+    for key in ("answer_reward",):
+        if not isinstance(getattr(env, key), (int, float)) or not math.isfinite(getattr(env, key)):
+            problems.append(f"{section}.{key} = {getattr(env, key)!r}: must be a finite number")
+    for key in ("infeasible_penalty", "step_cost", "call_cost", "llm_call_cost"):
+        value = getattr(env, key, 0.0)
+        if not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
+            problems.append(f"{section}.{key} = {value!r}: must be a number >= 0")
+    for key in ("max_depth", "max_llm_calls", "max_iterations"):
+        value = getattr(env, key, 1)
+        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            problems.append(f"{section}.{key} = {value!r}: must be an integer >= 1")
+    names = [getattr(a, "name", None) if not isinstance(a, dict) else a.get("name") for a in env.agents]
+    duplicated = sorted({n for n in names if names.count(n) > 1})
+    if duplicated:
+        problems.append(f"{section}.agents: the name {duplicated[0]!r} is used twice")
+    if problems:
+        return problems
+    try:
+        make_env(replace(env, cache_path=None)).close()  # built to check it; nothing written
+    except (ClovaTrainError, ValueError, TypeError) as err:
+        problems.append(f"{section}: {err}")
+    for agent in as_specs(env.agents):
+        if agent.policy == "controller" and not Path(agent.controller).is_file():
+            problems.append(f"{section}.agents[{agent.name}].controller = {agent.controller!r}: no such file")
+        if agent.environment == "hydra" and agent.policy == "scripted":
+            problems.append(f"{section}.agents[{agent.name}].policy = 'scripted': a hydra agent takes planner or "
+                            "controller")
+        if agent.policy == "scripted" and not agent.path:
+            problems.append(f"{section}.agents[{agent.name}].path: a scripted agent needs its tool path")
+    return problems
+
+
 def validate(config: ControllerConfig) -> None:
     """Raise one :class:`ClovaTrainError` listing every invalid value (key, value, rule), or return."""
     problems = _problems(config)
@@ -223,7 +301,7 @@ def validate(config: ControllerConfig) -> None:
 # ---------------------------------------------------------------------------------------------- evaluation
 def evaluate(config: ControllerConfig, model: Any, episodes: int | None = None) -> dict[str, dict[str, float]]:
     """The controller, the planner's top sample and a random sample on the same held-out tasks."""
-    return compare(config.env, model, episodes or config.train.eval_episodes, config.train.eval_seed,
+    return compare(config.env_config(), model, episodes or config.train.eval_episodes, config.train.eval_seed,
                    config.train.seed)
 
 
@@ -233,7 +311,7 @@ def make_vec_env(config: ControllerConfig):
     from stable_baselines3.common.vec_env import DummyVecEnv, SubprocVecEnv
 
     vec_cls = SubprocVecEnv if config.train.vec_env == "subproc" else DummyVecEnv
-    return sb3_make_vec_env(make_env_fn(config.env, "train"), n_envs=config.train.n_envs, seed=config.train.seed,
+    return sb3_make_vec_env(make_env_fn(config.env_config(), "train"), n_envs=config.train.n_envs, seed=config.train.seed,
                             vec_env_cls=vec_cls)
 
 
@@ -249,7 +327,7 @@ def build_model(config: ControllerConfig, env: Any) -> Any:
         max_grad_norm=d.max_grad_norm, policy_kwargs={"net_arch": list(d.net_arch)}, seed=config.train.seed,
         device=d.device, verbose=0, action_selection=d.action_selection, num_samples=config.env.num_samples,
         exploration_schedule=d.exploration_schedule, exploration_decay=d.exploration_decay,
-        exploration_decay_every=d.exploration_decay_every,
+        exploration_decay_every=d.exploration_decay_every, mask_size=config.mask_size(),
     )
 
 
@@ -332,7 +410,7 @@ def fit(config: ControllerConfig, extra_callbacks: list | None = None,
     run_dir = Path(config.train.output_dir)
     checkpoints = run_dir / CHECKPOINTS
     if force:
-        clear_run(run_dir, config.env.cache_path)
+        clear_run(run_dir, config.env_config().cache_path)
     done = finished_steps(run_dir)
     if done is not None and done >= config.train.total_timesteps:
         print(f"{run_dir} is already finished ({done} of {config.train.total_timesteps} steps): nothing changed. "
@@ -348,7 +426,7 @@ def fit(config: ControllerConfig, extra_callbacks: list | None = None,
         model.set_logger(make_logger(run_dir / "logs", list(config.train.log_formats)))
         write_json_atomic(run_dir / "config.json", asdict(config))
         checkpoint = AtomicCheckpointCallback(_calls(config.train.checkpoint_every, n_envs), str(checkpoints))
-        held_out = HeldOutEvalCallback(config.env, run_dir, _calls(config.train.eval_every, n_envs),
+        held_out = HeldOutEvalCallback(config.env_config(), run_dir, _calls(config.train.eval_every, n_envs),
                                        config.train.eval_episodes, config.train.eval_seed, config.train.seed,
                                        config.train.target_accuracy, started)
         for callback in (checkpoint, held_out):  # also used below when ``learn`` has nothing left to run
