@@ -16,6 +16,7 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -30,6 +31,7 @@ if TYPE_CHECKING:
     from clova_train.envs.information_seeking import InformationSeekingEnv
 
 AGENT_PREFIX = "agent:"
+AGENT_NAME = re.compile(r"[A-Za-z0-9_-]+")
 
 
 class BudgetSpent(ClovaTrainError):
@@ -147,13 +149,22 @@ def masked_greedy(q_values: np.ndarray, mask: np.ndarray) -> int:
     return int(np.argmax(np.where(mask > 0.5, q_values, -np.inf)))
 
 
-def load_controller_policy(path: str) -> Policy:
-    """The greedy policy of a DQN zip, over the feasible actions when the environment has a mask."""
+def load_controller_policy(path: str, env: Any, agent: str) -> Policy:
+    """The greedy policy of a DQN zip, over the feasible actions when the environment has a mask; the zip must
+    take ``env``'s observations and actions."""
     from stable_baselines3 import DQN
 
     if not Path(path).is_file():
-        raise ClovaTrainError(f"agent controller {path} does not exist")
-    model = DQN.load(path, device="cpu")
+        raise ClovaTrainError(f"agent {agent}: controller {path} does not exist")
+    try:
+        model = DQN.load(path, device="cpu")
+    except Exception as err:  # noqa: BLE001 (any unreadable zip is one message)
+        raise ClovaTrainError(f"agent {agent}: controller {path} cannot be loaded: {str(err)[:200]}") from None
+    if model.observation_space.shape != env.observation_space.shape or model.action_space != env.action_space:
+        raise ClovaTrainError(
+            f"agent {agent}: controller {path} takes observations {model.observation_space.shape} and actions "
+            f"{model.action_space}, its environment gives {env.observation_space.shape} and {env.action_space}: "
+            "give the agent the graph, tools and settings the controller was trained with")
 
     def act(obs: np.ndarray, env: Any) -> int:
         q = model.q_net(model.policy.obs_to_tensor(obs)[0]).detach().cpu().numpy()[0]
@@ -191,6 +202,9 @@ class AgentTools:
 
     def __init__(self, specs: list[AgentSpec], chat: BudgetedChat, embedder: Any, depth: int,
                  hydra_chat: BudgetedChat | None = None) -> None:
+        for spec in specs:
+            if not AGENT_NAME.fullmatch(str(spec.name)):
+                raise ValueError(f"agent name {spec.name!r}: use letters, digits, '_' and '-' only")
         self.specs = {spec.name: spec for spec in specs}
         self.chat, self.embedder, self.depth = chat, embedder, depth
         self.hydra_chat = hydra_chat or chat
@@ -213,7 +227,8 @@ class AgentTools:
             self._envs[name] = InformationSeekingEnv(config, llm=self.chat, embedder=self.embedder,
                                                      depth=self.depth + 1, hydra_chat=self.hydra_chat)
             self._policies[name] = (planner_policy if spec.policy == "planner" else scripted_policy(spec.path)
-                                    if spec.policy == "scripted" else load_controller_policy(spec.controller))
+                                    if spec.policy == "scripted" else
+                                    load_controller_policy(spec.controller, self._envs[name], name))
         return self._envs[name], self._policies[name]
 
     def _hydra(self, spec: AgentSpec) -> tuple[Any, Policy]:
@@ -222,8 +237,13 @@ class AgentTools:
         config = ReasoningLoopConfig(**{**spec.hydra_env, "max_iterations": spec.max_iterations, "cache_path": None})
         env = ReasoningLoopEnv(config, llm=self.hydra_chat)
         if spec.policy == "controller":
-            return env, load_controller_policy(spec.controller)
+            return env, load_controller_policy(spec.controller, env, spec.name)
         return env, lambda obs, env: int(np.argmax(env.planner_probabilities()))
+
+    def prepare_all(self) -> None:
+        """Build every agent's environment and policy now (a config check: graphs, tools, controller zips)."""
+        for name in self.specs:
+            self._env(name)
 
     def call(self, name: str, question: str, task_id: int) -> AgentResult:
         """Run agent ``name`` on ``question`` about scene ``task_id``; a failure is a result, not an exception."""

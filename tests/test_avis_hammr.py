@@ -98,11 +98,12 @@ class RecordFeasibility(gymnasium.Wrapper):
         return self.env.step(action)
 
 
-def test_maskable_ppo_trains_on_the_avis_option_unchanged_and_never_takes_a_masked_action() -> None:
+@pytest.mark.parametrize("factory", [_avis, _hammr], ids=["avis", "hammr"])
+def test_maskable_ppo_trains_unchanged_and_never_takes_a_masked_action(factory) -> None:
     from sb3_contrib import MaskablePPO
     from sb3_contrib.common.maskable.utils import get_action_masks
 
-    env = RecordFeasibility(_avis())
+    env = RecordFeasibility(factory())
     model = MaskablePPO("MlpPolicy", env, n_steps=128, batch_size=64, n_epochs=2, seed=0, device="cpu")
     model.learn(256)
     assert len(env.taken) >= 256 and all(env.taken)
@@ -356,6 +357,21 @@ def test_bad_avis_and_hammr_configs_get_one_message_each(tmp_path: Path) -> None
     bad.write_text(yaml.safe_dump(hammr))
     result = run_cli_subprocess(["controller", "fit", "--config", str(bad), *out])
     assert result.returncode == 2 and "the name 'counter' is used twice" in result.stderr, result.stderr
+
+
+def test_an_agent_controller_of_another_environment_is_refused_naming_it(tmp_path: Path) -> None:
+    from stable_baselines3 import DQN
+
+    from clova_train.controller.trainer import ControllerConfig, validate
+    from clova_train.core.errors import ClovaTrainError
+
+    zip_path = tmp_path / "hydra.zip"
+    DQN("MlpPolicy", gymnasium.make("CartPole-v1"), device="cpu").save(zip_path)
+    agent = AgentSpec("seeker", "answers anything", policy="controller", controller=str(zip_path))
+    with pytest.raises(ClovaTrainError, match=r"agent seeker: controller .*hydra.zip takes observations \(4,\)"):
+        validate(ControllerConfig(environment="hammr", hammr=AgentDispatchConfig(agents=[agent])))
+    with pytest.raises(ClovaTrainError, match="agent name 'two words'"):
+        validate(ControllerConfig(environment="hammr", hammr=AgentDispatchConfig(agents=[AgentSpec("two words")])))
 
 
 def test_a_nested_hydra_agent_runs_its_programs_in_the_sandbox() -> None:

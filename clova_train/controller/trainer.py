@@ -277,7 +277,11 @@ def _seeking_problems(section: str, env: InformationSeekingConfig | AgentDispatc
     if problems:
         return problems
     try:
-        make_env(replace(env, cache_path=None)).close()  # built to check it; nothing written
+        built = make_env(replace(env, cache_path=None))  # built to check it; nothing written
+        try:
+            built.agents.prepare_all()  # every agent's graph, tools and controller zip
+        finally:
+            built.close()
     except (ClovaTrainError, ValueError, TypeError) as err:
         problems.append(f"{section}: {err}")
     for agent in as_specs(env.agents):
