@@ -8,7 +8,10 @@
   token is a label when its character offsets lie in the response. A sample with a token that spans the
   boundary (mis-tokenised) or longer than ``max_length`` is never truncated: it is left out and reported.
 * Batches are padded to their longest sample; ``group_by_length`` groups samples of similar length (the
-  sampler shuffles mega-batches of 50 batches and sorts each by length).
+  sampler shuffles mega-batches of 50 global batches and sorts each by length).
+* On N ranks each step's N batches together are the one-device batch of ``batch_size x N`` samples, each
+  evaluation sample is scored on exactly one rank, and a checkpoint taken inside an epoch resumes at the next
+  batch (:mod:`clova_train.datamodules.sharding`).
 
 The data report (:attr:`ToolInstructionDataModule.report`) counts kept, too long, mis-tokenised and
 invalid samples per split, lists their indices, and is written to ``<default_root_dir>/data_report.json``.
@@ -17,7 +20,6 @@ invalid samples per split, lists their indices, and is written to ``<default_roo
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -25,13 +27,15 @@ from typing import Any
 import torch
 from lightning import LightningDataModule
 from lightning.pytorch.utilities import rank_zero_info
-from torch.utils.data import DataLoader, Sampler
+from torch.utils.data import DataLoader
 
 from clova_train.core.errors import DataError
+from clova_train.datamodules.sharding import (
+    IGNORE_INDEX, GlobalBatchSampler, ShardedEvalSampler, WeightlessPadding,
+)
 from clova_train.tooluse.prompt_template import PromptTemplate
 
 RECORD_KEYS = ("instruction", "input", "output")
-IGNORE_INDEX = -100
 
 
 def load_records(path: str | Path, skip_invalid: bool = False) -> tuple[list[dict[str, str]], list[tuple[int, str]]]:
@@ -208,6 +212,7 @@ class PromptsForGeneration:
 
     def __call__(self, items: list[dict[str, Any]]) -> dict[str, Any]:
         records = [self.records[item["index"]] for item in items]
+        references = [None if item.get("padding") else r["output"] for item, r in zip(items, records)]
         prompts = [self.template.prompt(r["instruction"], r["input"]) for r in records]
         encoded = [self.tokenizer(p)["input_ids"] for p in prompts]
         width = max(len(e) for e in encoded)
@@ -217,35 +222,7 @@ class PromptsForGeneration:
         for row, e in enumerate(encoded):
             ids[row, width - len(e):] = torch.tensor(e)
             mask[row, width - len(e):] = 1
-        return {"input_ids": ids, "attention_mask": mask, "references": [r["output"] for r in records]}
-
-
-class LengthGroupedSampler(Sampler[int]):
-    """Indices in an order where neighbours have similar lengths: shuffled mega-batches, each sorted.
-
-    Args:
-        lengths: token count of each sample.
-        batch_size: samples per batch (a mega-batch is 50 batches).
-        seed: shuffling seed (combined with the epoch, see :meth:`set_epoch`).
-    """
-
-    def __init__(self, lengths: list[int], batch_size: int, seed: int = 0) -> None:
-        self.lengths = lengths
-        self.mega = max(1, batch_size * 50)
-        self.seed = seed
-        self.epoch = 0
-
-    def set_epoch(self, epoch: int) -> None:
-        self.epoch = epoch
-
-    def __len__(self) -> int:
-        return len(self.lengths)
-
-    def __iter__(self) -> Iterator[int]:
-        generator = torch.Generator().manual_seed(self.seed + self.epoch)
-        order = torch.randperm(len(self.lengths), generator=generator).tolist()
-        for start in range(0, len(order), self.mega):
-            yield from sorted(order[start : start + self.mega], key=lambda i: -self.lengths[i])
+        return {"input_ids": ids, "attention_mask": mask, "references": references}
 
 
 class ToolInstructionDataModule(LightningDataModule):
@@ -294,6 +271,8 @@ class ToolInstructionDataModule(LightningDataModule):
         self.seed = seed
         self.tokenizer: Any = None
         self.splits: dict[str, EncodedInstructions] = {}
+        self._resume: tuple[int, int] | None = None  # (epoch, batches consumed) of the checkpoint resumed from
+        self._train_sampler: GlobalBatchSampler | None = None
 
     def load_tokenizer(self) -> Any:
         from transformers import AutoTokenizer
@@ -338,11 +317,33 @@ class ToolInstructionDataModule(LightningDataModule):
 
         write_json_atomic(Path(self.trainer.default_root_dir) / "data_report.json", {k: asdict(v) for k, v in self.report.items()})
 
+    def _ranks(self) -> tuple[int, int]:
+        """(data-parallel size, this rank's place in it) of the attached trainer's strategy; (1, 0) without one."""
+        kwargs = getattr(self.trainer.strategy, "distributed_sampler_kwargs", None) if self.trainer else None
+        return (int(kwargs["num_replicas"]), int(kwargs["rank"])) if kwargs else (1, 0)
+
+    def state_dict(self) -> dict[str, int]:
+        """Where training is inside its epoch (saved in checkpoints; a resumed run continues from there)."""
+        trainer = self.trainer
+        if trainer is None or not trainer.training:
+            return {}
+        return {"epoch": trainer.current_epoch, "batches_consumed": trainer.fit_loop.epoch_loop.batch_progress.current.processed}
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        if state:
+            self._resume = (int(state["epoch"]), int(state["batches_consumed"]))
+            if self._train_sampler is not None:  # built already (sharded strategies restore after set-up)
+                self._train_sampler.skip(*self._resume)
+
     def train_dataloader(self) -> DataLoader:
         data = self.splits["train"]
-        sampler = LengthGroupedSampler(data.lengths, self.batch_size, self.seed) if self.group_by_length else None
+        world, rank = self._ranks()
+        sampler = GlobalBatchSampler(data.lengths, self.batch_size, world, rank, self.seed, self.group_by_length)
+        if self._resume is not None:
+            sampler.skip(*self._resume)
+        self._train_sampler = sampler
         return DataLoader(
-            data, batch_size=self.batch_size, sampler=sampler, shuffle=sampler is None,
+            WeightlessPadding(data), batch_size=self.batch_size, sampler=sampler,
             collate_fn=PadToLongest(self.tokenizer.pad_token_id), num_workers=self.num_workers,
         )
 
@@ -351,7 +352,10 @@ class ToolInstructionDataModule(LightningDataModule):
             raise DataError(f"no {split}_file configured for this data module")
         data = self.splits[split]
         collate = PromptsForGeneration(self.tokenizer, self.template, data.records)
-        return DataLoader(data, batch_size=self.eval_batch_size, collate_fn=collate, num_workers=self.num_workers)
+        world, rank = self._ranks()
+        return DataLoader(WeightlessPadding(data), batch_size=self.eval_batch_size,
+                          sampler=ShardedEvalSampler(len(data), world, rank), collate_fn=collate,
+                          num_workers=self.num_workers)
 
     def val_dataloader(self) -> DataLoader | list:
         return self._eval_loader("val") if self.val_file else []

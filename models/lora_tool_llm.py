@@ -7,7 +7,12 @@ Read top to bottom:
 * ``training_step`` is the causal-LM loss on the response tokens (labels are -100 elsewhere). By default
   it is computed exactly but cheaper than ``model(labels=...)``: logits only at the positions that predict
   a response token (``logits_to_keep``), and no attention mask for right-padded batches (under causal
-  attention a real token never sees the padding after it), which lets SDPA use its causal kernel;
+  attention a real token never sees the padding after it), which lets SDPA use its causal kernel. On N
+  ranks it is normalised by the response tokens of all ranks' batches together, so that the gradient DDP or
+  FSDP averages is the one-device gradient of the same global batch (not a mean of per-rank means);
+* sharded training: under Lightning's ``ModelParallelStrategy`` (FSDP2) ``configure_model`` shards every
+  decoder layer and the whole model with ``fully_shard`` (optionally in bf16 with fp32 gradient reduction);
+  ``gradient_checkpointing`` recomputes activations in the backward pass on any strategy;
 * ``validation_step`` / ``test_step`` generate greedily until ``Observation:`` (the template's stop
   strings) and feed :class:`~clova_train.tooluse.metrics.ToolUsageSuccessRate` (SR_t, SR_act, SR_args, SR for
   seen tools, unseen tools and no-tool samples);
@@ -78,6 +83,17 @@ def cut_at_stop(text: str, stop_strings: tuple[str, ...]) -> str:
     return text[: min(ends)] if ends else text
 
 
+def random_state() -> dict[str, Any]:
+    """This process's torch random state (CPU and every CUDA device)."""
+    return {"cpu": torch.get_rng_state(), "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else []}
+
+
+def set_random_state(state: dict[str, Any]) -> None:
+    torch.set_rng_state(state["cpu"])
+    if state.get("cuda") and torch.cuda.is_available() and len(state["cuda"]) == torch.cuda.device_count():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
 class LoraToolLLM(LightningModule):
     """A causal LM fine-tuned with LoRA to use tools in the ReAct format.
 
@@ -95,7 +111,15 @@ class LoraToolLLM(LightningModule):
         response_logits_only: compute the training loss from logits at response positions only, without
             the attention mask of right-padded batches. Exact for causal LMs (same loss as the model's own
             ``labels=`` loss up to float rounding) and faster; set false for models whose forward needs
-            the mask for more than padding, or to use the model's own loss.
+            the mask for more than padding, or to use the model's own loss (then each rank's batch is
+            averaged on its own, and N ranks match one device only when batches hold equal token counts).
+        gradient_checkpointing: recompute each decoder layer's activations in the backward pass (less memory,
+            about a third more compute).
+        shard_param_dtype: ``ModelParallelStrategy`` only: dtype of the sharded parameters in forward and
+            backward (``bfloat16`` on GPUs: half the all-gather traffic); gradients are reduced in float32.
+        checkpoint_every_n_steps: also write ``checkpoints/last.ckpt`` every this many optimizer steps (0: at
+            epoch ends only); a run killed inside an epoch resumes from it at the next batch, with the
+            optimizer, the LR schedule and the random state (dropout) as they were.
     """
 
     def __init__(
@@ -111,6 +135,9 @@ class LoraToolLLM(LightningModule):
         metric_mode: Literal["paper", "gpt4tools"] = "paper",
         max_new_tokens: int = 128,
         response_logits_only: bool = True,
+        gradient_checkpointing: bool = False,
+        shard_param_dtype: Literal["float32", "bfloat16"] = "float32",
+        checkpoint_every_n_steps: int = 0,
     ) -> None:
         super().__init__()
         self.save_hyperparameters()
@@ -134,10 +161,35 @@ class LoraToolLLM(LightningModule):
             target_modules=list(self.hparams.target_modules),
             task_type="CAUSAL_LM",
         )
+        if self.hparams.gradient_checkpointing:
+            base.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         self.model = get_peft_model(base, config)
         if self.hparams.response_logits_only and not accepts_logits_to_keep(base):
             rank_zero_info(f"{type(base).__name__} has no logits_to_keep argument: using its own full loss")
             self.hparams.response_logits_only = False
+        if self.device_mesh is not None:  # ModelParallelStrategy: shard with FSDP2
+            self.shard(self.device_mesh)
+
+    def shard(self, device_mesh: Any) -> None:
+        """``fully_shard`` every decoder layer, then the causal LM, over the mesh's data-parallel dimension."""
+        from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+        names = device_mesh.mesh_dim_names or ()
+        if "tensor_parallel" in names and device_mesh["tensor_parallel"].size() > 1:
+            raise ModelError("LoraToolLLM shards with FSDP only: give ModelParallelStrategy tensor_parallel_size: 1 "
+                             "and data_parallel_size: devices x nodes (its 'auto' puts every device of a node into "
+                             "tensor parallelism)")
+        mesh = device_mesh["data_parallel"] if "data_parallel" in names else device_mesh
+        dtype = torch.bfloat16 if self.hparams.shard_param_dtype == "bfloat16" else torch.float32
+        policy = MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=torch.float32)
+        layers = [m for m in self.model.modules() if type(m).__name__.endswith("DecoderLayer")]
+        if not layers:
+            raise ModelError(f"{type(self.model.get_base_model()).__name__} has no *DecoderLayer modules to shard")
+        # The causal LM is the root (not the PEFT wrapper): generate() calls it directly, and its forward is what
+        # gathers the embedding and the head.
+        for layer in layers:
+            fully_shard(layer, mesh=mesh, mp_policy=policy)
+        fully_shard(self.model.get_base_model(), mesh=mesh, mp_policy=policy)
 
     def setup(self, stage: str) -> None:
         datamodule = self.trainer.datamodule if self._trainer else None
@@ -159,15 +211,19 @@ class LoraToolLLM(LightningModule):
         else:
             loss = self.model(**batch, use_cache=False).loss  # no KV cache while training: it is never read
         tokens = (batch["labels"] != -100).sum()
-        self.log("train/loss", loss, prog_bar=True, batch_size=batch["input_ids"].shape[0])
+        self.log("train/loss", loss, prog_bar=True, batch_size=batch["input_ids"].shape[0],
+                 sync_dist=self.data_parallel_size() > 1)  # the ranks' values average to the global loss
         self.log("train/response_tokens", tokens.float(), reduce_fx="sum", batch_size=batch["input_ids"].shape[0])
         return loss
 
     def response_loss(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
-        """Mean next-token cross-entropy over the response tokens, from the logits that predict them only."""
+        """Mean next-token cross-entropy over the response tokens, from the logits that predict them only; on N
+        ranks, this rank's sum over N times the mean token count of all ranks (see the module docstring)."""
         attention_mask = batch["attention_mask"]
         targets = batch["labels"][:, 1:]  # logits at position t predict the token at t + 1
         positions = (targets != -100).any(0).nonzero().squeeze(1)
+        if positions.numel() == 0:  # a weightless batch (a rank's padding): keep the graph whole, add nothing
+            positions = torch.tensor([targets.shape[1] - 1], device=targets.device)
         output = self.model(
             input_ids=batch["input_ids"],
             attention_mask=None if is_right_padded(attention_mask) else attention_mask,
@@ -175,7 +231,19 @@ class LoraToolLLM(LightningModule):
             logits_to_keep=positions,
         )
         logits = output.logits.flatten(0, 1).float()
-        return F.cross_entropy(logits, targets[:, positions].flatten(), ignore_index=-100)
+        total = F.cross_entropy(logits, targets[:, positions].flatten(), ignore_index=-100, reduction="sum")
+        tokens = (targets != -100).sum().to(total.dtype)
+        world = self.data_parallel_size()
+        if world > 1:
+            tokens = tokens.detach().clone()
+            torch.distributed.all_reduce(tokens)
+            return total * world / tokens.clamp(min=1)
+        return total / tokens.clamp(min=1)
+
+    def data_parallel_size(self) -> int:
+        """How many ranks hold different batches (their gradients are averaged)."""
+        kwargs = getattr(self.trainer.strategy, "distributed_sampler_kwargs", None) if self._trainer else None
+        return int(kwargs["num_replicas"]) if kwargs else 1
 
     def configure_optimizers(self) -> dict[str, Any]:
         from transformers import get_linear_schedule_with_warmup
@@ -201,13 +269,16 @@ class LoraToolLLM(LightningModule):
             stop_strings=list(self.template.stop_strings),
             tokenizer=tokenizer,
             pad_token_id=tokenizer.pad_token_id,
+            synced_gpus=self.device_mesh is not None,  # sharded: every rank runs every decoding step
         )
         texts = tokenizer.batch_decode(output[:, input_ids.shape[1]:], skip_special_tokens=True)
         return [cut_at_stop(t, self.template.stop_strings) for t in texts]
 
     def _evaluate(self, batch: dict[str, Any]) -> None:
         predictions = self.generate_responses(batch["input_ids"], batch["attention_mask"])
-        self.metric.update(predictions, batch["references"])
+        kept = [(p, r) for p, r in zip(predictions, batch["references"]) if r is not None]  # not padding copies
+        if kept:
+            self.metric.update([p for p, _ in kept], [r for _, r in kept])
 
     def _log_metric(self, stage: str) -> None:
         values = self.metric.compute()
@@ -233,15 +304,14 @@ class LoraToolLLM(LightningModule):
         from lightning.pytorch.callbacks import ModelCheckpoint
 
         # last.ckpt at every epoch end, whatever the validation cadence (Lightning's default saves after
-        # validation only when check_val_every_n_epoch > 1), so every run can resume.
-        return [
-            ModelCheckpoint(
-                dirpath=Path(self.trainer.default_root_dir) / "checkpoints",
-                save_top_k=0,
-                save_last=True,
-                save_on_train_epoch_end=True,
-            )
-        ]
+        # validation only when check_val_every_n_epoch > 1), so every run can resume; and, if asked, every
+        # n optimizer steps too (one callback cannot do both).
+        directory = Path(self.trainer.default_root_dir) / "checkpoints"
+        callbacks = [ModelCheckpoint(dirpath=directory, save_top_k=0, save_last=True, save_on_train_epoch_end=True)]
+        if self.hparams.checkpoint_every_n_steps > 0:
+            callbacks.append(ModelCheckpoint(dirpath=directory, save_top_k=0, save_last=True,
+                                             every_n_train_steps=self.hparams.checkpoint_every_n_steps))
+        return callbacks
 
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         state = checkpoint["state_dict"]
@@ -250,6 +320,7 @@ class LoraToolLLM(LightningModule):
         checkpoint[LORA_CHECKPOINT_KEY] = {
             "template": self.template.to_dict(),
             "tokenizer": getattr(datamodule, "tokenizer_name", None),
+            "rng": random_state(),  # dropout masks after a resume are those the run would have drawn
         }
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
@@ -257,15 +328,34 @@ class LoraToolLLM(LightningModule):
         if state is None:
             raise ModelError("checkpoint holds no LoRA fine-tuning state (was it written by another module?)")
         self.template = PromptTemplate.from_dict(state["template"])
+        self._resumed_random_state = state.get("rng")  # applied in on_train_start: model set-up draws numbers too
+
+    def on_train_start(self) -> None:
+        if getattr(self, "_resumed_random_state", None) is not None:
+            set_random_state(self._resumed_random_state)
+            self._resumed_random_state = None
 
     def on_train_end(self) -> None:
+        state = self.lora_state_dict()  # every rank: a collective when the model is sharded
         if self.trainer.is_global_zero:
-            path = self.save_adapter(Path(self.trainer.default_root_dir) / "adapter")
+            path = self.save_adapter(Path(self.trainer.default_root_dir) / "adapter", state)
             rank_zero_info(f"LoRA adapter: {path}")
 
-    def save_adapter(self, directory: Path) -> Path:
+    def lora_state_dict(self) -> dict[str, torch.Tensor]:
+        """The LoRA weights, whole (sharded ones gathered: every rank must call this, in the same order)."""
+        from torch.distributed.tensor import DTensor
+
+        state = {}
+        for name, parameter in self.model.named_parameters():
+            if "lora_" in name:
+                whole = parameter.full_tensor() if isinstance(parameter, DTensor) else parameter
+                state[name] = whole.detach().float().cpu()
+        return state
+
+    def save_adapter(self, directory: Path, state: dict[str, torch.Tensor] | None = None) -> Path:
         """PEFT adapter directory (adapter_config.json, adapter_model.safetensors), tokenizer and template."""
-        self.model.save_pretrained(str(directory), safe_serialization=True)
+        self.model.save_pretrained(str(directory), safe_serialization=True,
+                                   state_dict=state if state is not None else self.lora_state_dict())
         tokenizer = self.trainer.datamodule.tokenizer if self._trainer and self.trainer.datamodule else None
         if tokenizer is not None:
             tokenizer.save_pretrained(str(directory))

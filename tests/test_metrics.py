@@ -77,6 +77,7 @@ def test_metric_groups_seen_unseen_and_no_tool(mode: str) -> None:
     assert result["unseen/SR"] == pytest.approx(1.0)
     assert result["no_tool/SR"] == pytest.approx(0.5)
     assert result["all/SR"] == pytest.approx(3 / 5)
+    assert (result["all/samples"], result["seen/samples"], result["no_tool/samples"]) == (5, 2, 2)
 
 
 def test_metric_rejects_mismatched_lengths_and_modes() -> None:

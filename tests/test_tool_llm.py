@@ -1,4 +1,5 @@
-"""LoRA fine-tuning of a tool-using LLM: data checks, label masking, training, SR, export, DDP."""
+"""LoRA fine-tuning of a tool-using LLM: data checks, label masking, training, SR, export (several processes:
+test_lora_distributed.py)."""
 
 from __future__ import annotations
 
@@ -13,8 +14,6 @@ import torch
 from clova_train.datamodules import SyntheticToolDataModule, ToolInstructionDataModule
 from clova_train.datamodules.tool_instructions import IGNORE_INDEX, encode_record, load_records
 from clova_train.core.errors import DataError, ModelError
-from clova_train.tooluse.prompt_template import PromptTemplate
-from conftest import run_cli_subprocess
 
 
 def data_module(root: Path, tokenizer: Path, **kwargs) -> SyntheticToolDataModule:
@@ -202,24 +201,6 @@ def test_export_from_checkpoint_matches_run_adapter(trained, tmp_path: Path) -> 
     a = load_file(str(tmp_path / "from_ckpt" / "adapter" / "adapter_model.safetensors"))
     b = load_file(str(run_dir / "adapter" / "adapter_model.safetensors"))
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
-
-
-def test_ddp_two_ranks_write_one_adapter(tool_data_root: Path, tiny_llama_dir: Path, tmp_path: Path) -> None:
-    args = [
-        "fit", "--config", "configs/quickstart/tool_llm_lora.yaml",
-        f"--model.init_args.model_name_or_path={tiny_llama_dir}",
-        f"--data.init_args.root={tool_data_root}", f"--data.init_args.tokenizer={tiny_llama_dir}",
-        "--data.init_args.conversations_per_tool=8", "--data.init_args.negatives=40",  # the fixture's data
-        "--data.init_args.eval_conversations_per_tool=1",
-        f"--trainer.default_root_dir={tmp_path}", "--trainer.logger=false", "--trainer.enable_progress_bar=false",
-        "--trainer.max_epochs=1", "--trainer.limit_train_batches=4", "--trainer.limit_val_batches=0",
-        "--trainer.devices=2", "--trainer.strategy=ddp",
-    ]
-    result = run_cli_subprocess(args)
-    assert result.returncode == 0, result.stderr[-3000:]
-    assert (result.stdout + result.stderr).count("LoRA adapter:") == 1
-    assert (tmp_path / "adapter" / "adapter_model.safetensors").is_file()
-    assert [p.name for p in tmp_path.rglob("adapter_config.json")] == ["adapter_config.json"]
 
 
 def test_chat_template_renders_the_training_prompt_token_for_token(trained, tmp_path: Path) -> None:

@@ -99,14 +99,15 @@ def export_lora_run(
 ) -> dict[str, Any]:
     """Fill ``staging`` with the adapter (and merged model, and base); returns the origin description.
 
-    ``source`` is a run directory, or a checkpoint file whose loaded contents are ``checkpoint``.
+    ``source`` is a run directory, or a checkpoint (a file, or a sharded checkpoint directory) whose loaded
+    contents are ``checkpoint``.
     """
     from transformers import AutoTokenizer
 
     from clova_train.export.runs import copy_base_model, copy_tree
     from clova_train.tools.pretrained import absolute_model_name
 
-    if source.is_dir():
+    if checkpoint is None:
         adapter = source / "adapter"
         copy_tree(adapter, staging / "adapter")
         config = json.loads((adapter / "adapter_config.json").read_text())
@@ -115,7 +116,6 @@ def export_lora_run(
         tokenizer_name = str(adapter) if (adapter / "tokenizer_config.json").is_file() else base_name
         origin = {"kind": "lora_run_dir", "path": str(source.resolve())}
     else:
-        assert checkpoint is not None, "pass the loaded checkpoint"
         base_name, tokenizer_name, template = _adapter_from_checkpoint(source, checkpoint, staging)
         tokenizer_name = tokenizer_name or base_name
         origin = {"kind": "lora_checkpoint", "path": str(source.resolve())}

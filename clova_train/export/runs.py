@@ -118,8 +118,35 @@ def _write_tool_formats(pool: PromptPool, tool: dict[str, Any], staging: Path) -
         raise ExportError(f"cannot write the {tool.get('tool')} export files: {err}") from err
 
 
+def is_distributed_checkpoint(path: Path) -> bool:
+    """A checkpoint directory written by ``torch.distributed.checkpoint`` (a sharded run: ModelParallelStrategy)."""
+    return path.is_dir() and (path / ".metadata").is_file()
+
+
+def load_distributed_checkpoint(ckpt: Path) -> dict[str, Any]:
+    """A sharded checkpoint directory as one checkpoint dict: the shards consolidated on the CPU (no process
+    group needed) and Lightning's ``meta.pt`` (everything but the tensors) merged in."""
+    import tempfile
+
+    from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+
+    try:
+        with tempfile.TemporaryDirectory() as tmp:
+            dcp_to_torch_save(str(ckpt), str(Path(tmp) / "whole.pt"))
+            checkpoint = torch.load(Path(tmp) / "whole.pt", map_location="cpu", weights_only=True)
+        meta = ckpt / "meta.pt"
+        if meta.is_file():
+            checkpoint.update(torch.load(meta, map_location="cpu", weights_only=True))
+    except Exception as err:  # torch raises many types for a truncated or foreign directory
+        raise ExportError(f"cannot read sharded checkpoint {ckpt}: {err}") from err
+    return checkpoint
+
+
 def load_checkpoint(ckpt: Path) -> dict[str, Any]:
-    """A Lightning checkpoint's contents (tensors and plain data only: no pickled code runs)."""
+    """A Lightning checkpoint's contents (tensors and plain data only: no pickled code runs); a sharded
+    checkpoint directory is consolidated first."""
+    if is_distributed_checkpoint(ckpt):
+        return load_distributed_checkpoint(ckpt)
     try:
         checkpoint = torch.load(ckpt, map_location="cpu", weights_only=True)
     except Exception as err:  # torch raises many types for a truncated or foreign file
@@ -171,7 +198,7 @@ def export_run(
     from clova_train.export.lora import LORA_CHECKPOINT_KEY, export_lora_run, is_lora_run_dir
 
     with staged_directory(output) as staging:
-        if source.is_dir():
+        if source.is_dir() and not is_distributed_checkpoint(source):
             lora = is_lora_run_dir(source)
             if lora:
                 origin = export_lora_run(source, staging, merged, copy_base=copy_base)

@@ -240,4 +240,5 @@ class ToolUsageSuccessRate(Metric):
                 means = scores[mask].mean(0)
                 for name, value in zip(("SR_t", "SR_act", "SR_args", "SR"), means):
                     result[f"{group}/{name}"] = value.float()
+                result[f"{group}/samples"] = mask.sum().float()  # on N ranks: every sample exactly once
         return result
