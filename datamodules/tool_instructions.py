@@ -29,6 +29,7 @@ from lightning import LightningDataModule
 from lightning.pytorch.utilities import rank_zero_info
 from torch.utils.data import DataLoader
 
+from clova_train.core.distributed import data_parallel
 from clova_train.core.errors import DataError
 from clova_train.datamodules.sharding import (
     IGNORE_INDEX, GlobalBatchSampler, ShardedEvalSampler, WeightlessPadding,
@@ -317,11 +318,6 @@ class ToolInstructionDataModule(LightningDataModule):
 
         write_json_atomic(Path(self.trainer.default_root_dir) / "data_report.json", {k: asdict(v) for k, v in self.report.items()})
 
-    def _ranks(self) -> tuple[int, int]:
-        """(data-parallel size, this rank's place in it) of the attached trainer's strategy; (1, 0) without one."""
-        kwargs = getattr(self.trainer.strategy, "distributed_sampler_kwargs", None) if self.trainer else None
-        return (int(kwargs["num_replicas"]), int(kwargs["rank"])) if kwargs else (1, 0)
-
     def state_dict(self) -> dict[str, int]:
         """Where training is inside its epoch (saved in checkpoints; a resumed run continues from there)."""
         trainer = self.trainer
@@ -337,7 +333,7 @@ class ToolInstructionDataModule(LightningDataModule):
 
     def train_dataloader(self) -> DataLoader:
         data = self.splits["train"]
-        world, rank = self._ranks()
+        world, rank = data_parallel(self.trainer)
         sampler = GlobalBatchSampler(data.lengths, self.batch_size, world, rank, self.seed, self.group_by_length)
         if self._resume is not None:
             sampler.skip(*self._resume)
@@ -352,7 +348,7 @@ class ToolInstructionDataModule(LightningDataModule):
             raise DataError(f"no {split}_file configured for this data module")
         data = self.splits[split]
         collate = PromptsForGeneration(self.tokenizer, self.template, data.records)
-        world, rank = self._ranks()
+        world, rank = data_parallel(self.trainer)
         return DataLoader(WeightlessPadding(data), batch_size=self.eval_batch_size,
                           sampler=ShardedEvalSampler(len(data), world, rank), collate_fn=collate,
                           num_workers=self.num_workers)

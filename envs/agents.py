@@ -53,9 +53,17 @@ class CallBudget:
     deepest: int = 0
     calls: list[dict[str, Any]] = field(default_factory=list)
 
+    @property
+    def spent(self) -> bool:
+        return self.llm_calls >= self.max_llm_calls
+
+    @property
+    def spent_message(self) -> str:
+        return f"the budget of {self.max_llm_calls} LLM calls is spent"
+
     def charge(self) -> None:
-        if self.llm_calls >= self.max_llm_calls:
-            raise BudgetSpent(f"the budget of {self.max_llm_calls} LLM calls is spent")
+        if self.spent:
+            raise BudgetSpent(self.spent_message)
         self.llm_calls += 1
 
 
@@ -211,25 +219,24 @@ class AgentTools:
         self._envs: dict[str, InformationSeekingEnv] = {}
         self._policies: dict[str, Policy] = {}
 
-    def __contains__(self, name: str) -> bool:
-        return name in self.specs
-
-    def _env(self, name: str) -> tuple[InformationSeekingEnv, Policy]:
+    def _env(self, name: str) -> tuple[Any, Policy]:
+        """The agent's environment and policy, built on first use and kept."""
         if name not in self._envs:
-            from clova_train.envs.information_seeking import InformationSeekingConfig, InformationSeekingEnv
-
             spec = self.specs[name]
-            if spec.environment == "hydra":
-                self._envs[name], self._policies[name] = self._hydra(spec)
-                return self._envs[name], self._policies[name]
-            config = InformationSeekingConfig(graph=spec.graph, tools=list(spec.tools), examples=list(spec.examples),
-                                              max_iterations=spec.max_iterations, agents=list(self.specs.values()))
-            self._envs[name] = InformationSeekingEnv(config, llm=self.chat, embedder=self.embedder,
-                                                     depth=self.depth + 1, hydra_chat=self.hydra_chat)
-            self._policies[name] = (planner_policy if spec.policy == "planner" else scripted_policy(spec.path)
-                                    if spec.policy == "scripted" else
-                                    load_controller_policy(spec.controller, self._envs[name], name))
+            self._envs[name], self._policies[name] = self._hydra(spec) if spec.environment == "hydra" \
+                else self._avis(spec)
         return self._envs[name], self._policies[name]
+
+    def _avis(self, spec: AgentSpec) -> tuple[InformationSeekingEnv, Policy]:
+        from clova_train.envs.information_seeking import InformationSeekingConfig, InformationSeekingEnv
+
+        config = InformationSeekingConfig(graph=spec.graph, tools=list(spec.tools), examples=list(spec.examples),
+                                          max_iterations=spec.max_iterations, agents=list(self.specs.values()))
+        env = InformationSeekingEnv(config, llm=self.chat, embedder=self.embedder, depth=self.depth + 1,
+                                    hydra_chat=self.hydra_chat)
+        if spec.policy == "controller":
+            return env, load_controller_policy(spec.controller, env, spec.name)
+        return env, planner_policy if spec.policy == "planner" else scripted_policy(spec.path)
 
     def _hydra(self, spec: AgentSpec) -> tuple[Any, Policy]:
         from clova_train.envs.reasoning_loop import ReasoningLoopConfig, ReasoningLoopEnv
@@ -266,11 +273,10 @@ class AgentTools:
         budget = self.chat.budget
         before = budget.llm_calls
         try:
-            env, policy = self._env(name)
             from clova_train.envs.seeking_world import make_seeking_task
 
-            task = make_seeking_task(task_id, question)
-            obs, _ = env.reset(options={"task_id": task_id, "question": question, "nested": True, "task": task})
+            env, policy = self._env(name)
+            obs, _ = env.reset(options={"task": make_seeking_task(task_id, question), "nested": True})
             done, info, steps, trace = False, {}, 0, []
             while not done:
                 obs, _, terminated, truncated, info = env.step(policy(obs, env))

@@ -29,12 +29,12 @@ from clova_train.agents.backends import EmbeddingBackend
 from clova_train.agents.llm_cache import CacheMode, CallCache
 from clova_train.envs.agents import AgentSpec, AgentTools, BudgetedChat, BudgetSpent, CallBudget
 from clova_train.envs.information_seeking import (
-    as_specs, build_chat, coerce_parts, default_examples, hydra_chat_for, part_offsets,
+    build_chat, coerce_parts, default_examples, hydra_chat_for, part_offsets,
 )
 from clova_train.envs.reasoning_loop import EmbedderConfig, LLMConfig
 from clova_train.envs.seeking_parts import Dispatcher, MemoryEntry, WorkingMemory
-from clova_train.envs.seeking_world import SEEKING_KINDS, make_seeking_task
-from clova_train.envs.world import Task, draw_task_id, normalise_answer
+from clova_train.envs.seeking_world import SEEKING_KINDS, check_kinds, task_from_options
+from clova_train.envs.world import Task, normalise_answer
 
 
 def default_agents() -> list[AgentSpec]:
@@ -117,10 +117,11 @@ class AgentDispatchEnv(gym.Env):
             config = AgentDispatchConfig(**config)
         self.config = config = config or AgentDispatchConfig()
         self.render_mode = render_mode
-        self.specs = as_specs(config.agents)
+        self.specs = config.agents  # AgentSpecs (the config's __post_init__ made them so)
         if not self.specs:
             raise ValueError("the dispatcher needs at least one agent (hammr.agents)")
         self.kinds = tuple(config.kinds)
+        check_kinds(self.kinds)
         self.cache: CallCache | None = None
         if llm is None:
             llm, self.cache = build_chat(config.llm, config.context_examples, config.cache_path, config.cache_mode)
@@ -139,9 +140,7 @@ class AgentDispatchEnv(gym.Env):
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[np.ndarray, dict]:
         super().reset(seed=seed)
         options = options or {}
-        task_id = options.get("task_id")
-        task_id = int(task_id) if task_id is not None else draw_task_id(self.np_random, self.config.split)
-        self.task = make_seeking_task(task_id, options.get("question"), self.kinds)
+        self.task = task_from_options(options, self.np_random, self.config.split, self.kinds)
         self.llm.budget = CallBudget(self.config.max_depth, self.config.max_llm_calls)
         self.called: list[str] = []
         self.memory = WorkingMemory()
@@ -197,8 +196,8 @@ class AgentDispatchEnv(gym.Env):
                 reward += cfg.answer_reward * (answer == self.task.answer)
             else:
                 self.memory.add(MemoryEntry(f"agent:{name}", self.task.question, result.output(), "uninformative"))
-                if "budget" in result.reason:
-                    self.stopped = result.reason
+                if self.llm.budget.spent:  # every level below stopped too; no agent can run now
+                    self.stopped = self.llm.budget.spent_message
                 else:
                     self.choice = self._choose()
         spent = self.llm.budget.llm_calls - self.calls_counted
@@ -234,8 +233,8 @@ class AgentDispatchEnv(gym.Env):
                 "config": asdict(self.config)}
 
     def reference_policies(self, random_seed: int) -> dict[str, Any]:
-        """Rules without training: the LLM dispatcher's own choice, a random agent, each agent always (the
-        generic agent among them is HAMMR's flat baseline), and an oracle that routes by the question's kind."""
+        """Rules without training: the LLM dispatcher's own choice, a random agent, and each agent always (the
+        generic agent among them is HAMMR's flat baseline)."""
         rng = np.random.default_rng(random_seed)
 
         def random_agent(obs: np.ndarray, env: AgentDispatchEnv) -> int:

@@ -41,9 +41,9 @@ from clova_train.envs.scripted_seeking import ScriptedSeekingLLM
 from clova_train.envs.seeking_parts import (
     Example, MemoryEntry, SeekingPlanner, SeekingReasoner, WorkingMemory, clip_output,
 )
-from clova_train.envs.seeking_world import GOOD_PATHS, SEEKING_KINDS, SeekingTools, make_seeking_task
+from clova_train.envs.seeking_world import GOOD_PATHS, SEEKING_KINDS, SeekingTools, check_kinds, task_from_options
 from clova_train.envs.transition_graph import TransitionGraph, load_graph, restrict
-from clova_train.envs.world import Task, draw_task_id, normalise_answer
+from clova_train.envs.world import Task, normalise_answer
 
 TOOLS = ("caption", "vqa", "detect", "select", "classify", "image_search", "text_search")
 DEFAULT_EXAMPLE_QUESTIONS = {
@@ -178,13 +178,11 @@ class InformationSeekingEnv(gym.Env):
         self.config = config = config or InformationSeekingConfig()
         self.render_mode = render_mode
         self.kinds = tuple(config.kinds)
-        unknown = [k for k in self.kinds if k not in SEEKING_KINDS]
-        if unknown or not self.kinds:
-            raise ValueError(f"kinds {config.kinds!r}: each must be one of {', '.join(SEEKING_KINDS)}")
+        check_kinds(self.kinds)
         self.graph = load_graph(config.graph)
         if config.tools:
             self.graph = restrict(self.graph, list(config.tools))
-        self.specs = as_specs(config.agents)
+        self.specs = config.agents  # AgentSpecs (the config's __post_init__ made them so)
         check_tools(self.graph, self.specs)
         self.cache: CallCache | None = None
         if llm is None:
@@ -206,9 +204,7 @@ class InformationSeekingEnv(gym.Env):
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[np.ndarray, dict]:
         super().reset(seed=seed)
         options = options or {}
-        task_id = options.get("task_id")
-        task_id = int(task_id) if task_id is not None else draw_task_id(self.np_random, self.config.split)
-        self.task = make_seeking_task(task_id, options.get("question"), self.kinds)
+        self.task = task_from_options(options, self.np_random, self.config.split, self.kinds)
         if not options.get("nested"):
             self.llm.budget = CallBudget(self.config.max_depth, self.config.max_llm_calls)
         self.state = self.graph.start
@@ -273,8 +269,8 @@ class InformationSeekingEnv(gym.Env):
                 tool_calls = 1
                 label, answer = self._act(name, event)
                 if label == "answer":
-                    terminated = True
-                    reward += cfg.answer_reward * (normalise_answer(answer) == self.task.answer)
+                    terminated, answer = True, normalise_answer(answer)
+                    reward += cfg.answer_reward * (answer == self.task.answer)
                 self._settle(event)
                 if not terminated:
                     self._suggest()
@@ -285,7 +281,7 @@ class InformationSeekingEnv(gym.Env):
         info_calls = self.llm.budget.llm_calls - self.calls_counted
         feasible_left = bool(self.feasible())
         truncated = not terminated and (self.iteration >= cfg.max_iterations or not feasible_left or bool(self.stopped))
-        answer = normalise_answer(answer) if terminated else None
+        answer = answer if terminated else None
         info = {"task_id": self.task.task_id, "iteration": self.iteration, "answer": answer, "gold": self.task.answer,
                 "correct": answer == self.task.answer, "question_kind": self.task.question_type,
                 "infeasible": event.get("result") == "infeasible", "state": self.state,
@@ -298,7 +294,7 @@ class InformationSeekingEnv(gym.Env):
 
     def _act(self, name: str, event: dict[str, Any]) -> tuple[str, str | None]:
         """Run one feasible action: query, tool or agent, reasoner, memory; returns (label, answer)."""
-        action, query = self.suggestion if self.suggestion[0] == name else \
+        _, query = self.suggestion if self.suggestion[0] == name else \
             self.planner.propose(self.task.question, self.state, self.feasible(), self.memory, chosen=name)
         if name.startswith(AGENT_PREFIX):
             result = self.agents.call(name[len(AGENT_PREFIX):], query, self.task.task_id)

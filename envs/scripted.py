@@ -120,7 +120,8 @@ _QUESTION_PATTERNS = (
 )
 
 
-def _field(prompt: str, name: str) -> str:
+def prompt_field(prompt: str, name: str) -> str:
+    """The value of a ``<name>: <value>`` line of a prompt this package wrote ("" when it has none)."""
     match = re.search(rf"^{name}:[ \t]*(.*)$", prompt, flags=re.MULTILINE)
     return match.group(1).strip() if match else ""
 
@@ -202,8 +203,8 @@ class ScriptedReasoningLLM(ChatBackend):
     # ------------------------------------------------------------------ planner
     def _plan_reply(self, prompt: str) -> str:
         rng = np.random.default_rng(zlib.crc32(prompt.encode()))
-        question = _field(prompt, "Question")
-        n = int(_field(prompt, "Samples wanted") or 5)
+        question = prompt_field(prompt, "Question")
+        n = int(prompt_field(prompt, "Samples wanted") or 5)
         parsed = parse_question(question)
         if parsed is None:
             return "1. [0.5] Look at the whole image and guess the answer directly."
@@ -240,8 +241,8 @@ class ScriptedReasoningLLM(ChatBackend):
 
     # ------------------------------------------------------------------ reasoner
     def _code_reply(self, prompt: str) -> str:
-        instruction = _field(prompt, "Instruction")
-        question = _field(prompt, "Question")
+        instruction = prompt_field(prompt, "Instruction")
+        question = prompt_field(prompt, "Question")
         found = self._match(instruction)
         if found is None:
             return "```python\nprint('I do not know how to do that.')\n```"

@@ -24,6 +24,7 @@ import re
 from typing import Any
 
 from clova_train.agents.backends import ChatBackend, Message
+from clova_train.envs.scripted import prompt_field
 from clova_train.envs.seeking_world import GUILDS, NO_RESULT, TEMPLATES, parse_question
 
 STOPWORDS = frozenset("a an the is are of in on as its it to and or e g eg such there what which how was with".split())
@@ -34,11 +35,6 @@ SIMILAR = 0.25  # least word overlap (Jaccard) for an example to count as "like 
 def words(text: str, content_only: bool = False) -> set[str]:
     found = set(_WORD.findall(text.lower()))
     return found - STOPWORDS if content_only else found
-
-
-def _field(prompt: str, name: str) -> str:
-    match = re.search(rf"^{name}:[ \t]*(.*)$", prompt, flags=re.MULTILINE)
-    return match.group(1).strip() if match else ""
 
 
 def _section(prompt: str, name: str) -> list[str]:
@@ -71,9 +67,9 @@ class ScriptedSeekingLLM(ChatBackend):
 
     # ------------------------------------------------------------------ planner
     def _plan(self, prompt: str) -> str:
-        question = _field(prompt, "Question")
-        feasible = [a.strip() for a in _field(prompt, "Feasible actions").split(",") if a.strip()]
-        chosen = _field(prompt, "Chosen action")
+        question = prompt_field(prompt, "Question")
+        feasible = [a.strip() for a in prompt_field(prompt, "Feasible actions").split(",") if a.strip()]
+        chosen = prompt_field(prompt, "Chosen action")
         memory = _section(prompt, "Working memory")
         done = [line.split("]", 1)[1].split(" -> ", 1)[0].strip() for line in memory
                 if line.startswith("[informative]")]
@@ -124,7 +120,7 @@ class ScriptedSeekingLLM(ChatBackend):
 
     # ------------------------------------------------------------------ reasoner
     def _reason(self, prompt: str) -> str:
-        question, output = _field(prompt, "Question"), _field(prompt, "Output")
+        question, output = prompt_field(prompt, "Question"), prompt_field(prompt, "Output")
         parsed = parse_question(question)
         kind = parsed[0] if parsed else ""
         groups = parsed[1] if parsed else {}
@@ -162,7 +158,7 @@ class ScriptedSeekingLLM(ChatBackend):
 
     # ------------------------------------------------------------------ dispatcher
     def _dispatch(self, prompt: str) -> str:
-        asked = words(_field(prompt, "Question"), content_only=True)
+        asked = words(prompt_field(prompt, "Question"), content_only=True)
         best, best_score = "", -1
         for line in _section(prompt, "Agents"):
             name, _, description = line.lstrip("- ").partition(":")

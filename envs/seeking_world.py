@@ -30,7 +30,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from clova_train.envs.world import COLOURS, SHAPES, SceneObject, Task, make_task
+from clova_train.envs.world import COLOURS, SHAPES, SceneObject, Task, draw_task_id, make_task
 
 SEEKING_KINDS = ("count", "exists", "colour", "entity", "fact")
 GUILD_WORDS = {"red": "crimson", "green": "verdant", "blue": "azure", "yellow": "golden",
@@ -110,6 +110,22 @@ def make_seeking_task(task_id: int, question: str | None = None, kinds: tuple[st
     kind, groups = parsed
     return Task(task_id, scene.image_id, objects, kind, question, gold_answer(objects, kind, groups),
                 ((groups.get("c", ""), groups["s"]),), len(GOOD_PATHS[kind]))
+
+
+def check_kinds(kinds: tuple[str, ...]) -> None:
+    """Raise ``ValueError`` unless ``kinds`` is a non-empty selection of :data:`SEEKING_KINDS`."""
+    if not kinds or any(k not in SEEKING_KINDS for k in kinds):
+        raise ValueError(f"kinds {list(kinds)!r}: each must be one of {', '.join(SEEKING_KINDS)}")
+
+
+def task_from_options(options: dict, rng: np.random.Generator, split: str, kinds: tuple[str, ...]) -> Task:
+    """The task of an episode from ``reset`` options: ``task`` given whole (an agent calling another), else
+    ``task_id`` (or one drawn from ``split``) with an optional ``question``."""
+    if isinstance(options.get("task"), Task):
+        return options["task"]
+    task_id = options.get("task_id")
+    task_id = int(task_id) if task_id is not None else draw_task_id(rng, split)
+    return make_seeking_task(task_id, options.get("question"), kinds)
 
 
 GOOD_PATHS: dict[str, tuple[str, ...]] = {

@@ -38,6 +38,7 @@ from lightning.pytorch.utilities import rank_zero_info
 from torch import nn
 
 from clova_train.core.atomic import write_json_atomic
+from clova_train.core.distributed import data_parallel
 from clova_train.core.errors import ModelError
 from clova_train.tooluse.metrics import ToolUsageSuccessRate
 from clova_train.tooluse.prompt_template import TEMPLATE_FILE, PromptTemplate
@@ -212,7 +213,7 @@ class LoraToolLLM(LightningModule):
             loss = self.model(**batch, use_cache=False).loss  # no KV cache while training: it is never read
         tokens = (batch["labels"] != -100).sum()
         self.log("train/loss", loss, prog_bar=True, batch_size=batch["input_ids"].shape[0],
-                 sync_dist=self.data_parallel_size() > 1)  # the ranks' values average to the global loss
+                 sync_dist=data_parallel(self._trainer)[0] > 1)  # the ranks' values average to the global loss
         self.log("train/response_tokens", tokens.float(), reduce_fx="sum", batch_size=batch["input_ids"].shape[0])
         return loss
 
@@ -233,17 +234,12 @@ class LoraToolLLM(LightningModule):
         logits = output.logits.flatten(0, 1).float()
         total = F.cross_entropy(logits, targets[:, positions].flatten(), ignore_index=-100, reduction="sum")
         tokens = (targets != -100).sum().to(total.dtype)
-        world = self.data_parallel_size()
+        world, _ = data_parallel(self._trainer)
         if world > 1:
             tokens = tokens.detach().clone()
             torch.distributed.all_reduce(tokens)
             return total * world / tokens.clamp(min=1)
         return total / tokens.clamp(min=1)
-
-    def data_parallel_size(self) -> int:
-        """How many ranks hold different batches (their gradients are averaged)."""
-        kwargs = getattr(self.trainer.strategy, "distributed_sampler_kwargs", None) if self._trainer else None
-        return int(kwargs["num_replicas"]) if kwargs else 1
 
     def configure_optimizers(self) -> dict[str, Any]:
         from transformers import get_linear_schedule_with_warmup

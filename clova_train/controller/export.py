@@ -64,7 +64,7 @@ def export_controller(checkpoint: str | Path, output: str | Path, config: Contro
             **description,
             "q_network": {"file": "q_network.pt", "format": "torchscript", "input_shape": ["batch", *expected],
                           "output_shape": ["batch", int(model.action_space.n)],
-                          "action": MASKED_RULE if config.mask_size() else ACTION_RULES[config.dqn.action_selection]},
+                          "action": MASKED_RULE if model.mask_size else ACTION_RULES[config.dqn.action_selection]},
             "action_selection": config.dqn.action_selection,
             "sb3_zip": "controller.zip",
         })

@@ -106,13 +106,13 @@ class HydraDQN(DQN):
         """Greedy actions by ``rule`` (default: this model's), batch or single observation like ``predict``."""
         q, tensor, vectorized = self.q_values(observation)
         actions = select_actions(q, tensor, rule or self.action_selection, self.num_samples,
-                                 getattr(self, "mask_size", 0)).cpu().numpy()
+                                 self.mask_size).cpu().numpy()
         return actions if vectorized else actions[0]
 
     def _random_actions(self, observation: np.ndarray) -> np.ndarray:
         vectorized = self.policy.is_vectorized_observation(observation)
         batch = np.asarray(observation) if vectorized else np.asarray(observation)[None]
-        if getattr(self, "mask_size", 0):
+        if self.mask_size:
             actions = random_feasible(batch, self.mask_size, self._mask_rng)
         else:
             actions = np.array([self.action_space.sample() for _ in range(len(batch))])
@@ -120,14 +120,14 @@ class HydraDQN(DQN):
 
     def predict(self, observation: Any, state: Any = None, episode_start: Any = None,
                 deterministic: bool = False) -> tuple[np.ndarray, Any]:
-        if self.action_selection == "argmax_q" and not getattr(self, "mask_size", 0):
+        if self.action_selection == "argmax_q" and not self.mask_size:
             return super().predict(observation, state, episode_start, deterministic)
         if not deterministic and np.random.rand() < self.exploration_rate:  # SB3's epsilon-greedy draw
             return self._random_actions(observation), state
         return self.greedy_actions(observation), state
 
     def _sample_action(self, learning_starts: int, action_noise: Any = None, n_envs: int = 1) -> tuple[np.ndarray, np.ndarray]:
-        if getattr(self, "mask_size", 0) and self.num_timesteps < learning_starts:  # SB3's warm-up ignores masks
+        if self.mask_size and self.num_timesteps < learning_starts:  # SB3's warm-up ignores masks
             actions = self._random_actions(self._last_obs)
             return actions, actions
         return super()._sample_action(learning_starts, action_noise, n_envs)
@@ -135,7 +135,7 @@ class HydraDQN(DQN):
     def _setup_model(self) -> None:
         super()._setup_model()
         self._mask_rng = np.random.default_rng(self.seed)
-        if getattr(self, "mask_size", 0):
+        if self.mask_size:
             size = self.mask_size
             self.q_net_target.register_forward_hook(
                 lambda module, inputs, output: mask_q_values(output, inputs[0], size))

@@ -148,17 +148,9 @@ class ControllerConfig:
         """The configuration of the environment this run trains on."""
         return {"hydra": self.env, "avis": self.avis, "hammr": self.hammr}[self.environment]
 
-    def mask_size(self) -> int:
-        """Trailing observation entries that are the action mask the agent honours (0: none)."""
-        if self.environment == "hydra" or not self.dqn.mask_actions:
-            return 0
-        from clova_train.envs import make_env
-
-        env = make_env(replace(self.env_config(), cache_path=None))
-        try:
-            return int(env.action_space.n)
-        finally:
-            env.close()
+    def masks_actions(self) -> bool:
+        """Whether the agent honours an action mask (the AVIS and HAMMR environments end the observation with it)."""
+        return self.environment != "hydra" and self.dqn.mask_actions
 
 
 # ---------------------------------------------------------------------------------------------- validation
@@ -252,16 +244,14 @@ def _problems(config: ControllerConfig) -> list[str]:
 def _seeking_problems(section: str, env: InformationSeekingConfig | AgentDispatchConfig) -> list[str]:
     """The AVIS / HAMMR environment's values, and whether it can be built (graph files, agents, controllers)."""
     from clova_train.envs import make_env
-    from clova_train.envs.information_seeking import as_specs
     from clova_train.envs.seeking_world import SEEKING_KINDS
 
     problems = []
     unknown = [k for k in env.kinds if k not in SEEKING_KINDS]
     if unknown or not env.kinds:
         problems.append(f"{section}.kinds = {env.kinds!r}: each must be one of {', '.join(SEEKING_KINDS)}")
-    for key in ("answer_reward",):
-        if not isinstance(getattr(env, key), (int, float)) or not math.isfinite(getattr(env, key)):
-            problems.append(f"{section}.{key} = {getattr(env, key)!r}: must be a finite number")
+    if not isinstance(env.answer_reward, (int, float)) or not math.isfinite(env.answer_reward):
+        problems.append(f"{section}.answer_reward = {env.answer_reward!r}: must be a finite number")
     for key in ("infeasible_penalty", "step_cost", "call_cost", "llm_call_cost"):
         value = getattr(env, key, 0.0)
         if not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
@@ -270,7 +260,7 @@ def _seeking_problems(section: str, env: InformationSeekingConfig | AgentDispatc
         value = getattr(env, key, 1)
         if not isinstance(value, int) or isinstance(value, bool) or value < 1:
             problems.append(f"{section}.{key} = {value!r}: must be an integer >= 1")
-    names = [getattr(a, "name", None) if not isinstance(a, dict) else a.get("name") for a in env.agents]
+    names = [agent.name for agent in env.agents]  # AgentSpecs (the config's __post_init__ made them so)
     duplicated = sorted({n for n in names if names.count(n) > 1})
     if duplicated:
         problems.append(f"{section}.agents: the name {duplicated[0]!r} is used twice")
@@ -284,7 +274,7 @@ def _seeking_problems(section: str, env: InformationSeekingConfig | AgentDispatc
             built.close()
     except (ClovaTrainError, ValueError, TypeError) as err:
         problems.append(f"{section}: {err}")
-    for agent in as_specs(env.agents):
+    for agent in env.agents:
         if agent.policy == "controller" and not Path(agent.controller).is_file():
             problems.append(f"{section}.agents[{agent.name}].controller = {agent.controller!r}: no such file")
         if agent.environment == "hydra" and agent.policy == "scripted":
@@ -331,12 +321,14 @@ def build_model(config: ControllerConfig, env: Any) -> Any:
         max_grad_norm=d.max_grad_norm, policy_kwargs={"net_arch": list(d.net_arch)}, seed=config.train.seed,
         device=d.device, verbose=0, action_selection=d.action_selection, num_samples=config.env.num_samples,
         exploration_schedule=d.exploration_schedule, exploration_decay=d.exploration_decay,
-        exploration_decay_every=d.exploration_decay_every, mask_size=config.mask_size(),
+        exploration_decay_every=d.exploration_decay_every,
+        mask_size=int(env.action_space.n) if config.masks_actions() else 0,
     )
 
 
 def load_controller(path: str | Path, config: ControllerConfig, env: Any = None, device: str = "cpu") -> Any:
-    """A saved controller with the configured selection rule and exploration schedule."""
+    """A saved controller with the configured selection rule and exploration schedule (its action mask, if it
+    honours one, comes with the zip: ``mask_size`` is saved with the model)."""
     from clova_train.controller.selection import HydraDQN
 
     d = config.dqn
