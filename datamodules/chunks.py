@@ -10,6 +10,11 @@ and chunk composition does not change any instance's result.)
 Under DDP the chunks are dealt round-robin to ranks, and every rank yields the same number of chunks (the
 last ones may be empty) because the module gathers results across ranks after each chunk.
 
+The stream has a length, so Lightning itself knows the epoch's batch count (progress bars, loggers and any
+other callback read it through ``trainer.num_training_batches``, on every rank). On resume Lightning counts
+the batches the killed run had finished in the epoch as done, so the length is those chunks plus the pending
+ones: the module tells how many it had counted (``chunks_done`` in :meth:`PromptTuningDataModule.connect`).
+
 :class:`PromptTuningDataModule` is the base of every prompt-tuning datamodule: a subclass only builds its
 instances (``build_instances``) and, if it wants, evaluation loaders. The module connects to it once
 (:meth:`PromptTuningDataModule.connect`): it hands over how to ask which instances are finished and gets
@@ -19,6 +24,7 @@ the :class:`~clova_train.tools.contracts.ChunkPlan` (chunk size, instance ids) b
 from __future__ import annotations
 
 import math
+import warnings
 from abc import abstractmethod
 from collections.abc import Callable, Iterator
 
@@ -27,6 +33,14 @@ from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
 from clova_train.core.errors import DataError
 from clova_train.tools.contracts import ChunkPlan, InstanceDataset, TrainingInstance
+
+# Lightning warns that an IterableDataset's length may be wrong with several workers; PendingChunks deals its
+# chunks to the workers (see __iter__), so its length holds whatever their number.
+warnings.filterwarnings("ignore", message="Your `IterableDataset` has `__len__` defined", category=UserWarning)
+# ... and, on a resume inside the epoch, that the loader cannot resume: PendingChunks yields only the instances
+# not finished yet, so it resumes where the killed run stopped.
+warnings.filterwarnings("ignore", message="You're resuming from a checkpoint that ended before the epoch ended",
+                        category=UserWarning)
 
 
 class PendingChunks(IterableDataset):
@@ -38,6 +52,8 @@ class PendingChunks(IterableDataset):
         finished: returns the ids of finished instances; called at the start of every iteration.
         rank: this process's rank.
         world_size: number of processes.
+        chunks_done: returns how many chunks of the current epoch were already trained before this stream
+            was made (non-zero only when a killed run resumes inside its epoch); part of the length.
     """
 
     def __init__(
@@ -47,6 +63,7 @@ class PendingChunks(IterableDataset):
         finished: Callable[[], set[str] | frozenset[str]] = frozenset,
         rank: int = 0,
         world_size: int = 1,
+        chunks_done: Callable[[], int] = int,
     ) -> None:
         if chunk_size < 1:
             raise ValueError(f"chunk_size must be >= 1, got {chunk_size}")
@@ -55,6 +72,7 @@ class PendingChunks(IterableDataset):
         self.finished = finished
         self.rank = rank
         self.world_size = world_size
+        self.chunks_done = chunks_done
 
     def chunk_indices(self) -> list[list[int]]:
         """This rank's chunks (dataset indices), padded with empty chunks to the common count."""
@@ -66,12 +84,12 @@ class PendingChunks(IterableDataset):
         return mine + [[] for _ in range(per_rank - len(mine))]
 
     def pending_chunk_count(self) -> int:
-        """Chunks this rank will yield from now on (the progress bar's total).
-
-        Deliberately not ``__len__``: Lightning would take a length as the epoch's batch count and, on resume,
-        count the restored batches against it and end the epoch before the remaining chunks.
-        """
+        """Chunks this rank will yield from now on (the same on every rank)."""
         return len(self.chunk_indices())
+
+    def __len__(self) -> int:
+        """The epoch's batch count as Lightning counts it: chunks already trained in it plus those pending."""
+        return self.chunks_done() + self.pending_chunk_count()
 
     def __iter__(self) -> Iterator[list[TrainingInstance]]:
         chunks = self.chunk_indices()
@@ -104,6 +122,7 @@ class PromptTuningDataModule(LightningDataModule):
         self.num_workers = num_workers
         self.instances: InstanceDataset | None = None
         self._finished: Callable[[], set[str]] = set
+        self._chunks_done: Callable[[], int] = int
 
     @abstractmethod
     def build_instances(self) -> InstanceDataset:
@@ -117,12 +136,14 @@ class PromptTuningDataModule(LightningDataModule):
                 duplicate = next(i for i in ids if ids.count(i) > 1)
                 raise DataError(f"{type(self).__name__}: instance id {duplicate!r} occurs more than once")
 
-    def connect(self, finished: Callable[[], set[str]]) -> ChunkPlan:
-        """The hand-off with the prompt-tuning module (call after ``setup``)."""
+    def connect(self, finished: Callable[[], set[str]], chunks_done: Callable[[], int] = int) -> ChunkPlan:
+        """The hand-off with the prompt-tuning module (call after ``setup``): which instances are finished and
+        how many chunks of the current epoch it has trained (see :class:`PendingChunks`)."""
         if self.instances is None:
             self.setup("fit")
         assert self.instances is not None
         self._finished = finished
+        self._chunks_done = chunks_done
         return ChunkPlan(self.chunk_size, tuple(self.instances.instance_ids), self.instances)
 
     def train_dataloader(self) -> DataLoader:
@@ -130,5 +151,5 @@ class PromptTuningDataModule(LightningDataModule):
             self.setup("fit")
         rank = self.trainer.global_rank if self.trainer is not None else 0
         world = self.trainer.world_size if self.trainer is not None else 1
-        chunks = PendingChunks(self.instances, self.chunk_size, self._finished, rank, world)
+        chunks = PendingChunks(self.instances, self.chunk_size, self._finished, rank, world, self._chunks_done)
         return DataLoader(chunks, batch_size=None, collate_fn=keep_chunk, num_workers=self.num_workers)

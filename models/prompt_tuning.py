@@ -132,6 +132,7 @@ class PromptTuning(LightningModule):
         self.keep_rejected_prompts = keep_rejected_prompts
         self.validation_gate = validation_gate
         self.records: dict[str, InstanceRecord] = {}
+        self.chunks_done_in_epoch = 0  # training steps of this epoch, as Lightning counts its batches
         self.plan: ChunkPlan | None = None
         unknown = sorted(set(evaluation_controls) - set(CONTROLS))
         if unknown:
@@ -171,7 +172,7 @@ class PromptTuning(LightningModule):
                         f"got {type(datamodule).__name__}"
                     )
                 self.check_existing_pools()
-                self.plan = datamodule.connect(lambda: set(self.records))
+                self.plan = datamodule.connect(lambda: set(self.records), lambda: self.chunks_done_in_epoch)
                 if type(self.tool).check_instance is not PromptTool.check_instance:
                     for index in range(len(self.plan.instances)):
                         self.tool.check_instance(self.plan.instances[index])
@@ -226,8 +227,10 @@ class PromptTuning(LightningModule):
         for record in results:
             self.records[record.instance_id] = record
         self._count_chunk()
+        self.chunks_done_in_epoch = batch_idx + 1
         accepted = sum(r.accepted for r in results)
         total_accepted = float(sum(r.accepted for r in self.records.values()))
+        # Every rank logs the same values (they come from the gathered records), so none needs a sync.
         self.log_dict(
             {
                 "chunk/tried": float(len(results)),
@@ -237,12 +240,11 @@ class PromptTuning(LightningModule):
                 "total/finished": float(len(self.records)),
             },
             batch_size=max(len(results), 1),
-            rank_zero_only=True,
         )
         if results:
             loss = sum(r.loss for r in results) / len(results)
-            self.log("loss", loss, prog_bar=True, rank_zero_only=True, batch_size=len(results))
-            self.log("accepted", total_accepted, prog_bar=True, rank_zero_only=True, batch_size=1)
+            self.log("loss", loss, prog_bar=True, batch_size=len(results))
+            self.log("accepted", total_accepted, prog_bar=True, batch_size=1)
 
     def _count_chunk(self) -> None:
         """One counted optimizer step per chunk on every rank (Adam skips the prompts: they have no grad)."""
@@ -327,22 +329,8 @@ class PromptTuning(LightningModule):
 
     # ------------------------------------------------------------------ end of run
     def on_train_epoch_start(self) -> None:
-        # The chunk stream has no length (see PendingChunks.pending_chunk_count), so the progress bar gets its
-        # total here: the chunks already done in this epoch (restored on resume) plus those still pending.
-        chunks = getattr(self.trainer.train_dataloader, "dataset", None)
-        callback = self.trainer.progress_bar_callback
-        if callback is None or not hasattr(chunks, "pending_chunk_count"):
-            return
-        done = self.trainer.fit_loop.epoch_loop.batch_progress.current.ready
-        total = done + chunks.pending_chunk_count()
-        rich_task = getattr(callback, "train_progress_bar_id", None)
-        if getattr(callback, "progress", None) is not None and rich_task is not None:  # RichProgressBar
-            callback.progress.update(rich_task, total=total, completed=done)
-            callback.refresh()
-        elif getattr(callback, "train_progress_bar", None) is not None:  # TQDMProgressBar
-            callback.train_progress_bar.reset(total=total)
-            callback.train_progress_bar.n = done
-            callback.train_progress_bar.refresh()
+        # Not called when a killed run resumes inside its epoch: the count then comes from the checkpoint.
+        self.chunks_done_in_epoch = 0
 
     def on_train_epoch_end(self) -> None:
         # One pass over the pending instances is the whole job.
@@ -545,6 +533,7 @@ class PromptTuning(LightningModule):
         checkpoint[CHECKPOINT_KEY] = {
             "records": {k: r.to_state() for k, r in self.records.items()},
             "tool": self.tool.describe(),
+            "chunks_done_in_epoch": self.chunks_done_in_epoch,
         }
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
@@ -558,6 +547,8 @@ class PromptTuning(LightningModule):
                 f"but this run has {current['identity']} with prompt shape {current['prompt_shape']}"
             )
         self.records = {k: InstanceRecord.from_state(r) for k, r in state["records"].items()}
+        # Checkpoints from before this count: a run has one epoch and one counted step per chunk.
+        self.chunks_done_in_epoch = int(state.get("chunks_done_in_epoch", checkpoint.get("global_step", 0)))
 
 
 def pool_from_records(spec: PoolSpec, records: Any) -> PromptPool:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -31,7 +32,10 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
     # `make test` runs one pytest-xdist worker per core; with torch's default of one thread per core each,
     # the workers' threads contend and the suite takes more than twice as long
     torch.set_num_threads(1)
-# `clova-train fit` on one CPU process, one epoch, seeded, without logger, progress bar or model summary
+# `clova-train fit` on one CPU process, one epoch, seeded, without logger, progress bar or model summary. Quiet
+# on purpose: the tests built on it (DDP included) compare what is learned, pools and summaries, and read the
+# output for messages; the shipped configs' own bars, loggers and callbacks on several ranks are run as users
+# run them in test_shipped_configs_ddp.py.
 QUIET_CPU_FIT = [
     "fit", "--seed_everything=0", "--trainer.accelerator=cpu", "--trainer.devices=1", "--trainer.max_epochs=1",
     "--trainer.logger=false", "--trainer.enable_progress_bar=false", "--trainer.enable_model_summary=false",
@@ -85,12 +89,12 @@ def run_fit(*args: str) -> int:
         sys.argv = saved_argv
 
 
-def run_cli_subprocess(args: list[str], timeout: float = 300, **kwargs) -> subprocess.CompletedProcess:
+def run_cli_subprocess(args: list[str], timeout: float = 300, cwd: Path = REPO, **kwargs) -> subprocess.CompletedProcess:
     """Run ``python -m clova_train`` in a subprocess (the only way to test multi-process DDP)."""
     env = {**os.environ, "PYTHONPATH": str(REPO / "tests"), "PYTHONWARNINGS": "ignore"}
     return subprocess.run(
         [sys.executable, "-m", "clova_train", *args],
-        capture_output=True, text=True, timeout=timeout, env=env, cwd=REPO, **kwargs,
+        capture_output=True, text=True, timeout=timeout, env=env, cwd=cwd, **kwargs,
     )
 
 
@@ -126,7 +130,8 @@ PARALLEL_BUILDS = 2
 
 MODEL_CACHE = REPO / "checkpoints" / "test-cache"
 PRETRAINED_TEST_FILES = ("test_loc_learning.py", "test_seg_learning.py", "test_grounding_runs.py",
-                         "test_replace_learning.py")
+                         "test_replace_learning.py", "test_quickstart_configs_ddp.py",
+                         "test_paper_configs_ddp.py")
 _early_build: list[threading.Thread] = []
 
 
@@ -219,10 +224,53 @@ def tiny_sd_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return make_tiny_inpainting(tmp_path_factory.mktemp("tiny-sd"), pretrain_steps=0)
 
 
+# The data and tiny models that several test modules (and the shipped configs' multi-device runs) use.
+@pytest.fixture(scope="session")
+def tiny_blip_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from clova_train.tiny_models import make_tiny_blip, torch_threads
+
+    # The model these tests were checked against is pretrained on two threads (as on a 2-core machine): its
+    # arithmetic depends on the thread count, and a one-thread build answers "what colour" with shape names.
+    with torch_threads(2):
+        return make_tiny_blip(tmp_path_factory.mktemp("tiny-blip"), seed=0, pretrain_steps=300)
+
+
+@pytest.fixture(scope="session")
+def vqa_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """orange (4 records, the last with a wrong inferred answer), purple (2), red (2 marked correct)."""
+    from clova_train.synthetic.vqa import write_vqa_records
+
+    root = write_vqa_records(tmp_path_factory.mktemp("vqa"), ["orange"], ["red"], images_per_colour=4,
+                             wrong_answers=1, eval_per_colour=6, seed=0)
+    more = write_vqa_records(tmp_path_factory.mktemp("vqa-purple"), ["purple"], [], images_per_colour=2,
+                             wrong_answers=0, eval_per_colour=6, seed=1)
+    lines = (more / "train.jsonl").read_text().splitlines()
+    records = [json.loads(line) for line in lines]
+    for record in records:
+        record["image"] = str(more / record["image"])
+    with (root / "train.jsonl").open("a") as handle:
+        handle.writelines(json.dumps(r) + "\n" for r in records)
+    return root
+
+
+@pytest.fixture(scope="module")
+def loc_scenes(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from clova_train.synthetic.grounding import write_coco_scenes
+
+    return write_coco_scenes(tmp_path_factory.mktemp("loc-scenes"), ["purple circle", "orange square"], 16,
+                             distractor_colours=["red", "green", "blue", "yellow"], objects_per_image=2, seed=1)
+
+
+@pytest.fixture(scope="module")
+def seg_scenes(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from clova_train.synthetic.grounding import write_coco_scenes
+
+    return write_coco_scenes(tmp_path_factory.mktemp("seg-scenes"), ["purple circle", "red circle"], 16,
+                             distractor_colours=["red", "green", "blue", "yellow"], objects_per_image=2, seed=1)
+
+
 def serve_in_fresh_process(export: Path, request: dict) -> dict:
     """Serve one JSON request from ``export`` in a fresh Python process that must not import Lightning."""
-    import json
-
     script = (
         "import json, sys\n"
         "from clova_train.tools.serving import PromptToolServer\n"

@@ -145,16 +145,38 @@ def test_pending_chunks_skip_finished_and_split_ranks_evenly() -> None:
     assert per_rank[1][-1] == []  # 3 chunks over 2 ranks: rank 1 pads with an empty chunk
 
 
-def test_pending_chunks_count_what_they_will_yield_for_the_progress_bar() -> None:
+def test_pending_chunks_have_the_length_lightning_counts_on_every_rank() -> None:
+    """The length is the epoch's batch count as Lightning counts it: on resume, the chunks the killed run had
+    trained in the epoch (restored by Lightning as done) plus those still pending; the same on every rank."""
     data = FakeInstances(11)
     finished: set[str] = set()
     chunks = PendingChunks(data, 3, lambda: finished)
-    assert chunks.pending_chunk_count() == len(list(chunks)) == 4
-    finished |= {"i0", "i1", "i2", "i3"}  # a resumed run: only the remaining instances are counted
-    assert chunks.pending_chunk_count() == len(list(chunks)) == 3
-    per_rank = [PendingChunks(data, 3, lambda: finished, rank=r, world_size=2) for r in range(2)]
+    assert chunks.pending_chunk_count() == len(chunks) == len(list(chunks)) == 4
+    finished |= {"i0", "i1", "i2", "i3"}  # a resumed run: only the remaining instances are yielded...
+    done = 2  # ...after the two chunks its checkpoint counts
+    chunks = PendingChunks(data, 3, lambda: finished, chunks_done=lambda: done)
+    assert len(list(chunks)) == chunks.pending_chunk_count() == 3
+    assert len(chunks) == done + 3
+    per_rank = [PendingChunks(data, 3, lambda: finished, rank=r, world_size=2, chunks_done=lambda: 1) for r in range(2)]
     assert [c.pending_chunk_count() for c in per_rank] == [len(list(c)) for c in per_rank] == [2, 2]
-    assert not hasattr(chunks, "__len__")  # a length would end a resumed epoch early (see its docstring)
+    assert [len(c) for c in per_rank] == [3, 3]
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_chunk_loader_yields_exactly_its_length(workers: int) -> None:
+    """Through a DataLoader, with workers too: Lightning ends the epoch at ``len(loader)`` batches."""
+    from torch.utils.data import DataLoader
+
+    from clova_train.datamodules.chunks import keep_chunk
+
+    instances = []
+    for rank in range(3):
+        chunks = PendingChunks(FakeInstances(13), 2, frozenset, rank=rank, world_size=3)
+        loader = DataLoader(chunks, batch_size=None, collate_fn=keep_chunk, num_workers=workers)
+        batches = list(loader)
+        assert len(loader) == len(batches) == 3  # 7 chunks over 3 ranks: 3 each, ranks 1 and 2 pad
+        instances.append(sum(map(len, batches)))
+    assert instances == [5, 4, 4]
 
 
 def test_synthetic_root_rendered_differently_is_refused(tmp_path: Path) -> None:

@@ -8,9 +8,7 @@ from pathlib import Path
 import pytest
 
 from conftest import QUIET_CPU_FIT, run_cli_subprocess, run_fit
-from test_loc_learning import loc_scenes  # noqa: F401 (fixture)
 from test_prompt_tuning import assert_killed_run_resumes_to, assert_same_pools, load_run
-from test_seg_learning import seg_scenes  # noqa: F401 (fixture)
 
 TOOL_ARGS = {
     "loc": ["--model.init_args.tool.class_path=clova_train.tools.owlvit_loc.OwlVitLoc",

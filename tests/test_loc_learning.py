@@ -24,12 +24,7 @@ def two_threads() -> Iterator[None]:
         yield
 
 
-@pytest.fixture(scope="module")
-def loc_scenes(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from clova_train.synthetic.grounding import write_coco_scenes
 
-    return write_coco_scenes(tmp_path_factory.mktemp("loc-scenes"), ["purple circle", "orange square"], 16,
-                             distractor_colours=["red", "green", "blue", "yellow"], objects_per_image=2, seed=1)
 
 
 @pytest.fixture(scope="module")

@@ -40,6 +40,9 @@ def small_data(tmp_path_factory: pytest.TempPathFactory, tiny_llama_dir: Path) -
 
 
 def fit_args(data: Path, model: Path, out: Path, *extra: str) -> list[str]:
+    """The quickstart config on the small data, with a CSV logger the tests read and no progress bar: these tests
+    compare adapters and metrics; the config's own bar and loggers on several ranks are run in
+    test_shipped_configs_ddp.py."""
     return [
         "fit", "--config", "configs/quickstart/tool_llm_lora.yaml",
         f"--model.init_args.model_name_or_path={model}", "--model.init_args.max_new_tokens=8",

@@ -13,12 +13,7 @@ from clova_train.tools.maskformer_seg import MaskFormerSeg
 from grounding_helpers import instances_of, random_control, serve_accepted_in_fresh_process, tune
 
 
-@pytest.fixture(scope="module")
-def seg_scenes(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from clova_train.synthetic.grounding import write_coco_scenes
 
-    return write_coco_scenes(tmp_path_factory.mktemp("seg-scenes"), ["purple circle", "red circle"], 16,
-                             distractor_colours=["red", "green", "blue", "yellow"], objects_per_image=2, seed=1)
 
 
 @pytest.fixture(scope="module")

@@ -16,32 +16,9 @@ from conftest import QUIET_CPU_FIT, run_cli_subprocess, run_fit
 from test_prompt_tuning import assert_same_pools, load_run
 
 
-@pytest.fixture(scope="session")
-def tiny_blip_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from clova_train.tiny_models import make_tiny_blip, torch_threads
-
-    # The model these tests were checked against is pretrained on two threads (as on a 2-core machine): its
-    # arithmetic depends on the thread count, and a one-thread build answers "what colour" with shape names.
-    with torch_threads(2):
-        return make_tiny_blip(tmp_path_factory.mktemp("tiny-blip"), seed=0, pretrain_steps=300)
 
 
-@pytest.fixture(scope="session")
-def vqa_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """orange (4 records, the last with a wrong inferred answer), purple (2), red (2 marked correct)."""
-    from clova_train.synthetic.vqa import write_vqa_records
 
-    root = write_vqa_records(tmp_path_factory.mktemp("vqa"), ["orange"], ["red"], images_per_colour=4,
-                             wrong_answers=1, eval_per_colour=6, seed=0)
-    more = write_vqa_records(tmp_path_factory.mktemp("vqa-purple"), ["purple"], [], images_per_colour=2,
-                             wrong_answers=0, eval_per_colour=6, seed=1)
-    lines = (more / "train.jsonl").read_text().splitlines()
-    records = [json.loads(line) for line in lines]
-    for record in records:
-        record["image"] = str(more / record["image"])
-    with (root / "train.jsonl").open("a") as handle:
-        handle.writelines(json.dumps(r) + "\n" for r in records)
-    return root
 
 
 @pytest.fixture(scope="module")

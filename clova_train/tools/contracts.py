@@ -4,7 +4,7 @@
 * :class:`Rejection` / :class:`GateResult`: why the validation gate refused an instance (kind + detail);
 * :class:`InstanceRecord`: what the engine keeps of a finished instance (checkpoints, summary, pool);
 * :class:`ChunkPlan` / :class:`ChunkSource`: the one hand-off between a prompt-tuning module and its
-  datamodule (chunk size, the instances, which of them are finished).
+  datamodule (chunk size, the instances, which of them are finished, how many chunks were trained).
 """
 
 from __future__ import annotations
@@ -127,8 +127,9 @@ class ChunkPlan:
 class ChunkSource(Protocol):
     """A datamodule that feeds per-instance prompt tuning (see ``clova_train.datamodules.chunks``)."""
 
-    def connect(self, finished: Callable[[], set[str]]) -> ChunkPlan:
-        """Learn which instances are finished (asked when a pass over the data starts) and describe the run."""
+    def connect(self, finished: Callable[[], set[str]], chunks_done: Callable[[], int] = int) -> ChunkPlan:
+        """Learn which instances are finished (asked when a pass over the data starts) and how many chunks of
+        the current epoch were trained (a resumed run's stream counts them in its length); describe the run."""
         ...
 
 
