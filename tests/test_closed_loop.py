@@ -341,6 +341,11 @@ def test_a_failing_backend_pauses_the_loop_and_a_rerun_continues(failure: str, s
     assert len(learner.fits) == len(fits_done) == len(Journal(tmp_path / "straight" / "journal.jsonl").events("fit_done"))
 
 
+# The client's time limit per call: long enough that a healthy reply on a busy machine (the suite runs DDP
+# subprocesses beside this test; 0.3 s timed out there) is never taken for the ``timeout`` failure.
+TIMEOUT_S = 2.0
+
+
 class _ChatServer:
     """An OpenAI-compatible chat endpoint that answers as the scripted LLM and, from its ``fail_from``-th
     request on, fails as a real server does: ``503``, a ``malformed`` reply, or no reply in time (``timeout``)."""
@@ -357,7 +362,8 @@ class _ChatServer:
                 owner.requests += 1
                 failing = owner.fail_from is not None and owner.requests >= owner.fail_from
                 if failing and owner.failure == "timeout":
-                    time.sleep(1.0)
+                    time.sleep(TIMEOUT_S * 2.5)
+                    return  # the client has given up: no reply to write
                 if failing and owner.failure == "503":
                     self.send_response(503)
                     self.end_headers()
@@ -380,7 +386,8 @@ class _ChatServer:
         self.url = f"http://127.0.0.1:{self.server.server_port}/v1"
 
     def backend(self) -> ChatBackend:
-        return OpenAIChatBackend(self.url, "scripted", api_key="none", timeout_s=0.3, max_retries=1, backoff_s=0.01)
+        return OpenAIChatBackend(self.url, "scripted", api_key="none", timeout_s=TIMEOUT_S, max_retries=1,
+                                 backoff_s=0.01)
 
 
 @pytest.mark.parametrize("failure", ["503", "malformed", "timeout"])
