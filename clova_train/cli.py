@@ -27,6 +27,7 @@ import sys
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
+from clova_train.core.atomic import disk_full, storage_error
 from clova_train.core.errors import ClovaTrainError
 
 PROG = "clova-train"
@@ -311,6 +312,8 @@ def user_error(exc: BaseException) -> ClovaTrainError | None:
             return current
         if type(current).__name__ == "MisconfigurationException":  # Lightning's: bad trainer options
             return ClovaTrainError(f"trainer configuration: {current}")
+        if disk_full(current):  # a write outside the atomic helpers (they name their target themselves)
+            return storage_error(Path(current.filename or "a file"), current, intact=False)
         seen.add(id(current))
         current = current.__cause__ or current.__context__
     return None

@@ -46,7 +46,7 @@ from torchmetrics import MeanMetric
 
 from clova_train.core.atomic import write_json_atomic, write_text_atomic
 from clova_train.core.errors import ModelError, PoolError
-from clova_train.core.pool import PoolSpec, PromptPool, control_pool
+from clova_train.core.pool import PoolSpec, PromptPool, control_pool, merge_into_file
 from clova_train.core.evaluation_report import SampleTable, format_report
 from clova_train.tools.base import PromptTool
 from clova_train.tools.contracts import ChunkPlan, ChunkSource, InstanceRecord, TrainingInstance
@@ -379,7 +379,7 @@ class PromptTuning(LightningModule):
             for path in targets:
                 if path.exists():
                     raise PoolError(f"prompt pool {path} already exists (on_existing_pool='error')")
-        added = [self._merge_into(path, pool) for path in targets]
+        added = [merge_into_file(path, pool, overwrite=self.on_existing_pool == "overwrite") for path in targets]
         write_json_atomic(self.run_dir / TOOL_FILE, self.tool.describe())
         return targets[0], (targets[1], added[1]) if len(targets) > 1 else None
 
@@ -402,15 +402,6 @@ class PromptTuning(LightningModule):
                 raise PoolError(f"prompt pool {path} already exists (on_existing_pool='error')")
             if self.on_existing_pool == "merge":
                 PromptPool.load(path, expected=self.tool.pool_spec())
-
-    def _merge_into(self, path: Path, pool: PromptPool) -> int:
-        if path.exists() and self.on_existing_pool == "merge":
-            existing = PromptPool.load(path, expected=pool.spec)
-            added = existing.merge(pool)
-            existing.save(path)
-            return added
-        pool.save(path)
-        return len(pool)
 
     def summary(self) -> dict[str, Any]:
         """Counts of tried / accepted / rejected instances, per concept, and of rejections per kind."""

@@ -89,7 +89,8 @@ def test_existing_pool_is_merged_not_lost(tiny_clip_dir: Path, concept_root: Pat
     second_pool, second_summary = load_run(second)  # the run directory keeps its own pool and summary
     assert set(first_pool.concepts) <= set(merged.concepts)
     assert len(merged) == len(first_pool) + second_summary["accepted"] == len(first_pool) + len(second_pool)
-    assert sorted(p.name for p in pool_path.parent.iterdir()) == ["pool.safetensors"]  # nothing else written there
+    # nothing else written there but the lock that merges hold (core.pool.pool_lock)
+    assert sorted(p.name for p in pool_path.parent.iterdir()) == [".pool.safetensors.lock", "pool.safetensors"]
     from clova_train.cli import main
 
     assert main(["export", str(second), "-o", str(tmp_path / "export")]) == 0

@@ -25,3 +25,7 @@ class ModelError(ClovaTrainError):
 
 class ExportError(ClovaTrainError):
     """A run or export directory is missing or incomplete."""
+
+
+class StorageError(ClovaTrainError):
+    """A file could not be written: the device is full or the quota used up (what was saved before is intact)."""

@@ -23,7 +23,9 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-from clova_train.core.atomic import default_mode, write_json_atomic
+from clova_train.core.atomic import (
+    STAGING_SUFFIX, default_mode, disk_full, remove_stale_temporaries, storage_error, temporary_prefix, write_json_atomic,
+)
 
 EXPORT_FORMAT_VERSION = 1
 MANIFEST_FILE = "export.json"
@@ -66,13 +68,16 @@ def staged_directory(output: str | os.PathLike[str]) -> Iterator[Path]:
     """Yield an empty staging directory; on success it replaces ``output``, on failure it is removed."""
     output = Path(output)
     output.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{output.name}.", dir=output.parent))
+    remove_stale_temporaries(output)
+    staging = Path(tempfile.mkdtemp(prefix=temporary_prefix(output), suffix=STAGING_SUFFIX, dir=output.parent))
     os.chmod(staging, default_mode(directory=True))
     try:
         yield staging
         _replace_dir(staging, output)
-    except BaseException:
+    except BaseException as error:
         shutil.rmtree(staging, ignore_errors=True)
+        if disk_full(error):
+            raise storage_error(output, error) from error
         raise
 
 

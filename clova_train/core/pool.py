@@ -18,7 +18,9 @@ prompt; one query then costs ``O(d * prompt_size)`` whatever the number of store
 
 On disk a pool is a single safetensors file whose header carries the JSON metadata (format version,
 tool, model identity, prompt shape, feature dim, concepts and instance ids). Writes are atomic; loading
-checks the file and, when given the expected spec, the tool, model identity and shapes.
+checks the file and, when given the expected spec, the tool, model identity and shapes. Runs that share a
+pool file merge into it with :func:`merge_into_file`, under a lock, so two runs that finish together both
+keep their prompts.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ from typing import Literal
 
 import torch
 import torch.nn.functional as F
+from filelock import FileLock
 from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
 
@@ -401,3 +404,24 @@ class PromptPool:
             except PoolError as err:
                 raise PoolError(f"prompt pool {path}: {err}") from err
         return pool
+
+
+def pool_lock(path: str | os.PathLike[str]) -> FileLock:
+    """The exclusive lock of the pool file ``path`` (``.<name>.lock`` beside it), held for a read-merge-write."""
+    path = Path(path)
+    return FileLock(path.with_name(f".{path.name}.lock"))
+
+
+def merge_into_file(path: str | os.PathLike[str], pool: PromptPool, overwrite: bool = False) -> int:
+    """Merge ``pool`` into the pool file at ``path`` (created if missing; replaced by ``pool`` with ``overwrite``)
+    while holding its lock, so that concurrent merges into one file lose nothing. Returns the prompts added."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with pool_lock(path):
+        if overwrite or not path.exists():
+            pool.save(path)
+            return len(pool)
+        existing = PromptPool.load(path, expected=pool.spec)
+        added = existing.merge(pool)
+        existing.save(path)
+        return added
