@@ -217,6 +217,18 @@ def test_journal_drops_a_line_cut_off_by_a_kill(tmp_path: Path) -> None:
         Journal(tmp_path / "j.jsonl")
 
 
+def test_journal_keeps_a_whole_last_event_that_lacks_its_newline(tmp_path: Path) -> None:
+    path = tmp_path / "j.jsonl"
+    path.write_text('{"event": "a", "x": 1}\n{"event": "b", "x": "\u00e9"}')  # written by hand, or cut just before the end
+    journal = Journal(path)
+    assert [e["event"] for e in journal.events()] == ["a", "b"] and journal.last("b")["x"] == "\u00e9"
+    journal.append("c")
+    assert [e["event"] for e in Journal(path).events()] == ["a", "b", "c"]
+    path.write_bytes(b'{"event": "a"}\n{"event": "b", "x": "\xff')  # torn inside a multi-byte character
+    assert [e["event"] for e in Journal(path).events()] == ["a"]
+    assert path.read_bytes() == b'{"event": "a"}\n'
+
+
 def test_task_files_are_checked_line_by_line(tmp_path: Path) -> None:
     Image.new("RGB", (8, 8)).save(tmp_path / "a.png")
     good = {"id": "1", "instruction": "What colour?", "image": "a.png", "feedback": {"answer": "red"}}

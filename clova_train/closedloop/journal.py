@@ -3,8 +3,9 @@
 Everything the loop decides (a task's trace, a reflection, collected data, a fit started and finished, a
 demonstration added) is an event here, and the loop's state is what replaying the events gives. A killed loop
 therefore resumes where it stopped: events that were written are never redone, and work that was cut off
-(a fit without its ``fit_done``) is done again. A line cut off by the kill (no newline, or not JSON) is the
-only kind of damage an append can leave; it is dropped when the journal is opened, and said so.
+(a fit without its ``fit_done``) is done again. A final line cut off by the kill (not a whole JSON event) is
+the only kind of damage an append can leave; it is dropped when the journal is opened, and said so. A whole
+final event that lacks only its newline (written by hand, or cut off just before it) is kept.
 """
 
 from __future__ import annotations
@@ -33,19 +34,27 @@ class Journal:
             return []
         data = self.path.read_bytes()
         lines = data.split(b"\n")
+        if lines[-1] == b"":  # the file ends with its last event's newline (or is empty)
+            lines.pop()
         events, good_bytes = [], 0
-        for number, line in enumerate(lines[:-1], 1):  # the part after the last newline was cut off, if any
+        for number, line in enumerate(lines, 1):
+            final = number == len(lines)
             try:
                 event = json.loads(line)
-            except json.JSONDecodeError as err:
-                if number == len(lines) - 1:  # a torn final line (written without its end)
+            except (json.JSONDecodeError, UnicodeDecodeError) as err:
+                if final:  # a torn final line (written without its end)
                     break
                 raise DataError(f"{self.path}:{number}: not a journal event ({err}); the journal was edited by hand?") from None
             if not isinstance(event, dict) or "event" not in event:
+                if final:
+                    break
                 raise DataError(f"{self.path}:{number}: not a journal event (an object with an 'event' field)")
             events.append(event)
             good_bytes += len(line) + 1
-        if good_bytes != len(data):
+        if good_bytes == len(data) + 1:  # a whole last event that lacks only its newline: kept, newline added
+            with open(self.path, "ab") as handle:
+                handle.write(b"\n")
+        elif good_bytes != len(data):
             log.warning("%s: dropped an event cut off by an interruption (%d bytes)", self.path, len(data) - good_bytes)
             with open(self.path, "r+b") as handle:
                 handle.truncate(good_bytes)
