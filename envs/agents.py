@@ -162,10 +162,15 @@ def load_controller_policy(path: str, env: Any, agent: str) -> Policy:
     take ``env``'s observations and actions."""
     from stable_baselines3 import DQN
 
+    from clova_train.agents.sb3_files import zip_custom_objects
+    from clova_train.core.errors import UnsafeFileError
+
     if not Path(path).is_file():
         raise ClovaTrainError(f"agent {agent}: controller {path} does not exist")
     try:
-        model = DQN.load(path, device="cpu")
+        model = DQN.load(path, device="cpu", custom_objects=zip_custom_objects(path))  # SB3 unpickles nothing
+    except UnsafeFileError as err:
+        raise ClovaTrainError(f"agent {agent}: {err}") from None
     except Exception as err:  # noqa: BLE001 (any unreadable zip is one message)
         raise ClovaTrainError(f"agent {agent}: controller {path} cannot be loaded: {str(err)[:200]}") from None
     if model.observation_space.shape != env.observation_space.shape or model.action_space != env.action_space:

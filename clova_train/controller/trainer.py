@@ -329,11 +329,14 @@ def build_model(config: ControllerConfig, env: Any) -> Any:
 def load_controller(path: str | Path, config: ControllerConfig, env: Any = None, device: str = "cpu") -> Any:
     """A saved controller with the configured selection rule and exploration schedule (its action mask, if it
     honours one, comes with the zip: ``mask_size`` is saved with the model)."""
+    from clova_train.agents.sb3_files import zip_custom_objects
     from clova_train.controller.selection import HydraDQN
 
     d = config.dqn
-    # ``load`` sets these keyword arguments as attributes (the names HydraDQN keeps them under).
-    return HydraDQN.load(path, env=env, device=device, action_selection=d.action_selection,
+    # ``load`` sets these keyword arguments as attributes (the names HydraDQN keeps them under); the zip's pickled
+    # fields come in through the allowlist (custom_objects), so SB3 unpickles nothing.
+    return HydraDQN.load(path, env=env, device=device, custom_objects=zip_custom_objects(path),
+                         action_selection=d.action_selection,
                          num_samples=config.env.num_samples, exploration_schedule_kind=d.exploration_schedule,
                          exploration_decay=d.exploration_decay, exploration_decay_every=d.exploration_decay_every)
 
@@ -365,6 +368,7 @@ def clear_run(run_dir: Path, keep: str | None) -> None:
 
 
 def _load(config: ControllerConfig, env: Any, checkpoints: Path) -> Any:
+    from clova_train.agents.sb3_files import load_replay_buffer
     from clova_train.controller.callbacks import latest_checkpoint
 
     found = latest_checkpoint(checkpoints)
@@ -376,7 +380,7 @@ def _load(config: ControllerConfig, env: Any, checkpoints: Path) -> Any:
         raise ClovaTrainError(f"checkpoint {model_path} expects observations of shape {model.observation_space.shape}"
                               f", the configured environment gives {env.observation_space.shape}")
     if replay_path.exists():
-        model.load_replay_buffer(replay_path)
+        load_replay_buffer(model, replay_path)
     print(f"Resuming {model_path} at step {model.num_timesteps} (exploration rate {model.exploration_rate:.4f})",
           flush=True)
     return model

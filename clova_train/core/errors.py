@@ -29,3 +29,7 @@ class ExportError(ClovaTrainError):
 
 class StorageError(ClovaTrainError):
     """A file could not be written: the device is full or the quota used up (what was saved before is intact)."""
+
+
+class UnsafeFileError(ClovaTrainError):
+    """A file asks for code to be loaded (a pickled global) that no legitimate file of its kind needs."""

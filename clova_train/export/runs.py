@@ -28,7 +28,7 @@ from typing import Any
 import torch
 
 from clova_train.core.atomic import write_json_atomic
-from clova_train.core.errors import ExportError, ModelError
+from clova_train.core.errors import ClovaTrainError, ExportError, ModelError
 from clova_train.core.manifest import BASE_DIR, staged_directory, write_manifest
 from clova_train.core.pool import PoolSpec, PromptPool
 
@@ -125,18 +125,17 @@ def is_distributed_checkpoint(path: Path) -> bool:
 
 def load_distributed_checkpoint(ckpt: Path) -> dict[str, Any]:
     """A sharded checkpoint directory as one checkpoint dict: the shards consolidated on the CPU (no process
-    group needed) and Lightning's ``meta.pt`` (everything but the tensors) merged in."""
-    import tempfile
-
-    from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+    group needed; nothing unpickled outside an allowlist, see ``distributed_checkpoint``) and Lightning's
+    ``meta.pt`` (everything but the tensors) merged in."""
+    from clova_train.export.distributed_checkpoint import read_distributed_checkpoint
 
     try:
-        with tempfile.TemporaryDirectory() as tmp:
-            dcp_to_torch_save(str(ckpt), str(Path(tmp) / "whole.pt"))
-            checkpoint = torch.load(Path(tmp) / "whole.pt", map_location="cpu", weights_only=True)
+        checkpoint = read_distributed_checkpoint(ckpt)
         meta = ckpt / "meta.pt"
         if meta.is_file():
             checkpoint.update(torch.load(meta, map_location="cpu", weights_only=True))
+    except ClovaTrainError:
+        raise
     except Exception as err:  # torch raises many types for a truncated or foreign directory
         raise ExportError(f"cannot read sharded checkpoint {ckpt}: {err}") from err
     return checkpoint

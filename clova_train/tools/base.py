@@ -222,16 +222,59 @@ class PromptTool(nn.Module, ABC):
         return torch.device("cpu")
 
 
+# The tools this package ships: the module that defines each (imported only when a description names it).
+BUILTIN_TOOLS = {
+    "clova_train.tools.clip.PromptedClip": "clova_train.tools.clip",
+    "clova_train.tools.blip_vqa.BlipVqa": "clova_train.tools.blip_vqa",
+    "clova_train.tools.owlvit_loc.OwlVitLoc": "clova_train.tools.owlvit_loc",
+    "clova_train.tools.maskformer_seg.MaskFormerSeg": "clova_train.tools.maskformer_seg",
+    "clova_train.tools.sd_inpaint_replace.InpaintTextualInversion": "clova_train.tools.sd_inpaint_replace",
+}
+ENTRY_POINT_GROUP = "clova_train.prompt_tools"
+
+
+def class_path_of(cls: type) -> str:
+    return f"{cls.__module__}.{cls.__qualname__}"
+
+
+def registered_tool(class_path: str) -> type[PromptTool] | None:
+    """The prompt tool registered under ``class_path``, or ``None``: a tool this package ships, a subclass of
+    :class:`PromptTool` already imported by the program (a user's own tool, imported by its config), or one an
+    installed package declares under the ``clova_train.prompt_tools`` entry point group. Nothing else is
+    imported: a file that names a module never gets it run."""
+    if class_path in BUILTIN_TOOLS:
+        importlib.import_module(BUILTIN_TOOLS[class_path])
+    known = {class_path_of(cls): cls for cls in _subclasses(PromptTool)}
+    if class_path in known:
+        return known[class_path]
+    from importlib.metadata import entry_points
+
+    for entry in entry_points(group=ENTRY_POINT_GROUP):
+        if entry.value.replace(":", ".") == class_path:
+            return entry.load()
+    return None
+
+
+def _subclasses(cls: type) -> list[type]:
+    found = []
+    for sub in cls.__subclasses__():
+        found += [sub, *_subclasses(sub)]
+    return found
+
+
 def tool_class(description: dict[str, Any]) -> type[PromptTool]:
-    """The :class:`PromptTool` subclass a ``tool.json`` names by ``class_path``."""
+    """The :class:`PromptTool` subclass a ``tool.json`` names by ``class_path`` (a registered one only: see
+    :func:`registered_tool`)."""
     class_path = description.get("class_path")
     if not isinstance(class_path, str) or "." not in class_path:
         raise ModelError(f"tool description has no class_path (keys: {sorted(description)})")
-    module_name, _, attribute = class_path.rpartition(".")
-    try:
-        tool_cls = getattr(importlib.import_module(module_name), attribute)
-    except (ImportError, AttributeError) as err:
-        raise ModelError(f"tool class {class_path!r} cannot be imported: {err}") from err
+    tool_cls = registered_tool(class_path)
+    if tool_cls is None:
+        raise ModelError(
+            f"tool class {class_path!r} is not a registered prompt tool (this package's: {', '.join(BUILTIN_TOOLS)}); "
+            f"a tool of your own is found once your program has imported it, or when its package declares it under "
+            f"the {ENTRY_POINT_GROUP!r} entry point group (a file never gets a module imported)"
+        )
     if not (isinstance(tool_cls, type) and issubclass(tool_cls, PromptTool)):
         raise ModelError(f"{class_path!r} is not a PromptTool subclass")
     return tool_cls

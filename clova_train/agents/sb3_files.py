@@ -1,0 +1,92 @@
+"""Reading stable-baselines3 files (model zips, replay buffers) without running code from them.
+
+An SB3 zip's ``data`` entry is JSON, but the fields JSON cannot hold (observation and action spaces, schedules,
+the policy and buffer classes, numpy arrays, random generators, ``train_freq``) are cloudpickled inside it, and
+``BaseAlgorithm.load`` unpickles them: a zip from someone else could run any code on load. A replay buffer is a
+plain pickle. Here both are unpickled by :class:`~clova_train.core.safe_pickle.AllowlistUnpickler`, which
+resolves only the classes and functions such fields legitimately name (:data:`ALLOWED_GLOBALS`); the zip's fields then reach SB3 as
+``custom_objects``, so SB3 unpickles nothing itself. The weights (``policy.pth``, ``pytorch_variables.pth``)
+SB3 already reads with ``torch.load(weights_only=True)``. A file that names anything else is refused with one
+message naming the file, the field and what it asked for.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import json
+import pickle
+import zipfile
+from pathlib import Path
+from typing import Any
+
+from clova_train.core.errors import ClovaTrainError, UnsafeFileError
+from clova_train.core.safe_pickle import AllowlistUnpickler, restricted_loads
+
+# (module, name) pairs a legitimate SB3 DQN zip or replay buffer refers to (numpy under its 1.x and 2.x names).
+ALLOWED_GLOBALS = frozenset({
+    ("builtins", "object"), ("builtins", "set"), ("builtins", "frozenset"), ("builtins", "slice"),
+    ("copyreg", "_reconstructor"),
+    ("collections", "deque"), ("collections", "OrderedDict"),
+    *((core, name) for core in ("numpy.core.multiarray", "numpy._core.multiarray") for name in ("_reconstruct", "scalar")),
+    ("numpy.core.numeric", "_frombuffer"), ("numpy._core.numeric", "_frombuffer"),
+    ("numpy", "dtype"), ("numpy", "ndarray"),
+    ("numpy.random._pickle", "__generator_ctor"), ("numpy.random._pickle", "__bit_generator_ctor"),
+    ("numpy.random._pickle", "__randomstate_ctor"),
+    ("numpy.random._pcg64", "PCG64"), ("numpy.random._pcg64", "PCG64DXSM"), ("numpy.random._mt19937", "MT19937"),
+    ("numpy.random.bit_generator", "SeedSequence"), ("numpy.random.bit_generator", "__pyx_unpickle_SeedSequence"),
+    ("torch", "device"),
+    ("gymnasium.spaces.box", "Box"), ("gymnasium.spaces.discrete", "Discrete"),
+    ("gymnasium.spaces.multi_discrete", "MultiDiscrete"), ("gymnasium.spaces.multi_binary", "MultiBinary"),
+    ("stable_baselines3.common.utils", "ConstantSchedule"), ("stable_baselines3.common.utils", "FloatSchedule"),
+    ("stable_baselines3.common.utils", "LinearSchedule"),
+    ("stable_baselines3.common.type_aliases", "TrainFreq"),
+    ("stable_baselines3.common.type_aliases", "TrainFrequencyUnit"),
+    ("stable_baselines3.common.buffers", "ReplayBuffer"),
+    ("stable_baselines3.dqn.policies", "DQNPolicy"), ("stable_baselines3.dqn.policies", "QNetwork"),
+})
+
+
+def zip_custom_objects(path: str | Path) -> dict[str, Any]:
+    """Every cloudpickled field of the SB3 zip at ``path``, unpickled through the allowlist: pass it to
+    ``load(..., custom_objects=...)`` and SB3 unpickles nothing.
+
+    Raises:
+        UnsafeFileError: a field names a class or function outside the allowlist, or is not a pickle.
+        ClovaTrainError: ``path`` is not an SB3 zip.
+    """
+    path = Path(path)
+    try:
+        with zipfile.ZipFile(path) as archive:
+            data = json.loads(archive.read("data"))
+    except (OSError, KeyError, zipfile.BadZipFile, ValueError) as err:
+        raise ClovaTrainError(f"{path} is not a stable-baselines3 zip: {err}") from None
+    if not isinstance(data, dict):
+        raise ClovaTrainError(f"{path} is not a stable-baselines3 zip: its 'data' is not a JSON object")
+    objects = {}
+    for key, value in data.items():
+        if not (isinstance(value, dict) and ":serialized:" in value):
+            continue
+        try:
+            objects[key] = restricted_loads(base64.b64decode(value[":serialized:"], validate=True), ALLOWED_GLOBALS)
+        except (pickle.UnpicklingError, binascii.Error, ValueError, TypeError, EOFError, AttributeError) as err:
+            raise UnsafeFileError(f"{path}: field {key!r} cannot be loaded safely ({err}); a controller zip "
+                                  "holds spaces, schedules, SB3 classes and arrays only") from None
+    return objects
+
+
+def load_replay_buffer(model: Any, path: str | Path) -> None:
+    """Give the off-policy ``model`` the replay buffer pickled at ``path`` (what ``save_replay_buffer`` wrote),
+    unpickled through the allowlist instead of SB3's plain ``pickle.load``."""
+    from stable_baselines3.common.buffers import ReplayBuffer
+
+    path = Path(path)
+    try:
+        with open(path, "rb") as handle:
+            buffer = AllowlistUnpickler(handle, ALLOWED_GLOBALS).load()
+    except (pickle.UnpicklingError, ValueError, TypeError, EOFError, AttributeError) as err:
+        raise UnsafeFileError(f"replay buffer {path} cannot be loaded safely ({err}); it must hold an SB3 "
+                              "ReplayBuffer of arrays only") from None
+    if not isinstance(buffer, ReplayBuffer):
+        raise ClovaTrainError(f"replay buffer {path} holds a {type(buffer).__name__}, not an SB3 ReplayBuffer")
+    model.replay_buffer = buffer
