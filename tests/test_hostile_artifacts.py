@@ -17,7 +17,7 @@ import pytest
 import torch
 
 from clova_train.agents.sb3_files import load_replay_buffer, zip_custom_objects
-from clova_train.core.errors import ClovaTrainError, ModelError, UnsafeFileError
+from clova_train.core.errors import ClovaTrainError, DataError, ModelError, UnsafeFileError
 from clova_train.core.pool import PoolSpec, PromptPool
 from clova_train.tools.base import ENTRY_POINT_GROUP, PromptTool, registered_tool, tool_class
 from conftest import run_cli_subprocess
@@ -181,3 +181,38 @@ def test_the_safe_reader_reads_what_torch_writes(tmp_path: Path) -> None:
     state = read_distributed_checkpoint(ckpt)
     assert torch.equal(state["state_dict"]["w"], torch.ones(2)) and state["half"].dtype == torch.bfloat16
     assert (state["step"], state["name"], state["groups"]) == (5, "run", [{"lr": 0.1, "params": [0]}])
+
+
+@pytest.mark.parametrize("kind", ["fifo", "directory", "device", "symlink to a fifo"])
+def test_an_image_path_that_is_no_regular_file_is_refused_without_blocking(kind: str, tmp_path: Path) -> None:
+    """A FIFO named as an image blocked the only serving worker (opening it waits for a writer)."""
+    import threading
+
+    from clova_train.tools.images import check_image, open_rgb
+
+    path = tmp_path / "image.png"
+    if kind in ("fifo", "symlink to a fifo"):
+        os.mkfifo(tmp_path / "fifo")
+        path = tmp_path / "fifo"
+        if kind == "symlink to a fifo":
+            (tmp_path / "link.png").symlink_to(path)
+            path = tmp_path / "link.png"
+    elif kind == "directory":
+        path.mkdir()
+    else:
+        path = Path("/dev/zero")
+    outcomes: list[BaseException] = []
+
+    def read() -> None:
+        for reader in (check_image, open_rgb):
+            try:
+                reader(path)
+            except BaseException as err:  # noqa: BLE001 (recorded for the assertions)
+                outcomes.append(err)
+
+    worker = threading.Thread(target=read, daemon=True)
+    worker.start()
+    worker.join(timeout=20)
+    assert not worker.is_alive(), "reading blocked"
+    assert [type(e) for e in outcomes] == [DataError, DataError]
+    assert all(str(e) == f"image {path} is not a regular file" for e in outcomes)

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import os
+import stat
 import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 import numpy as np
 import torch
@@ -47,9 +49,26 @@ def _reading(path: Path) -> Iterator[None]:
         raise DataError(f"unreadable image {display_path(path)}: {err}") from err
 
 
+@contextmanager
+def regular_file(path: Path) -> Iterator[BinaryIO]:
+    """``path`` opened for reading if it is a regular file (a symlink to one too); a FIFO, device or directory is
+    refused with a :class:`DataError` without blocking (opening a FIFO for reading waits for a writer)."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise DataError(f"image {display_path(path)} is not a regular file")
+        os.set_blocking(fd, True)
+        handle = os.fdopen(fd, "rb")
+    except BaseException:
+        os.close(fd)
+        raise
+    with handle:
+        yield handle
+
+
 def check_image(path: Path) -> None:
     """Raise :class:`DataError` naming ``path`` if it is not a readable image (without decoding its pixels)."""
-    with _reading(path), Image.open(path) as img:
+    with _reading(path), regular_file(path) as handle, Image.open(handle) as img:
         img.verify()
 
 
@@ -59,7 +78,7 @@ def open_rgb(path: Path) -> Image.Image:
     Images whose header claims more than PIL's ``MAX_IMAGE_PIXELS`` are refused before decoding (a
     decompression bomb); 16-bit and 32-bit integer images are scaled to 8 bits, not clipped to white.
     """
-    with _reading(path), Image.open(path) as img:
+    with _reading(path), regular_file(path) as handle, Image.open(handle) as img:
         return _to_rgb(img, path)
 
 
