@@ -222,14 +222,14 @@ class PromptTool(nn.Module, ABC):
         return torch.device("cpu")
 
 
-# The tools this package ships: the module that defines each (imported only when a description names it).
-BUILTIN_TOOLS = {
-    "clova_train.tools.clip.PromptedClip": "clova_train.tools.clip",
-    "clova_train.tools.blip_vqa.BlipVqa": "clova_train.tools.blip_vqa",
-    "clova_train.tools.owlvit_loc.OwlVitLoc": "clova_train.tools.owlvit_loc",
-    "clova_train.tools.maskformer_seg.MaskFormerSeg": "clova_train.tools.maskformer_seg",
-    "clova_train.tools.sd_inpaint_replace.InpaintTextualInversion": "clova_train.tools.sd_inpaint_replace",
-}
+# The tools this package ships (each module imported only when a description names its tool).
+BUILTIN_TOOLS = (
+    "clova_train.tools.clip.PromptedClip",
+    "clova_train.tools.blip_vqa.BlipVqa",
+    "clova_train.tools.owlvit_loc.OwlVitLoc",
+    "clova_train.tools.maskformer_seg.MaskFormerSeg",
+    "clova_train.tools.sd_inpaint_replace.InpaintTextualInversion",
+)
 ENTRY_POINT_GROUP = "clova_train.prompt_tools"
 
 
@@ -243,7 +243,7 @@ def registered_tool(class_path: str) -> type[PromptTool] | None:
     installed package declares under the ``clova_train.prompt_tools`` entry point group. Nothing else is
     imported: a file that names a module never gets it run."""
     if class_path in BUILTIN_TOOLS:
-        importlib.import_module(BUILTIN_TOOLS[class_path])
+        importlib.import_module(class_path.rpartition(".")[0])
     known = {class_path_of(cls): cls for cls in _subclasses(PromptTool)}
     if class_path in known:
         return known[class_path]
