@@ -22,6 +22,8 @@ REPLACE_RUN := checkpoints/quickstart_replace
 # learning tests come from. Benchmarks run on the host's own kernels.
 PORTABLE_TARGETS := demo demo-vqa demo-loc demo-seg demo-replace demo-llm demo-controller demo-controller-joint demo-avis demo-hammr demo-loop test
 $(PORTABLE_TARGETS): export ATEN_CPU_CAPABILITY = default
+# oneDNN below AMX: on an AMX host its bf16 attention asks ATen's portable kernels for VNNI packing and fails
+$(PORTABLE_TARGETS): export ONEDNN_MAX_CPU_ISA ?= AVX512_CORE_FP16
 
 .PHONY: demo demo-vqa demo-loc demo-seg demo-replace demo-llm demo-controller demo-controller-joint demo-avis demo-hammr demo-loop test install benchmark clean
 
@@ -67,7 +69,7 @@ demo-loc: $(STAMP) $(TINY_OWLVIT)/config.json
 
 # The SEG prompt tool (MaskFormer): the same on a tiny MaskFormer; the picture has the masks drawn.
 $(TINY_MASKFORMER)/config.json: | $(STAMP)
-	ONEDNN_MAX_CPU_ISA=SSE41 $(BIN)/clova-train tiny-model maskformer $(TINY_MASKFORMER)  # as the tests' (conftest)
+	ONEDNN_MAX_CPU_ISA=SSE41 MKL_CBWR=COMPATIBLE $(BIN)/clova-train tiny-model maskformer $(TINY_MASKFORMER)  # as the tests' (conftest)
 
 demo-seg: $(STAMP) $(TINY_MASKFORMER)/config.json
 	$(BIN)/clova-train fit --config configs/quickstart/seg_prompt.yaml --model.init_args.on_existing_pool=overwrite
