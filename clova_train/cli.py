@@ -23,6 +23,7 @@ and exit with status 2.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Iterable, Sequence
 from pathlib import Path
@@ -45,6 +46,49 @@ COMMANDS = {
     "loop": "run CLOVA's closed loop (inference, reflection, data collection, prompt tuning) over a task file",
     "tiny-model": "write a tiny model of a real architecture (offline quickstarts and tests)",
 }
+
+
+CONFIG_MODE = "clova_safe_yaml"
+
+
+def safe_config_mode() -> str:
+    """Register with jsonargparse a YAML loader that checks every config text (files and command-line values)
+    with :func:`~clova_train.core.safe_files.check_yaml` first: duplicate keys, too deep nesting and alias bombs
+    end in one error instead of a silent overwrite, a ``RecursionError`` or minutes of memory growth. Returns the
+    ``parser_mode`` naming it."""
+    from jsonargparse import get_loader, set_loader
+
+    from clova_train.core.safe_files import CONFIG_LIMITS, check_yaml
+
+    try:
+        get_loader(CONFIG_MODE)
+    except KeyError:
+        import yaml
+
+        plain = get_loader("yaml")
+
+        def load(value: str) -> object:
+            check_yaml(value, "config", CONFIG_LIMITS)
+            return plain(value)
+
+        set_loader(CONFIG_MODE, load, exceptions=(yaml.YAMLError,))
+    return CONFIG_MODE
+
+
+def check_config_files(args: Sequence[str]) -> None:
+    """Read every ``--config FILE`` with the safe reader first, so that a bad file is named in the error (and a FIFO
+    or an oversized file is refused before jsonargparse reads it)."""
+    from clova_train.core.safe_files import CONFIG_LIMITS, read_yaml
+
+    for index, arg in enumerate(args):
+        if arg.startswith("--config="):
+            path = arg.split("=", 1)[1]
+        elif arg == "--config" and index + 1 < len(args):
+            path = args[index + 1]
+        else:
+            continue
+        if "\n" not in path and Path(path).exists():  # else an inline YAML text, or missing: jsonargparse says so
+            read_yaml(path, "config file", CONFIG_LIMITS)
 
 
 def umbrella_parser() -> argparse.ArgumentParser:
@@ -72,6 +116,13 @@ def run_lightning(args: Sequence[str] | None) -> None:
         def subcommands() -> dict[str, set[str]]:  # 'predict' is clova-train's own command (an export over inputs)
             return {k: v for k, v in LightningCLI.subcommands().items() if k in LIGHTNING_COMMANDS}
 
+        def _guard_checkpoints(self) -> None:  # every --ckpt_path: no URL, files weights-only, sharded dirs checked
+            from clova_train.export.distributed_checkpoint import guard_checkpoint_loading
+
+            guard_checkpoint_loading(self.trainer.strategy)
+
+        before_fit = before_validate = before_test = _guard_checkpoints
+
     PromptAwareCLI(
         LightningModule,
         LightningDataModule,
@@ -82,6 +133,7 @@ def run_lightning(args: Sequence[str] | None) -> None:
         args=None if args is None else list(args),
         parser_kwargs={
             "prog": PROG,
+            "parser_mode": safe_config_mode(),
             "description": "clova-train: train tool prompts, tool-using LLMs and controllers. Other commands: "
             + ", ".join(f"'{PROG} {c} --help'" for c in COMMANDS if c not in LIGHTNING_COMMANDS),
         },
@@ -108,7 +160,12 @@ def run_export(args: Sequence[str]) -> None:
     print(f"exported to {out}")
 
 
+API_KEY_ENV = "CLOVA_TRAIN_API_KEY"
+
+
 def run_serve(args: Sequence[str]) -> None:
+    from clova_train.serving.guard import RequestLimits
+
     parser = argparse.ArgumentParser(
         prog=f"{PROG} serve",
         description="Serve exports over HTTP with LitServe: POST /v1/<tool> for each prompt-tool export (the tool's "
@@ -126,9 +183,23 @@ def run_serve(args: Sequence[str]) -> None:
     parser.add_argument("--batch-timeout", type=float, default=0.02, help="chat: seconds to wait for a batch to fill")
     parser.add_argument("--output-dir", default="served_outputs",
                         help="HTTP: directory that files written by tools (REPLACE's 'output') go under")
+    parser.add_argument("--api-key", default=None,
+                        help="HTTP: require 'Authorization: Bearer KEY' on /v1/... (default: the CLOVA_TRAIN_API_KEY "
+                             "environment variable; none when unset). /health stays open")
+    parser.add_argument("--max-body-bytes", type=int, default=RequestLimits.max_body_bytes,
+                        help="HTTP: largest request body, counted after gzip/deflate decompression (413 beyond)")
+    parser.add_argument("--max-list-items", type=int, default=RequestLimits.max_list_items,
+                        help="HTTP: longest list in one request (images, labels, messages, ...)")
+    parser.add_argument("--max-image-pixels", type=int, default=RequestLimits.max_image_pixels,
+                        help="largest image decoded (width x height, read from its header first)")
     parser.add_argument("--request", action="append", default=[], help="a JSON request to answer and exit (repeatable)")
     parser.add_argument("--stdin", action="store_true", help="answer JSON requests read from stdin, one per line")
     parsed = parser.parse_args(list(args))
+    try:
+        limits = RequestLimits(max_body_bytes=parsed.max_body_bytes, max_list_items=parsed.max_list_items,
+                               max_image_pixels=parsed.max_image_pixels)
+    except ValueError as err:
+        raise ClovaTrainError(f"serve: {err}") from None
     if parsed.top_k is not None and parsed.top_k < 1:
         raise ClovaTrainError(f"--top-k must be >= 1, got {parsed.top_k}")
     if parsed.max_batch_size < 1 or parsed.batch_timeout < 0:
@@ -136,13 +207,18 @@ def run_serve(args: Sequence[str]) -> None:
     if parsed.request or parsed.stdin:
         if len(parsed.exports) != 1:
             raise ClovaTrainError("--request/--stdin answer with one prompt-tool export; give exactly one")
+        from PIL import Image
+
+        Image.MAX_IMAGE_PIXELS = limits.max_image_pixels
         answer_json_lines(parsed.exports[0], parsed.request or (line for line in sys.stdin if line.strip()),
                           parsed.top_k, parsed.device, parsed.base_model)
         return
     from clova_train.http_server import serve_http
 
+    api_key = parsed.api_key if parsed.api_key is not None else os.environ.get(API_KEY_ENV) or None
     serve_http(parsed.exports, parsed.host, parsed.port, parsed.device, parsed.top_k, parsed.base_model,
-               parsed.max_batch_size, parsed.batch_timeout, output_dir=parsed.output_dir)
+               parsed.max_batch_size, parsed.batch_timeout, output_dir=parsed.output_dir, api_key=api_key,
+               limits=limits)
 
 
 def answer_json_lines(export: str, lines: Iterable[str], top_k: int | None, device: str, base_model: str | None) -> None:
@@ -236,7 +312,7 @@ def run_loop(args: Sequence[str]) -> None:
 
     from clova_train.loop_runner import LoopConfig, format_results, run
 
-    parser = ArgumentParser(prog=f"{PROG} loop", description="CLOVA's closed loop: the test stage, the training stage "
+    parser = ArgumentParser(prog=f"{PROG} loop", parser_mode=safe_config_mode(), description="CLOVA's closed loop: the test stage, the training stage "
                             "(inference, reflection, data collection, prompt tuning per tool and concept) and the test "
                             "stage again. Rerunning the same command resumes the run directory.")
     parser.add_argument("--config", action=ActionConfigFile, help="YAML config")
@@ -254,7 +330,7 @@ def run_controller(args: Sequence[str]) -> None:
 
     from clova_train.controller.trainer import ControllerConfig, evaluate, fit, format_table, validate
 
-    parser = ArgumentParser(prog=f"{PROG} controller",
+    parser = ArgumentParser(prog=f"{PROG} controller", parser_mode=safe_config_mode(),
                             description="Train, evaluate and export a DQN controller on the reasoning-loop environments: "
                                         "HYDRA (environment: hydra), AVIS (avis) or HAMMR (hammr).")
     subcommands = parser.add_subcommands(dest="command")
@@ -263,7 +339,7 @@ def run_controller(args: Sequence[str]) -> None:
         ("evaluate", "compare a trained controller with the planner's top sample and a random one"),
         ("export", "write the SB3 zip, a TorchScript Q-network and controller.json"),
     ):
-        sub = ArgumentParser(description=help_text)
+        sub = ArgumentParser(description=help_text, parser_mode=safe_config_mode())
         sub.add_argument("--config", action=ActionConfigFile, help="YAML config (env, dqn, train)")
         sub.add_class_arguments(ControllerConfig, fail_untyped=True, sub_configs=True)
         if name != "fit":
@@ -329,6 +405,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
     command = args[0] if args else None
     try:
+        if command in SUBCOMMANDS or command in LIGHTNING_COMMANDS:
+            check_config_files(args[1:])
         if command in SUBCOMMANDS:
             SUBCOMMANDS[command](args[1:])
         elif command in LIGHTNING_COMMANDS:

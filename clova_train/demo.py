@@ -16,12 +16,12 @@ import argparse
 from pathlib import Path
 
 import torch
-import yaml
 
 import tempfile
 
 from clova_train.core.evaluation_report import SampleTable, format_report
 from clova_train.core.pool import control_pool
+from clova_train.core.safe_files import read_yaml
 from clova_train.tools.images import list_images, load_image
 from clova_train.synthetic.shapes import write_concept_folders
 from clova_train.tools.serving import PromptToolServer
@@ -31,7 +31,7 @@ def _data_defaults(export_dir: Path) -> dict:
     config = export_dir / "config.yaml"
     if not config.is_file():
         return {}
-    data = yaml.safe_load(config.read_text()).get("data", {})
+    data = read_yaml(config, "run config").get("data", {})
     return data.get("init_args", data) or {}
 
 

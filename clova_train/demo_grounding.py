@@ -18,11 +18,11 @@ from pathlib import Path
 
 import numpy as np
 import torch
-import yaml
 from PIL import Image, ImageDraw
 from scipy.ndimage import binary_erosion
 
 from clova_train.core.pool import control_pool
+from clova_train.core.safe_files import read_yaml
 from clova_train.tools.base import NoPrompt
 from clova_train.tools.coco_grounding import GroundingAnnotations, GroundingSplit
 from clova_train.tools.grounding import GroundedImage
@@ -32,7 +32,7 @@ from clova_train.tools.serving import PromptToolServer
 
 def eval_images(export_dir: Path) -> tuple[str, list[GroundedImage]]:
     """(concept, evaluation images) of the run that wrote ``export_dir`` (from its config.yaml)."""
-    config = yaml.safe_load((export_dir / "config.yaml").read_text())["data"]
+    config = read_yaml(export_dir / "config.yaml", "run config")["data"]
     args = config.get("init_args", config)
     if args.get("annotations") is None and args.get("root"):  # the synthetic datamodule writes this file
         args["annotations"] = str(Path(args["root"]) / "annotations.json")

@@ -51,10 +51,10 @@ def _masked_images(concept: str, count: int, size: int) -> list[MaskedImage]:
 def ungated_token(export: Path, concept: str) -> tuple[torch.Tensor, int] | None:
     """The uniform ensemble of every token the run tuned for ``concept``, accepted or not, with their count
     (from the run's newest checkpoint; ``None`` when the run did not keep rejected tokens)."""
-    import json
+    from clova_train.core.safe_files import read_json_object
 
     manifest = export / "export.json"
-    source = json.loads(manifest.read_text(encoding="utf-8")).get("source", {}) if manifest.is_file() else {}
+    source = read_json_object(manifest, "export manifest").get("source", {}) if manifest.is_file() else {}
     folder = Path(source.get("path", "")) / "checkpoints"
     checkpoints = sorted(folder.glob("*.ckpt"), key=lambda p: p.stat().st_mtime) if folder.is_dir() else []
     if not checkpoints:

@@ -16,9 +16,9 @@ from collections import defaultdict
 from pathlib import Path
 
 import torch
-import yaml
 
 from clova_train.core.pool import control_pool
+from clova_train.core.safe_files import read_yaml
 from clova_train.tools.base import NoPrompt
 from clova_train.tools.blip_vqa import normalise_answer
 from clova_train.tools.images import load_image_uint8
@@ -30,7 +30,7 @@ def _default_records(export_dir: Path) -> Path | None:
     config = export_dir / "config.yaml"
     if not config.is_file():
         return None
-    data = yaml.safe_load(config.read_text()).get("data", {})
+    data = read_yaml(config, "run config").get("data", {})
     args = data.get("init_args", data) or {}
     if args.get("eval_records"):
         return Path(args["eval_records"])

@@ -10,11 +10,15 @@ Endpoints (one per export; a server can hold several exports of different kinds)
   requests are batched (``max_batch_size`` / ``batch_timeout``) into one left-padded ``generate``;
 * ``GET /health`` and ``GET /info`` (LitServe's).
 
-A malformed request is answered with status 400 and one message naming the field; it never reaches the
-model. Prompt-tool requests are served one at a time (each request already holds a batch of images).
-Requests name image files on the server's disk, which the server reads: keep the default loopback address
-unless every client may read those files. Files a tool writes (REPLACE's ``output``) go under
-``--output-dir``, never where the client says.
+Every request passes :class:`~clova_train.serving.guard.RequestGuard` first (API key, body size counted after
+decompression, one safe JSON parse, list lengths), and every refusal or error is answered in OpenAI's error shape
+(``{"error": {"message", "type", "param", "code"}}``) with a 4xx status naming the field; a bad request never
+reaches the model and never stops the server. Prompt-tool requests are served one at a time (each request already
+holds a batch of images). Requests name image files on the server's disk, which the server reads: keep the default
+loopback address (or require ``--api-key``) unless every client may read those files; a file that is missing,
+unreadable, not a regular file (a FIFO is never opened for reading), not an image or too large gets one and the
+same answer, so clients cannot probe which files exist. Files a tool writes (REPLACE's ``output``) go under
+``--output-dir`` (symlinks resolved), never where the client says.
 """
 
 # No ``from __future__ import annotations`` here: LitServe and FastAPI read these signatures' annotations as
@@ -29,6 +33,7 @@ from fastapi import BackgroundTasks, HTTPException
 from litserve.specs.openai import ChatCompletionRequest, OpenAISpec
 
 from clova_train.core.errors import ClovaTrainError, DataError, ExportError
+from clova_train.serving.guard import RequestGuard, RequestLimits, install_error_handlers
 from clova_train.tooluse.served_llm import ChatRequest, check_messages
 
 
@@ -49,9 +54,20 @@ def served_output_path(output_dir: Path, name: object) -> Path:
     if not isinstance(name, str) or not name.strip():
         raise HTTPException(400, "'output' must be a file name (written under the server's --output-dir)")
     relative = Path(name)
-    if relative.is_absolute() or ".." in relative.parts:
+    if relative.is_absolute() or ".." in relative.parts or "\x00" in name:
         raise HTTPException(400, f"'output' must be a relative path without '..' (it is written under the server's --output-dir), got {name!r}")
-    return output_dir.resolve() / relative
+    root = output_dir.resolve()
+    target = root / relative
+    if not Path(os.path.realpath(target)).is_relative_to(root):  # a symlink inside --output-dir pointing out of it
+        raise HTTPException(400, f"'output' {name!r} leads outside the server's --output-dir (through a symbolic link)")
+    return target
+
+
+def unreadable_image_message(name: str, max_pixels: int) -> str:
+    """The one answer to every image the server cannot use, whatever the reason (missing, unreadable, FIFO,
+    directory, not an image, too large): a client learns nothing about which server files exist."""
+    return (f"image {name!r} cannot be used: there is no readable image file of at most {max_pixels:,} pixels by "
+            "that name on the server")
 
 
 class PromptToolAPI(ls.LitAPI):
@@ -63,18 +79,23 @@ class PromptToolAPI(ls.LitAPI):
         top_k: ensemble only the k most similar stored prompts (default: the tool's).
         base_model: frozen model directory overriding the export's.
         output_dir: where tools that write files (REPLACE) put a request's ``output``.
+        max_image_pixels: largest image decoded (width x height, read from the header before any pixel).
     """
 
     def __init__(
         self, export: Path, tool_name: str, top_k: int | None = None, base_model: str | None = None,
-        output_dir: Path = Path("served_outputs"),
+        output_dir: Path = Path("served_outputs"), max_image_pixels: int = RequestLimits.max_image_pixels,
     ) -> None:
         super().__init__(api_path=f"/v1/{tool_name}")
         self.export, self.top_k, self.base_model, self.output_dir = export, top_k, base_model, output_dir
+        self.max_image_pixels = max_image_pixels
 
     def setup(self, device: str) -> None:
+        from PIL import Image
+
         from clova_train.tools.serving import PromptToolServer
 
+        Image.MAX_IMAGE_PIXELS = self.max_image_pixels  # the image reader refuses anything above it from the header
         self.server = PromptToolServer.from_export(self.export, self.top_k, device, self.base_model)
 
     def decode_request(self, request):  # noqa: ANN001, ANN201 (unannotated: LitServe then hands over the parsed JSON)
@@ -85,10 +106,14 @@ class PromptToolAPI(ls.LitAPI):
         return request
 
     def predict(self, request: dict[str, Any]) -> dict[str, Any]:
+        from clova_train.tools.images import ImageReadError
+
         try:
             return self.server.serve(request)
+        except ImageReadError as err:
+            raise HTTPException(400, unreadable_image_message(err.path, self.max_image_pixels)) from None
         except ClovaTrainError as err:
-            raise HTTPException(400, str(err)) from err
+            raise HTTPException(400, str(err)) from None
 
     def encode_response(self, output):  # noqa: ANN001, ANN201 (unannotated: a plain JSON response)
         return output
@@ -157,7 +182,7 @@ class ToolChatAPI(ls.LitAPI):
 
 def build_apis(
     exports: list[str], top_k: int | None, base_model: str | None, max_batch_size: int, batch_timeout: float,
-    output_dir: Path = Path("served_outputs"),
+    output_dir: Path = Path("served_outputs"), max_image_pixels: int = RequestLimits.max_image_pixels,
 ) -> list[ls.LitAPI]:
     """One LitAPI per export; a clear error for a missing export or two exports on one endpoint."""
     from clova_train.tools.serving import read_tool_description
@@ -170,7 +195,7 @@ def build_apis(
             path = "/v1/chat/completions"
         else:
             tool = str(read_tool_description(directory).get("tool", "tool"))
-            api = PromptToolAPI(directory, tool, top_k, base_model, output_dir)
+            api = PromptToolAPI(directory, tool, top_k, base_model, output_dir, max_image_pixels)
             path = api.api_path
         if path in apis:
             raise ExportError(f"two exports would both serve {path} ({name} and an earlier one): start one server per export")
@@ -181,16 +206,22 @@ def build_apis(
 def serve_http(
     exports: list[str], host: str = "127.0.0.1", port: int = 8000, device: str = "cpu", top_k: int | None = None,
     base_model: str | None = None, max_batch_size: int = 4, batch_timeout: float = 0.02, timeout: float = 60.0,
-    output_dir: str = "served_outputs",
+    output_dir: str = "served_outputs", api_key: str | None = None, limits: RequestLimits = RequestLimits(),
 ) -> None:
-    """Run the server until interrupted (each export is checked and loaded before the port opens)."""
-    apis = build_apis(exports, top_k, base_model, max_batch_size, batch_timeout, Path(output_dir))
+    """Run the server until interrupted (each export is checked and loaded before the port opens).
+
+    ``api_key``: the bearer token every ``/v1/...`` request must carry (``None``: none required); ``limits``: what one
+    request may hold (see :class:`~clova_train.serving.guard.RequestLimits`)."""
+    apis = build_apis(exports, top_k, base_model, max_batch_size, batch_timeout, Path(output_dir),
+                      limits.max_image_pixels)
     for api in apis:  # fail here, with the clova-train message, rather than inside a worker process
         api.setup(device)
         for loaded in ("server", "llm"):  # each worker process loads its own copy
             api.__dict__.pop(loaded, None)
     accelerator = "cuda" if device.startswith("cuda") else "cpu"
     os.environ.setdefault("LITSERVE_LOG_LEVEL", "WARNING")
-    server = ls.LitServer(apis, accelerator=accelerator, devices=1, timeout=timeout)
+    server = ls.LitServer(apis, accelerator=accelerator, devices=1, timeout=timeout,
+                          middlewares=[(RequestGuard, {"api_key": api_key, "limits": limits})])
+    install_error_handlers(server.app)
     print(f"serving {', '.join(a.api_path for a in apis)} on http://{host}:{port}", flush=True)
     server.run(host=host, port=port, generate_client_file=False, num_api_servers=1, log_level="warning")

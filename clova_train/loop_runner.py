@@ -24,7 +24,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-import yaml
 
 from clova_train.agents.backends import (
     ChatBackend, EmbeddingBackend, HashingEmbedder, OpenAIChatBackend, OpenAIEmbeddingBackend, TransformersChatBackend,
@@ -43,6 +42,7 @@ from clova_train.closedloop.toolapi import ServerLocator, VisualTools, VqaCaptio
 from clova_train.core.atomic import write_json_atomic
 from clova_train.core.errors import ClovaTrainError, DataError
 from clova_train.core.pool import PromptPool
+from clova_train.core.safe_files import read_json_object, read_yaml
 from clova_train.tools.base import PromptTool
 from clova_train.tools.serving import POOL_FILE, PromptToolServer
 
@@ -281,7 +281,7 @@ class CliFitLearner:
             raise ClovaTrainError(f"the {tool} fit for {concept!r} failed (exit {process.returncode}): "
                                   f"{lines[-1] if lines else 'no output'} (log: {log_path})")
         summary_path = output_dir / "summary.json"
-        summary = json.loads(summary_path.read_text()) if summary_path.is_file() else {}
+        summary = read_json_object(summary_path, "fit summary") if summary_path.is_file() else {}
         if not (output_dir / POOL_FILE).is_file():
             raise ClovaTrainError(f"the {tool} fit for {concept!r} wrote no {POOL_FILE} in {output_dir}")
         return FitResult(str(output_dir / POOL_FILE), summary)
@@ -290,9 +290,9 @@ class CliFitLearner:
 def frozen_tool(fit_config: str) -> PromptTool:
     """The tool a fit config's ``model.init_args.tool`` describes, built through the export loading code."""
     try:
-        config = yaml.safe_load(Path(fit_config).read_text())
+        config = read_yaml(fit_config, "fit config")
         section = config["model"]["init_args"]["tool"]
-    except (OSError, yaml.YAMLError, KeyError, TypeError) as err:
+    except (KeyError, TypeError) as err:
         raise DataError(f"fit config {fit_config}: no model.init_args.tool ({type(err).__name__}: {err})") from None
     return PromptTool.from_description({"class_path": section["class_path"], "init_args": section.get("init_args", {})})
 
@@ -386,7 +386,7 @@ def run(config: LoopConfig, progress: Any = print) -> dict[str, Any]:
         before = None
         if test_tasks:
             if (run_dir / BEFORE).is_file():
-                before = json.loads((run_dir / BEFORE).read_text())
+                before = read_json_object(run_dir / BEFORE, "earlier evaluation")
             elif len(loop.journal) == 0:  # the tools and demonstrations as they are before any learning
                 before = loop.evaluate(test_tasks)
                 write_json_atomic(run_dir / BEFORE, before)

@@ -16,6 +16,7 @@ from typing import Any
 
 from clova_train.core.atomic import write_text_atomic
 from clova_train.core.errors import ClovaTrainError, DataError
+from clova_train.core.safe_files import parse_json, read_text
 from clova_train.tools.images import IMAGE_SUFFIXES, display_path, list_images
 from clova_train.tools.serving import PromptToolServer, parse_request
 
@@ -28,8 +29,10 @@ def parse_fields(fields: list[str]) -> dict[str, Any]:
         if not sep or not name:
             raise DataError(f"--field {item!r} must be NAME=VALUE")
         try:
-            parsed[name] = json.loads(value)
-        except json.JSONDecodeError:
+            parsed[name] = parse_json(value, f"--field {name}")
+        except DataError as err:
+            if "not valid JSON" not in str(err):  # too deep, a key twice, ...: say so rather than pass it as text
+                raise
             parsed[name] = value
     return parsed
 
@@ -43,10 +46,7 @@ def requests_from_folder(folder: Path, image_field: str, fields: dict[str, Any])
 
 
 def requests_from_jsonl(path: Path, path_fields: tuple[str, ...]) -> Iterator[dict[str, Any]]:
-    try:
-        lines = path.read_text(encoding="utf-8").splitlines()
-    except UnicodeDecodeError as err:
-        raise DataError(f"{display_path(path)} is not UTF-8 text (byte {err.start})") from err
+    lines = read_text(path, "request file").splitlines()
     for number, line in enumerate(lines, 1):
         if not line.strip():
             continue

@@ -19,7 +19,6 @@ invalid samples per split, lists their indices, and is written to ``<default_roo
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -31,43 +30,34 @@ from torch.utils.data import DataLoader
 
 from clova_train.core.distributed import data_parallel
 from clova_train.core.errors import DataError
+from clova_train.core.safe_files import ReadLimits, parse_json, read_text
 from clova_train.datamodules.sharding import (
     IGNORE_INDEX, GlobalBatchSampler, ShardedEvalSampler, WeightlessPadding,
 )
 from clova_train.tooluse.prompt_template import PromptTemplate
 
 RECORD_KEYS = ("instruction", "input", "output")
+RECORD_FILE_LIMITS = ReadLimits(max_depth=16)  # records are flat objects of strings
 
 
 def load_records(path: str | Path, skip_invalid: bool = False) -> tuple[list[dict[str, str]], list[tuple[int, str]]]:
     """Records of a JSON or JSONL file, and the (index, reason) of the invalid ones that were skipped."""
     path = Path(path)
-    if not path.is_file():
-        raise DataError(f"instruction file not found: {path}")
-    data = path.read_bytes()
-    try:
-        text = data.decode("utf-8")
-    except UnicodeDecodeError as err:
-        line = data.count(b"\n", 0, err.start) + 1
-        raise DataError(
-            f"{path} is not UTF-8 (byte {err.start}, line {line}: {data[err.start:err.start + 1]!r}); "
-            "re-save it as UTF-8 (e.g. iconv -f latin1 -t utf-8)"
-        ) from err
+    text = read_text(path, "instruction file")
     raw: list[Any] = []
     if text.lstrip().startswith("["):
-        try:
-            raw = json.loads(text)
-        except json.JSONDecodeError as err:
-            raise DataError(f"{path}: not valid JSON ({err})") from err
+        raw = parse_json(text, f"instruction file {path}", RECORD_FILE_LIMITS)
+        if not isinstance(raw, list):
+            raise DataError(f"instruction file {path}: expected a JSON list of records")
     else:
         for line_no, line in enumerate(text.splitlines(), 1):
             if not line.strip():
                 continue
             try:
-                raw.append(json.loads(line))
-            except json.JSONDecodeError as err:
+                raw.append(parse_json(line, f"{path}: record {len(raw)} (line {line_no})", RECORD_FILE_LIMITS))
+            except DataError as err:
                 if not skip_invalid:
-                    raise DataError(f"{path}: record {len(raw)} (line {line_no}) is not valid JSON ({err})") from err
+                    raise
                 raw.append(err)
     records, skipped = [], []
     for index, record in enumerate(raw):
@@ -108,11 +98,26 @@ class EncodedSample:
     labels: list[int]
 
 
+def max_characters(tokenizer: Any, max_length: int) -> int:
+    """A text longer than this many characters cannot fit in ``max_length`` tokens of ``tokenizer``: no token covers
+    more characters than its longest vocabulary entry, and a factor of 4 covers normalisers that fold several
+    characters into one (Unicode compositions). Records are measured against it before they are tokenised, so a
+    record of hundreds of megabytes is reported as too long instead of taking the tokenizer down."""
+    vocabulary = tokenizer.get_vocab()
+    longest = max((len(token) for token in vocabulary), default=1)
+    return 4 * max(longest, 1) * max_length
+
+
 def encode_record(
-    tokenizer: Any, template: PromptTemplate, record: dict[str, str], max_length: int
+    tokenizer: Any, template: PromptTemplate, record: dict[str, str], max_length: int, max_chars: int | None = None
 ) -> EncodedSample | str:
-    """Token ids and labels (response tokens only, then EOS), or the reason the sample is left out."""
+    """Token ids and labels (response tokens only, then EOS), or the reason the sample is left out.
+
+    ``max_chars`` (see :func:`max_characters`): a longer text is left out as too long without being tokenised."""
     prompt = template.prompt(record["instruction"], record["input"])
+    if max_chars is not None and len(prompt) + len(record["output"]) > max_chars:
+        return (f"too long: {len(prompt) + len(record['output']):,} characters, more than {max_length} tokens can "
+                f"hold ({max_chars:,})")
     encoded = tokenizer(prompt + record["output"], return_offsets_mapping=True)
     boundary = len(prompt)
     labels = []
@@ -162,8 +167,9 @@ class EncodedInstructions(torch.utils.data.Dataset):
         self.report = SplitReport(str(path), records=len(records) + len(invalid), invalid=invalid)
         self.samples: list[EncodedSample] = []
         self.records: list[dict[str, str]] = []
+        max_chars = max_characters(tokenizer, max_length)
         for index, record in enumerate(records):
-            result = encode_record(tokenizer, template, record, max_length)
+            result = encode_record(tokenizer, template, record, max_length, max_chars)
             if isinstance(result, str):
                 (self.report.too_long if result.startswith("too long") else self.report.mis_tokenised).append(index)
             else:

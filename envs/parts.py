@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from clova_train.agents.backends import ChatBackend, EmbeddingBackend
+from clova_train.agents.backends import ChatBackend, EmbeddingBackend, ask
 from clova_train.agents.sandbox import ExecutionResult
 
 TASK_DESCRIPTION = (
@@ -111,7 +111,7 @@ class Planner:
         )
 
     def propose(self, question: str, memory: MemoryBank, attempt: int) -> list[tuple[str, float]]:
-        reply = self.backend.chat([{"role": "system", "content": self.SYSTEM},
+        reply = ask(self.backend, [{"role": "system", "content": self.SYSTEM},
                                    {"role": "user", "content": self.prompt(question, memory, attempt)}])
         return parse_samples(reply, self.num_samples)
 
@@ -148,7 +148,7 @@ class Reasoner:
     def write_code(self, question: str, instruction: str, variables: dict, memory: MemoryBank) -> str:
         if instruction == PLACEHOLDER_INSTRUCTION:
             return "pass"
-        reply = self.backend.chat([{"role": "system", "content": self.SYSTEM},
+        reply = ask(self.backend, [{"role": "system", "content": self.SYSTEM},
                                    {"role": "user", "content": self.prompt(question, instruction, variables, memory)}])
         return extract_code(reply)
 

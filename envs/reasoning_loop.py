@@ -46,7 +46,7 @@ from clova_train.agents.llm_cache import CacheMode, CachedChat, CachedEmbedding,
 from clova_train.agents.sandbox import Sandbox, ToolAPI
 from clova_train.envs.parts import MemoryBank, ObservationEncoder, Planner, Reasoner, Textualizer, short_repr
 from clova_train.envs.scripted import ScriptedReasoningLLM
-from clova_train.envs.world import COLOURS, SIZE, SceneTools, Task, draw_task_id, make_task, normalise_answer
+from clova_train.envs.world import COLOURS, SIZE, SceneTools, Task, make_task, normalise_answer, task_id_option
 
 MAX_ANSWER_CHARS = 200
 Outcome = Literal["continue", "related", "unrelated", "truncated"]
@@ -220,9 +220,7 @@ class ReasoningLoopEnv(gym.Env):
         if isinstance(options.get("task"), Task):  # a task given whole (an agent calling this one as a tool)
             self.task = options["task"]
         else:
-            task_id = options.get("task_id")
-            self.task = make_task(int(task_id) if task_id is not None else draw_task_id(self.np_random,
-                                                                                        self.config.split))
+            self.task = make_task(task_id_option(options, self.np_random, self.config.split))
         self.tools = self.tools_factory(self.task)
         self.iteration, self.attempt, self.rejects = 0, 0, 0
         self.memory = MemoryBank()

@@ -12,7 +12,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Literal
 
-from clova_train.agents.backends import ChatBackend
+from clova_train.agents.backends import ChatBackend, ask
 
 Label = Literal["informative", "uninformative", "answer"]
 MAX_QUERY_CHARS = 300
@@ -84,7 +84,7 @@ class SeekingPlanner:
 
     def propose(self, question: str, state: str, feasible: list[str], memory: WorkingMemory,
                 chosen: str = "") -> tuple[str, str]:
-        reply = self.backend.chat([{"role": "user", "content": self.prompt(question, state, feasible, memory, chosen)}])
+        reply = ask(self.backend, [{"role": "user", "content": self.prompt(question, state, feasible, memory, chosen)}])
         action = _field(reply, "Action")
         if chosen:
             action = chosen
@@ -111,7 +111,7 @@ class SeekingReasoner:
                 "Reply as:\nLabel: informative | uninformative | answer\nAnswer: <the final answer, when the label is answer>")
 
     def judge(self, question: str, action: str, query: str, output: str, memory: WorkingMemory) -> tuple[Label, str]:
-        reply = self.backend.chat([{"role": "user", "content": self.prompt(question, action, query, output, memory)}])
+        reply = ask(self.backend, [{"role": "user", "content": self.prompt(question, action, query, output, memory)}])
         label = _field(reply, "Label").lower()
         if label == "answer":
             answer = _field(reply, "Answer")
@@ -136,7 +136,7 @@ class Dispatcher:
                 f"Earlier calls:\n{memory.text()}\n\nReply as:\nAgent: <name>")
 
     def choose(self, question: str, memory: WorkingMemory) -> str:
-        reply = self.backend.chat([{"role": "user", "content": self.prompt(question, memory)}])
+        reply = ask(self.backend, [{"role": "user", "content": self.prompt(question, memory)}])
         name = _field(reply, "Agent")
         return name if name in dict(self.agents) else ""
 

@@ -30,7 +30,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from clova_train.envs.world import COLOURS, SHAPES, SceneObject, Task, draw_task_id, make_task
+from clova_train.envs.world import COLOURS, SHAPES, SceneObject, Task, make_task, task_id_option
 
 SEEKING_KINDS = ("count", "exists", "colour", "entity", "fact")
 GUILD_WORDS = {"red": "crimson", "green": "verdant", "blue": "azure", "yellow": "golden",
@@ -123,9 +123,7 @@ def task_from_options(options: dict, rng: np.random.Generator, split: str, kinds
     ``task_id`` (or one drawn from ``split``) with an optional ``question``."""
     if isinstance(options.get("task"), Task):
         return options["task"]
-    task_id = options.get("task_id")
-    task_id = int(task_id) if task_id is not None else draw_task_id(rng, split)
-    return make_seeking_task(task_id, options.get("question"), kinds)
+    return make_seeking_task(task_id_option(options, rng, split), options.get("question"), kinds)
 
 
 GOOD_PATHS: dict[str, tuple[str, ...]] = {

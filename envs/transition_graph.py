@@ -20,16 +20,16 @@ rules with a message naming the state or edge at fault.
 
 from __future__ import annotations
 
-import json
 from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import yaml
 
-from clova_train.core.errors import ClovaTrainError
+from clova_train.core.errors import ClovaTrainError, DataError
+from clova_train.core.safe_files import ReadLimits, parse_json, parse_yaml, read_text
 
+GRAPH_LIMITS = ReadLimits(max_bytes=16 << 20, max_depth=32)
 PRESETS_DIR = Path(__file__).resolve().parent / "graphs"
 
 
@@ -135,10 +135,10 @@ def load_graph(path_or_preset: str) -> TransitionGraph:
         presets = ", ".join(sorted(p.stem for p in PRESETS_DIR.glob("*.yaml")))
         raise GraphError(f"transition graph {path_or_preset!r} is neither a file nor a preset ({presets})")
     try:
-        text = path.read_text()
-        raw = json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
-    except (OSError, UnicodeDecodeError, ValueError, yaml.YAMLError) as err:
-        raise GraphError(f"transition graph {path}: cannot be read: {str(err).splitlines()[0]}") from None
+        text = read_text(path, "file", GRAPH_LIMITS.max_bytes)
+        raw = parse_json(text, "its text", GRAPH_LIMITS) if path.suffix == ".json" else parse_yaml(text, "its text", GRAPH_LIMITS)
+    except DataError as err:
+        raise GraphError(f"transition graph {path}: cannot be read: {err}") from None
     return graph_from_dict(raw, str(path))
 
 

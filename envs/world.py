@@ -26,6 +26,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from clova_train.agents.sandbox import PatchRef
+from clova_train.core.errors import DataError
 
 COLOURS = ("red", "green", "blue", "yellow")
 SHAPES = ("circle", "square", "triangle")
@@ -60,6 +61,19 @@ class Task:
 
 def is_held_out(task_id: int) -> bool:
     return task_id % HELD_OUT_MODULUS == 0
+
+
+def task_id_option(options: dict, rng: np.random.Generator, split: str) -> int:
+    """The ``task_id`` of ``reset`` options (a non-negative integer), or one drawn from ``split`` when absent."""
+    task_id = options.get("task_id")
+    if task_id is None:
+        return draw_task_id(rng, split)
+    if isinstance(task_id, (bool, np.bool_)) or not isinstance(task_id, (int, np.integer)) or task_id < 0:
+        raise DataError(f"reset option task_id must be a non-negative integer, got {task_id!r:.60}")
+    question = options.get("question")
+    if question is not None and not isinstance(question, str):
+        raise DataError(f"reset option question must be text, got {type(question).__name__}")
+    return int(task_id)
 
 
 def draw_task_id(rng: np.random.Generator, split: str) -> int:

@@ -173,6 +173,70 @@ def test_a_sharded_checkpoint_with_a_pickled_command_is_refused_unrun(where: str
     assert not (tmp_path / "out").exists()
 
 
+class RecordingStrategy:
+    """Stands in for a Lightning strategy: records what its ``load_checkpoint`` was asked to load."""
+
+    def __init__(self) -> None:
+        self.loaded: list[tuple[str, object]] = []
+
+    def load_checkpoint(self, checkpoint_path: object, weights_only: bool | None = None) -> dict:
+        self.loaded.append((str(checkpoint_path), weights_only))
+        return {}
+
+
+@pytest.mark.parametrize("where", ["metadata", "entry"])
+def test_resuming_from_a_hostile_sharded_directory_is_refused_before_torch_reads_it(where: str, tmp_path: Path) -> None:
+    from clova_train.export.distributed_checkpoint import guard_checkpoint_loading
+
+    canary = tmp_path / "CANARY"
+    if where == "metadata":
+        ckpt = sharded_checkpoint(tmp_path / "last.ckpt")
+        (ckpt / ".metadata").write_bytes(pickle.dumps(Canary(canary)))
+    else:
+        ckpt = sharded_checkpoint(tmp_path / "last.ckpt", hyper=Canary(canary))
+    strategy = RecordingStrategy()
+    guard_checkpoint_loading(strategy)
+    guard_checkpoint_loading(strategy)  # idempotent
+    with pytest.raises(UnsafeFileError, match="cannot be loaded safely"):
+        strategy.load_checkpoint(ckpt)
+    assert not canary.exists() and strategy.loaded == []
+
+
+@pytest.mark.parametrize("url", ["https://example.invalid/last.ckpt", "http://127.0.0.1:1/x.ckpt", "s3://bucket/x.ckpt"])
+def test_remote_checkpoints_are_refused(url: str) -> None:
+    from clova_train.export.distributed_checkpoint import guard_checkpoint_loading
+
+    strategy = RecordingStrategy()
+    guard_checkpoint_loading(strategy)
+    with pytest.raises(UnsafeFileError, match="remote checkpoints are not loaded"):
+        strategy.load_checkpoint(url)
+    assert strategy.loaded == []
+
+
+def test_checkpoint_files_and_clean_sharded_directories_load_weights_only(tmp_path: Path) -> None:
+    from clova_train.export.distributed_checkpoint import guard_checkpoint_loading
+
+    ckpt = sharded_checkpoint(tmp_path / "good.ckpt", step=3, name="run")
+    strategy = RecordingStrategy()
+    guard_checkpoint_loading(strategy)
+    strategy.load_checkpoint(ckpt, weights_only=False)
+    strategy.load_checkpoint(tmp_path / "plain.ckpt")
+    assert strategy.loaded == [(str(ckpt), True), (str(tmp_path / "plain.ckpt"), True)]
+
+
+def test_fit_with_a_hostile_ckpt_path_stops_in_one_line_unrun(tiny_clip_dir: Path, concept_root: Path, tmp_path: Path) -> None:
+    """The CLI path: ``clova-train fit ... --ckpt_path <hostile sharded directory>``."""
+    from conftest import fit_args
+
+    canary = tmp_path / "CANARY"
+    ckpt = sharded_checkpoint(tmp_path / "resume.ckpt")
+    (ckpt / ".metadata").write_bytes(pickle.dumps(Canary(canary)))
+    done = run_cli_subprocess([*fit_args(tiny_clip_dir, concept_root, tmp_path / "run"), f"--ckpt_path={ckpt}"])
+    assert done.returncode == 2, done.stderr[-3000:]
+    assert not canary.exists()
+    assert "Traceback" not in done.stderr and "cannot be loaded safely" in done.stderr, done.stderr[-3000:]
+
+
 def test_the_safe_reader_reads_what_torch_writes(tmp_path: Path) -> None:
     from clova_train.export.distributed_checkpoint import read_distributed_checkpoint
 
@@ -214,5 +278,5 @@ def test_an_image_path_that_is_no_regular_file_is_refused_without_blocking(kind:
     worker.start()
     worker.join(timeout=20)
     assert not worker.is_alive(), "reading blocked"
-    assert [type(e) for e in outcomes] == [DataError, DataError]
+    assert len(outcomes) == 2 and all(isinstance(e, DataError) for e in outcomes), outcomes  # ImageReadError is one
     assert all(str(e) == f"image {path} is not a regular file" for e in outcomes)

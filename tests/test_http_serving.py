@@ -4,12 +4,6 @@ checked against the in-process loaders, with a real HTTP client; and ``clova-tra
 from __future__ import annotations
 
 import json
-import os
-import signal
-import socket
-import subprocess
-import sys
-import time
 import urllib.error
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
@@ -22,18 +16,9 @@ from clova_train.cli import main
 from clova_train.tools.serving import PromptToolServer
 from clova_train.tooluse.prompt_template import TEMPLATE_FILE, PromptTemplate
 from clova_train.tooluse.served_llm import ChatRequest, ServedToolLLM
-from conftest import REPO, fit_args, run_fit
+from conftest import free_port, serving
 
 IMAGES = ["red/red_000.png", "purple/purple_001.png", "blue/blue_002.png"]
-
-
-@pytest.fixture(scope="module")
-def clip_export(tiny_clip_dir: Path, concept_root: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    run_dir = tmp_path_factory.mktemp("clip-run")
-    assert run_fit(*fit_args(tiny_clip_dir, concept_root, run_dir)) == 0
-    out = run_dir.parent / f"{run_dir.name}-export"
-    assert main(["export", str(run_dir), "-o", str(out)]) == 0
-    return out
 
 
 @pytest.fixture(scope="module")
@@ -55,12 +40,6 @@ def lora_export(tiny_llama_dir: Path, tmp_path_factory: pytest.TempPathFactory) 
     return out
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 def post(url: str, body: object, timeout: float = 60) -> tuple[int, dict]:
     request = urllib.request.Request(url, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
     try:
@@ -72,36 +51,8 @@ def post(url: str, body: object, timeout: float = 60) -> tuple[int, dict]:
 
 @pytest.fixture(scope="module")
 def server(clip_export: Path, lora_export: Path):
-    port = free_port()
-    env = {**os.environ, "PYTHONWARNINGS": "ignore"}
-    process = subprocess.Popen(
-        [sys.executable, "-m", "clova_train", "serve", str(clip_export), str(lora_export), "--port", str(port),
-         "--max-batch-size", "4", "--batch-timeout", "0.2"],
-        cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
-    )
-    base = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 180
-        while True:
-            if process.poll() is not None:
-                pytest.fail(f"the server exited: {process.stdout.read()[-3000:]}")
-            try:
-                with urllib.request.urlopen(base + "/health", timeout=2) as response:
-                    if response.status == 200:
-                        break
-            except OSError:
-                pass
-            if time.monotonic() > deadline:
-                pytest.fail("the server did not come up within 180 s")
-            time.sleep(0.5)
+    with serving([str(clip_export), str(lora_export), "--max-batch-size", "4", "--batch-timeout", "0.2"]) as (base, _):
         yield base
-    finally:
-        os.killpg(process.pid, signal.SIGTERM)
-        try:
-            process.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            os.killpg(process.pid, signal.SIGKILL)
-            process.wait(timeout=20)
 
 
 def test_classify_and_select_match_the_in_process_loader(server: str, clip_export: Path, concept_root: Path) -> None:
@@ -117,14 +68,14 @@ def test_classify_and_select_match_the_in_process_loader(server: str, clip_expor
 
 
 @pytest.mark.parametrize("body, message", [
-    ({"images": ["/nonexistent.png"], "labels": ["red"]}, "image not found: /nonexistent.png"),
+    ({"images": ["/nonexistent.png"], "labels": ["red"]}, "image '/nonexistent.png' cannot be used"),
     ({"images": [], "labels": ["red"]}, "'images'"),
     ({"images": ["x.png"]}, "needs 'labels'"),
     (["not", "an", "object"], "JSON object"),
 ])
 def test_bad_prompt_tool_requests_get_400_naming_the_field(server: str, body: object, message: str) -> None:
     status, reply = post(server + "/v1/clip", body)
-    assert status == 400 and message in reply["detail"], reply
+    assert status == 400 and message in reply["error"]["message"], reply  # OpenAI's error shape
 
 
 def test_chat_completions_match_the_in_process_model(server: str, lora_export: Path) -> None:

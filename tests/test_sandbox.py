@@ -72,7 +72,6 @@ ESCAPES: dict[str, str] = {
     "nested ifs": "".join("    " * i + "if 1:\n" for i in range(120)) + "    " * 120 + "x = 1",
     "over-long program": "x = 1" + " + 1" * 6000,
     # lone surrogates
-    "surrogate literal in code": "x = '\udc80'",
     "surrogate answer": "final_answer = '\\ud800'",
     "surrogate dict key answer": "final_answer = {{'\\udfff': 1}}",
     # amplification: small in the worker, huge once expanded
@@ -178,6 +177,10 @@ OS_ESCAPES: dict[str, str] = {
         "message = struct.pack('!I', len(body)) + body\n"
         "for fd in range(3, 16):\n    libc.write(fd, message, len(message))\nimport time\ntime.sleep(0.3)"),
     "memory bomb": "hog = bytearray(2 * 1024 ** 3)",
+    "lower the parent's limits": "import os, resource\nresource.prlimit(os.getppid(), resource.RLIMIT_NOFILE, (3, 3))",
+    "libc prlimit on the parent": (
+        "import ctypes, os\nlimit = (ctypes.c_ulong * 2)(3, 3)\n"
+        "final_answer = ctypes.CDLL(None, use_errno=True).prlimit(os.getppid(), 7, limit, None)"),
 }
 
 # may succeed, but their output must stay bounded and valid
@@ -447,3 +450,64 @@ def test_the_wire_refuses_garbage_with_one_error_kind() -> None:
     finally:
         left.close()
         right.close()
+
+
+SECCOMP_ONLY = """
+import ctypes, os, resource, sys
+from clova_train.agents.sandbox.isolation import _install_seccomp, _load_seccomp
+
+victim = int(sys.argv[1])
+print(_install_seccomp(_load_seccomp())[:3])
+libc = ctypes.CDLL(None, use_errno=True)
+limit = (ctypes.c_ulong * 2)(3, 3)
+print(libc.prlimit(victim, resource.RLIMIT_NOFILE, limit, None), ctypes.get_errno())
+try:
+    resource.prlimit(victim, resource.RLIMIT_AS, (1 << 20, 1 << 20))
+    print("changed")
+except OSError as err:
+    print("refused", err.errno)
+resource.setrlimit(resource.RLIMIT_CORE, (0, 0))       # its own limits: allowed (pid 0)
+resource.prlimit(os.getpid(), resource.RLIMIT_CORE, (0, 0))  # and by its own pid
+print("own ok")
+"""
+
+
+def test_seccomp_alone_keeps_a_worker_from_another_process_limits(tmp_path: Path) -> None:
+    """The worker keeps the trainer's uid when the trainer is not root, so no file permission or privilege stands
+    between them: seccomp must refuse prlimit64 on any other pid (it would lower the trainer's limits) while the
+    worker's own setrlimit keeps working. Shown as root, who could change any process's limits without the filter."""
+    import signal
+    import subprocess
+    import sys
+
+    if "Seccomp:" not in Path("/proc/self/status").read_text():
+        pytest.skip("no seccomp on this kernel")
+    victim = subprocess.Popen(["sleep", "60"])
+    try:
+        before = Path(f"/proc/{victim.pid}/limits").read_text()
+        done = subprocess.run([sys.executable, "-c", SECCOMP_ONLY, str(victim.pid)], capture_output=True, text=True,
+                              timeout=60, env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])})
+        assert done.returncode == 0, done.stderr[-3000:]
+        layer, libc_call, python_call, own = done.stdout.strip().splitlines()
+        assert layer == "on:" and libc_call.split()[0] == "-1" and python_call.startswith("refused") and own == "own ok"
+        assert Path(f"/proc/{victim.pid}/limits").read_text() == before
+    finally:
+        victim.send_signal(signal.SIGKILL)
+        victim.wait()
+
+
+def test_a_surrogate_literal_is_refused_by_the_sandbox_and_made_well_formed_before_it() -> None:
+    """Code with a lone surrogate stops in the sandbox (it cannot be compiled or sent as UTF-8); through the
+    environment the coder's reply is made well-formed before it is parsed (issue 32), so the same line runs."""
+    with Sandbox(timeout_s=2.0) as sandbox:
+        result = sandbox.run("x = '\udc80'", {}, Tools(), "img", (8, 8))
+    assert result.status in ("violation", "error") and result.error, result
+    env = ReasoningLoopEnv(ReasoningLoopConfig(num_samples=2, sandbox_timeout_s=1.0), llm=AttackLLM(), render_mode="ansi")
+    try:
+        env.llm.attack = "x = '\udc80'"
+        env.reset(seed=3)
+        _, reward, _, _, info = env.step(0)
+        assert info["status"] == "ok" and np.isfinite(reward), info
+        env.render().encode("utf-8")
+    finally:
+        env.close()

@@ -66,12 +66,23 @@ class EmbeddingBackend(ABC):
         """``[len(texts), dim]`` float32."""
 
 
-# ------------------------------------------------------------------------------------------------ HTTP
 def well_formed(text: str) -> str:
     """``text`` with lone surrogates replaced, so that it can be encoded (sent, tokenised, hashed) as UTF-8."""
     if text.isascii():
         return text
     return text.encode("utf-8", "replace").decode("utf-8")
+
+
+def ask(backend: ChatBackend, messages: list[Message]) -> str:
+    """``backend``'s reply to ``messages`` as well-formed text, before anything parses it: a lone surrogate
+    becomes U+FFFD, and a reply that is not text at all is a :class:`BackendError`."""
+    reply = backend.chat(messages)
+    if not isinstance(reply, str):
+        raise BackendError(f"chat backend {type(backend).__name__} replied with {type(reply).__name__}, not text")
+    return well_formed(reply)
+
+
+# ------------------------------------------------------------------------------------------------ HTTP
 
 
 class _Deadline:

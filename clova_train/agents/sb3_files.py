@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import base64
 import binascii
-import json
 import pickle
 import zipfile
 from pathlib import Path
@@ -22,6 +21,7 @@ from typing import Any
 
 from clova_train.core.errors import ClovaTrainError, UnsafeFileError
 from clova_train.core.safe_pickle import AllowlistUnpickler, restricted_loads
+from clova_train.core.safe_files import parse_json
 
 # (module, name) pairs a legitimate SB3 DQN zip or replay buffer refers to (numpy under its 1.x and 2.x names).
 ALLOWED_GLOBALS = frozenset({
@@ -58,7 +58,7 @@ def zip_custom_objects(path: str | Path) -> dict[str, Any]:
     path = Path(path)
     try:
         with zipfile.ZipFile(path) as archive:
-            data = json.loads(archive.read("data"))
+            data = parse_json(archive.read("data"), f"the 'data' entry of {path}")
     except (OSError, KeyError, zipfile.BadZipFile, ValueError) as err:
         raise ClovaTrainError(f"{path} is not a stable-baselines3 zip: {err}") from None
     if not isinstance(data, dict):

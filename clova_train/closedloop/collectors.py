@@ -31,12 +31,13 @@ from typing import Any, Protocol
 
 from PIL import Image
 
-from clova_train.agents.backends import BackendError, ChatBackend
+from clova_train.agents.backends import BackendError, ChatBackend, ask
 from clova_train.closedloop.inference import Trace
 from clova_train.closedloop.reflection import Templates
 from clova_train.closedloop.tasks import LoopTask
 from clova_train.core.atomic import write_atomic, write_text_atomic
 from clova_train.core.errors import DataError
+from clova_train.core.safe_files import parse_json
 from clova_train.tools.images import list_images
 
 class SourceUnavailable(BackendError):
@@ -136,9 +137,9 @@ class HttpImageSource:
         if len(body) > self.max_reply_bytes:
             raise SourceUnavailable(f"image source {self.url} replied with more than {self.max_reply_bytes} bytes")
         try:
-            images = json.loads(body)["images"]
+            images = parse_json(body, "the reply")["images"]
             decoded = [base64.b64decode(item, validate=True) for item in images]
-        except (ValueError, KeyError, TypeError) as err:
+        except (DataError, ValueError, KeyError, TypeError) as err:
             raise SourceUnavailable(f"image source {self.url} gave a malformed reply for {concept!r}: {err}") from None
         return decoded[:count]
 
@@ -271,7 +272,7 @@ class VqaCollector:
         prompt = self.templates.render("vqa_answer", instruction=request.task.instruction, caption=request.caption,
                                        feedback=request.task.feedback, steps=request.trace.steps_text(),
                                        question=question, tool_answer=call.result)
-        answer = self.llm.chat([{"role": "user", "content": prompt}]).strip().splitlines()
+        answer = ask(self.llm, [{"role": "user", "content": prompt}]).strip().splitlines()
         answer_text = answer[0].strip() if answer else ""
         if not answer_text or not question:
             return Collected(request.tool, request.concept, str(directory), skipped="the LLM inferred no answer")

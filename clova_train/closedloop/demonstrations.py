@@ -19,6 +19,7 @@ import numpy as np
 from clova_train.agents.backends import EmbeddingBackend
 from clova_train.core.atomic import write_text_atomic
 from clova_train.core.errors import DataError
+from clova_train.core.safe_files import read_json
 
 Kind = Literal["plan", "program"]
 KINDS: tuple[str, ...] = ("plan", "program")
@@ -96,9 +97,11 @@ class DemonstrationPool:
         """Read a pool written by :meth:`save` (a JSON list of examples); a bad file names itself."""
         pool = cls(embedder)
         try:
-            records = json.loads(Path(path).read_text(encoding="utf-8"))
+            records = read_json(path, "demonstration pool")
+            if not isinstance(records, list) or not all(isinstance(r, dict) for r in records):
+                raise TypeError("it must be a JSON list of objects")
             for record in records:
                 pool.add(Demonstration(**record))
-        except (OSError, json.JSONDecodeError, TypeError) as err:
+        except TypeError as err:
             raise DataError(f"demonstration pool {path}: {err}") from None
         return pool

@@ -16,7 +16,7 @@ from typing import Any
 
 from PIL import Image
 
-from clova_train.agents.backends import ChatBackend
+from clova_train.agents.backends import ChatBackend, ask
 from clova_train.agents.sandbox import PatchRef, Sandbox, ToolAPI
 from clova_train.closedloop.demonstrations import Demonstration, DemonstrationPool
 from clova_train.closedloop.reflection import Templates
@@ -156,10 +156,10 @@ class Inference:
     def run(self, task: LoopTask, tools: ToolAPI) -> Trace:
         """One attempt: the backend's errors propagate (the loop pauses on them); the program's never do."""
         plan_prompt = self.templates.render("plan", instruction=task.instruction, **self._examples("plan", task.instruction))
-        plan = self.llm.chat([{"role": "user", "content": plan_prompt}]).strip()
+        plan = ask(self.llm, [{"role": "user", "content": plan_prompt}]).strip()
         program_prompt = self.templates.render("program", instruction=task.instruction, plan=plan,
                                                labels=", ".join(self.labels), **self._examples("program", task.instruction))
-        program = extract_program(self.llm.chat([{"role": "user", "content": program_prompt}]))
+        program = extract_program(ask(self.llm, [{"role": "user", "content": program_prompt}]))
         recording = RecordingTools(tools)
         with Image.open(task.image) as image:
             size = image.size

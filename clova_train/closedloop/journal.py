@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from clova_train.core.errors import DataError
+from clova_train.core.safe_files import parse_json
 
 log = logging.getLogger(__name__)
 
@@ -40,8 +41,8 @@ class Journal:
         for number, line in enumerate(lines, 1):
             final = number == len(lines)
             try:
-                event = json.loads(line)
-            except (json.JSONDecodeError, UnicodeDecodeError) as err:
+                event = parse_json(line, "the line")
+            except DataError as err:
                 if final:  # a torn final line (written without its end)
                     break
                 raise DataError(f"{self.path}:{number}: not a journal event ({err}); the journal was edited by hand?") from None

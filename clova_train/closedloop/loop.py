@@ -25,7 +25,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-from clova_train.agents.backends import BackendError, ChatBackend, EmbeddingBackend
+from clova_train.agents.backends import BackendError, ChatBackend, EmbeddingBackend, ask
 from clova_train.agents.sandbox import Sandbox, ToolAPI
 from clova_train.closedloop.collectors import CollectionRequest, Collected, Collector, concept_folder
 from clova_train.closedloop.demonstrations import Demonstration, DemonstrationPool
@@ -166,7 +166,7 @@ class ClosedLoop:
                                        caption=self.captioner.caption(task), feedback=task.feedback,
                                        answer=trace.answer or f"(none: {trace.error})", plan=trace.plan,
                                        program=trace.program, steps=trace.steps_text())
-        critique = parse_reflection(self.llm.chat([{"role": "user", "content": prompt}]), list(self.tools))
+        critique = parse_reflection(ask(self.llm, [{"role": "user", "content": prompt}]), list(self.tools))
         self.journal.append("reflection", task=task.task_id, kind="global", critique=asdict(critique))
         return critique
 
@@ -180,7 +180,7 @@ class ClosedLoop:
                                            feedback=task.feedback, answer=trace.answer or "(none)",
                                            total=len(trace.calls), checked="\n".join(checked) or "(none)",
                                            index=index, step=call.text(index))
-            critique = parse_local_verdict(self.llm.chat([{"role": "user", "content": prompt}]), list(self.tools), index)
+            critique = parse_local_verdict(ask(self.llm, [{"role": "user", "content": prompt}]), list(self.tools), index)
             if critique is not None:
                 break
             checked.append(call.text(index))

@@ -22,6 +22,7 @@ from pathlib import Path
 from string import Template
 
 from clova_train.core.errors import ClovaTrainError, DataError
+from clova_train.core.safe_files import read_text
 
 TEMPLATE_NAMES = ("plan", "program", "global_reflection", "local_reflection", "vqa_answer")
 DEFAULT_TEMPLATES = Path(__file__).parent / "templates"
@@ -43,7 +44,7 @@ class Templates:
             raise DataError(f"templates_dir {folder} is not a folder")
         for name in TEMPLATE_NAMES:
             path = folder / f"{name}.txt" if folder is not None and (folder / f"{name}.txt").is_file() else DEFAULT_TEMPLATES / f"{name}.txt"
-            self.texts[name] = path.read_text(encoding="utf-8")
+            self.texts[name] = read_text(path, "template", max_bytes=1 << 20)
             try:
                 fields = set(Template(self.texts[name]).get_identifiers())
             except ValueError as err:

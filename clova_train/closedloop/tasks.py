@@ -10,12 +10,12 @@ file is read; a bad one stops the loop with a message naming the file and line.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from clova_train.core.errors import DataError
+from clova_train.core.safe_files import read_json_lines
 
 
 @dataclass(frozen=True)
@@ -51,19 +51,17 @@ def read_tasks(path: str | Path) -> list[LoopTask]:
     if not path.is_file():
         raise DataError(f"task file not found: {path}")
     tasks, seen = [], set()
-    for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
-        if not line.strip():
-            continue
+    for number, record in read_json_lines(path, "task file"):
         where = f"{path}:{number}"
-        try:
-            record = json.loads(line)
-        except json.JSONDecodeError as err:
-            raise DataError(f"{where}: not JSON ({err})") from None
         if not isinstance(record, dict):
             raise DataError(f"{where}: a task is a JSON object")
         for key in ("id", "instruction", "image", "feedback"):
             if key not in record:
                 raise DataError(f"{where}: missing field {key!r}")
+        if isinstance(record["id"], bool) or not isinstance(record["id"], (str, int)):
+            raise DataError(f"{where}: id must be a string or an integer, not {type(record['id']).__name__}")
+        if not isinstance(record["image"], str) or not record["image"].strip():
+            raise DataError(f"{where}: image must be a file path (a non-empty string), not {record['image']!r:.60}")
         task_id, instruction, feedback = str(record["id"]), record["instruction"], record["feedback"]
         if task_id in seen:
             raise DataError(f"{where}: task id {task_id!r} is used twice")

@@ -13,7 +13,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 import time
 from pathlib import Path
@@ -25,6 +24,8 @@ from stable_baselines3.common.logger import CSVOutputFormat, KVWriter, Logger, m
 from stable_baselines3.common.vec_env import DummyVecEnv
 
 from clova_train.core.atomic import write_atomic, write_json_atomic
+from clova_train.core.errors import DataError
+from clova_train.core.safe_files import read_json_object
 from clova_train.controller.evaluation import (
     baselines, make_env_fn, model_policy, other_selection, run_episodes, short_name, summary,
 )
@@ -125,8 +126,11 @@ def latest_checkpoint(directory: Path) -> tuple[Path, Path, dict[str, Any]] | No
     record_path = directory / LATEST
     if not record_path.is_file():
         return None
-    record = json.loads(record_path.read_text())
-    return directory / record["model"], directory / record["replay_buffer"], record
+    record = read_json_object(record_path, "checkpoint record")
+    names = [record.get("model"), record.get("replay_buffer")]
+    if not all(isinstance(n, str) and n and Path(n).name == n for n in names):
+        raise DataError(f"checkpoint record {record_path} must name its model and replay buffer files in {directory}")
+    return directory / names[0], directory / names[1], record
 
 
 class HeldOutEvalCallback(EvalCallback):

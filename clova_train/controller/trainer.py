@@ -17,7 +17,6 @@ Read top to bottom:
 
 from __future__ import annotations
 
-import json
 import math
 import shutil
 import time
@@ -29,6 +28,7 @@ from clova_train.core.atomic import write_atomic, write_json_atomic, write_text_
 from clova_train.controller.evaluation import compare, format_table, make_env_fn
 from clova_train.envs import AgentDispatchConfig, InformationSeekingConfig, ReasoningLoopConfig
 from clova_train.core.errors import ClovaTrainError
+from clova_train.core.safe_files import read_json_object
 from clova_train.agents.llm_cache import CacheMode
 
 FINAL = "controller.zip"
@@ -416,7 +416,7 @@ def fit(config: ControllerConfig, extra_callbacks: list | None = None,
         print(f"{run_dir} is already finished ({done} of {config.train.total_timesteps} steps): nothing changed. "
               "Pass --force (or set a new train.output_dir) to train afresh.", flush=True)
         stored = run_dir / "evaluation.json"
-        return None, json.loads(stored.read_text()) if stored.is_file() else None
+        return None, read_json_object(stored, "evaluation") if stored.is_file() else None
     started = time.perf_counter()
     n_envs = config.train.n_envs
     env = make_vec_env(config)

@@ -38,10 +38,12 @@ from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
 
 from clova_train.core.atomic import write_atomic
-from clova_train.core.errors import PoolError
+from clova_train.core.errors import DataError, PoolError
+from clova_train.core.safe_files import ReadLimits, parse_json
 
 POOL_FORMAT_VERSION = 1
 _METADATA_KEY = "clova_train.pool"
+_METADATA_LIMITS = ReadLimits(max_bytes=256 << 20, max_depth=16)
 
 
 @dataclass(frozen=True)
@@ -376,9 +378,9 @@ class PromptPool:
                 header = handle.metadata() or {}
                 if _METADATA_KEY not in header:
                     raise PoolError(f"{path} is a safetensors file but not a clova-train prompt pool")
-                meta = json.loads(header[_METADATA_KEY])
+                meta = parse_json(header[_METADATA_KEY], f"the metadata of {path}", _METADATA_LIMITS)
                 tensors = {key: handle.get_tensor(key) for key in handle.keys()}
-        except (SafetensorError, OSError, ValueError, RuntimeError) as err:
+        except (SafetensorError, OSError, ValueError, RuntimeError, DataError) as err:
             raise PoolError(f"prompt pool file {path} is corrupted or unreadable: {err}") from err
         if not isinstance(meta, dict):
             raise PoolError(f"prompt pool {path} has malformed metadata: not a JSON object")

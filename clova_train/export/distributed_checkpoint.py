@@ -18,7 +18,7 @@ from torch.distributed.checkpoint import FileSystemReader
 from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.default_planner import _EmptyStateDictLoadPlanner
 from torch.distributed.checkpoint._traverse import set_element
-from torch.distributed.checkpoint.metadata import Metadata, StorageMeta
+from torch.distributed.checkpoint.metadata import BytesStorageMetadata, Metadata, StorageMeta
 # what torch's own dcp_to_torch_save calls to fill an empty dict from a checkpoint (the public load() copies it)
 from torch.distributed.checkpoint.state_dict_loader import _load_state_dict
 
@@ -99,3 +99,54 @@ def read_distributed_checkpoint(directory: str | Path) -> dict[str, Any]:
             raise UnsafeFileError(f"{directory}: {failure}") from None
         raise ExportError(f"cannot read sharded checkpoint {directory}: {failure!r}") from None
     return state
+
+
+def check_distributed_checkpoint(directory: str | Path) -> None:
+    """Refuse (:class:`UnsafeFileError`) a sharded checkpoint whose ``.metadata`` or non-tensor entries name code,
+    before torch's own loader (which unpickles both) reads it; no tensor is loaded here."""
+    reader = SafeFileSystemReader(str(directory))
+    try:
+        metadata = reader.read_metadata()
+    except FileNotFoundError:
+        raise ExportError(f"{directory} is not a sharded checkpoint directory (no .metadata)") from None
+    byte_entries = {key for key, value in metadata.state_dict_metadata.items() if isinstance(value, BytesStorageMetadata)}
+    if not byte_entries:
+        return
+    try:
+        _load_state_dict({}, storage_reader=reader, planner=_PlainDataPlanner(keys=byte_entries), no_dist=True)
+    except CheckpointException as err:
+        failure = next(iter(err.failures.values()), None)
+        failure = failure[0] if isinstance(failure, tuple) else failure
+        if isinstance(failure, UnsafeFileError):
+            raise UnsafeFileError(f"{directory}: {failure}") from None
+        raise ExportError(f"cannot read sharded checkpoint {directory}: {failure!r}") from None
+
+
+def check_checkpoint_source(checkpoint_path: str | Path) -> None:
+    """What a Lightning ``ckpt_path`` must be before Lightning loads it: a local file (loaded with
+    ``weights_only=True``) or a sharded checkpoint directory that passes :func:`check_distributed_checkpoint`. A URL
+    is refused: Lightning loads remote checkpoints with ``weights_only=False``."""
+    text = str(checkpoint_path)
+    if "://" in text:
+        raise UnsafeFileError(f"checkpoint {text}: remote checkpoints are not loaded (Lightning would unpickle them "
+                              "with weights_only=False); download it and pass the local path")
+    if Path(text).is_dir():
+        check_distributed_checkpoint(text)
+
+
+def guard_checkpoint_loading(strategy: Any) -> None:
+    """Route every checkpoint a Lightning strategy loads (an explicit ``ckpt_path``, or ``last``/``best`` once Lightning
+    has resolved them) through :func:`check_checkpoint_source`, and load files with ``weights_only=True``.
+
+    Lightning resolves ``last``/``best`` inside ``trainer.fit`` and hands the result to ``strategy.load_checkpoint``;
+    wrapping that one method of this strategy instance is the only point every path passes through."""
+    original = strategy.load_checkpoint
+    if getattr(original, "_checks_sources", False):
+        return
+
+    def load_checkpoint(checkpoint_path: Any, weights_only: bool | None = None) -> dict[str, Any]:
+        check_checkpoint_source(checkpoint_path)
+        return original(checkpoint_path, weights_only=True)
+
+    load_checkpoint._checks_sources = True  # type: ignore[attr-defined]
+    strategy.load_checkpoint = load_checkpoint

@@ -23,12 +23,12 @@ The tokenizer's ``chat_template`` renders a user message exactly as training for
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
 from clova_train.core.atomic import write_json_atomic
 from clova_train.core.errors import ExportError
+from clova_train.core.safe_files import read_json_object
 from clova_train.tooluse.prompt_template import TEMPLATE_FILE, PromptTemplate
 from clova_train.tooluse.served_llm import SERVING_FILE  # stop strings and recommended sampling, beside the tokenizer
 
@@ -89,7 +89,7 @@ def write_llm_files(directory: Path, tokenizer: Any, template: PromptTemplate) -
 
 def _point_adapter_at(adapter: Path, base_name: str) -> None:
     config_file = adapter / "adapter_config.json"
-    config = json.loads(config_file.read_text())
+    config = read_json_object(config_file, "adapter config")
     config["base_model_name_or_path"] = base_name
     write_json_atomic(config_file, config)
 
@@ -110,9 +110,11 @@ def export_lora_run(
     if checkpoint is None:
         adapter = source / "adapter"
         copy_tree(adapter, staging / "adapter")
-        config = json.loads((adapter / "adapter_config.json").read_text())
-        base_name = config["base_model_name_or_path"]
-        template = PromptTemplate.from_dict(json.loads((adapter / TEMPLATE_FILE).read_text()))
+        config = read_json_object(adapter / "adapter_config.json", "adapter config")
+        base_name = config.get("base_model_name_or_path")
+        if not isinstance(base_name, str) or not base_name:
+            raise ExportError(f"{adapter / 'adapter_config.json'} names no base model (base_model_name_or_path)")
+        template = PromptTemplate.from_dict(read_json_object(adapter / TEMPLATE_FILE, "prompt template"))
         tokenizer_name = str(adapter) if (adapter / "tokenizer_config.json").is_file() else base_name
         origin = {"kind": "lora_run_dir", "path": str(source.resolve())}
     else:

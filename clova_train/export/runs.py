@@ -19,7 +19,6 @@ weights' identity against the one the prompts were trained on. Entries get norma
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 from pathlib import Path
@@ -31,6 +30,7 @@ from clova_train.core.atomic import write_json_atomic
 from clova_train.core.errors import ClovaTrainError, ExportError, ModelError
 from clova_train.core.manifest import BASE_DIR, staged_directory, write_manifest
 from clova_train.core.pool import PoolSpec, PromptPool
+from clova_train.core.safe_files import read_json_object
 
 
 def _find_config(run_dir: Path) -> Path | None:
@@ -92,10 +92,10 @@ def _from_run_dir(run_dir: Path, staging: Path, copy_base: bool = False) -> dict
     if not pool_file.is_file() or not tool_file.is_file():
         summary = run_dir / "summary.json"
         hint = ""
-        if summary.is_file() and not json.loads(summary.read_text()).get("complete", True):
+        if summary.is_file() and not read_json_object(summary, "run summary").get("complete", True):
             hint = " (the run did not finish: resume it with --ckpt_path last, or export its checkpoint)"
         raise ExportError(f"{run_dir} holds no finished prompt-tuning run: pool.safetensors/tool.json missing{hint}")
-    tool = portable_tool_description(json.loads(tool_file.read_text()), staging, copy_base)
+    tool = portable_tool_description(read_json_object(tool_file, "tool description"), staging, copy_base)
     pool = PromptPool.load(pool_file, expected=PoolSpec.from_tool_description(tool))
     pool.save(staging / "pool.safetensors")
     write_json_atomic(staging / "tool.json", tool)

@@ -8,7 +8,6 @@ same scene serves classification (CLIP), detection (OWL-ViT), segmentation (Mask
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-import json
 import os
 import tempfile
 import zlib
@@ -167,7 +166,9 @@ def generated_before(root: str | Path, parameters: dict) -> bool:
     record = Path(root) / "synthetic.json"
     if not record.is_file():
         return False
-    found = json.loads(record.read_text())
+    from clova_train.core.safe_files import read_json
+
+    found = read_json(record, "synthetic data record")
     if found != parameters:
         raise DataError(f"{root} was generated with {found}, not {parameters}: remove it or choose another root")
     return True

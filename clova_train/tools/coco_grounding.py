@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import contextlib
 import io
-import json
+import math
 from functools import cached_property
 from pathlib import Path
 from typing import Any
@@ -33,10 +33,65 @@ import numpy as np
 import torch
 
 from clova_train.core.errors import DataError
+from clova_train.core.safe_files import read_json
 from clova_train.tools.grounding import GroundedImage, GroundingInstance
 from clova_train.tools.images import load_image_uint8
 
 EDGE_TOLERANCE = 1.0  # pixels: annotation tools round box and polygon edges
+
+
+MAX_IMAGE_SIDE = 1 << 16  # pixels: masks are decoded at the size the file claims
+
+
+def finite_numbers(values: list[Any]) -> bool:
+    """Whether every value is a finite int or float (``True``, strings and NaN are not coordinates)."""
+    return all(type(v) in (int, float) and math.isfinite(v) for v in values)
+
+
+def compressed_rle_counts(counts: str) -> list[int] | None:
+    """The run lengths of a COCO compressed RLE string (pycocotools' ``rleFrString``), or ``None`` if malformed."""
+    runs: list[int] = []
+    position = 0
+    while position < len(counts):
+        value, shift, more = 0, 0, True
+        while more:
+            if position >= len(counts):
+                return None
+            code = ord(counts[position]) - 48
+            if not 0 <= code < 64:
+                return None
+            value |= (code & 0x1F) << (5 * shift)
+            more = bool(code & 0x20)
+            position += 1
+            shift += 1
+            if shift > 13:  # far beyond any image's pixel count
+                return None
+            if not more and code & 0x10:
+                value |= -1 << (5 * shift)
+        if len(runs) > 2:
+            value += runs[-2]
+        runs.append(value)
+    return runs
+
+
+def rle_problem(counts: Any, pixels: int) -> str | None:
+    """Why an RLE's ``counts`` cannot describe an image of ``pixels`` pixels, or ``None``.
+
+    pycocotools decodes runs into a buffer of the image's size without checking their sum, so runs are checked
+    here: non-negative integers adding up to exactly the pixel count."""
+    if isinstance(counts, str):
+        runs = compressed_rle_counts(counts)
+        if runs is None:
+            return "RLE counts is not a valid compressed RLE string"
+    elif isinstance(counts, list):
+        if not all(type(v) is int for v in counts):
+            return "RLE counts must be integers"
+        runs = counts
+    else:
+        return "RLE without counts (a string or a list of integers)"
+    if any(run < 0 for run in runs) or sum(runs) != pixels:
+        return f"RLE counts are not non-negative runs adding up to the image's {pixels} pixels"
+    return None
 
 
 class GroundingAnnotations:
@@ -51,12 +106,7 @@ class GroundingAnnotations:
         from pycocotools.coco import COCO
 
         self.path = Path(path)
-        if not self.path.is_file():
-            raise DataError(f"annotation file not found: {self.path}")
-        try:
-            data = json.loads(self.path.read_text(encoding="utf-8"))
-        except (UnicodeDecodeError, json.JSONDecodeError) as err:
-            raise DataError(f"{self.path}: not valid JSON: {err}") from err
+        data = read_json(self.path, "annotation file")
         if not isinstance(data, dict):
             raise DataError(f"{self.path}: a COCO annotation file is a JSON object, got {type(data).__name__}")
         for key in ("images", "annotations", "categories"):
@@ -81,6 +131,15 @@ class GroundingAnnotations:
             for number, record in enumerate(data[kind]):
                 if not isinstance(record, dict) or any(key not in record for key in required):
                     raise DataError(f"{self.path}: {kind}[{number}] needs {', '.join(required)}; got {record!r:.200}")
+        for number, image in enumerate(data["images"]):
+            for key in ("height", "width"):
+                if isinstance(image[key], bool) or not isinstance(image[key], int) or not 0 < image[key] <= MAX_IMAGE_SIDE:
+                    raise DataError(f"{self.path}: images[{number}] {key} must be an integer in 1..{MAX_IMAGE_SIDE}, "
+                                    f"got {image[key]!r:.40}")
+        for kind in ("images", "categories", "annotations"):
+            for number, record in enumerate(data[kind]):
+                if isinstance(record["id"], (bool, float, dict, list)) or record["id"] is None:
+                    raise DataError(f"{self.path}: {kind}[{number}] id must be an integer or a string, got {record['id']!r:.40}")
         ids = [image["id"] for image in data["images"]]
         if len(set(ids)) != len(ids):
             raise DataError(f"{self.path}: image ids are not unique")
@@ -122,8 +181,8 @@ class GroundingAnnotations:
     def _check_annotation(self, image_id: int, annotation: dict, height: int, width: int) -> None:
         where = self.where(image_id, annotation.get("id"))
         box = annotation["bbox"]
-        if not (isinstance(box, list) and len(box) == 4 and all(isinstance(v, (int, float)) for v in box)):
-            raise DataError(f"{where}: bbox must be [x, y, width, height], got {box!r}")
+        if not (isinstance(box, list) and len(box) == 4 and finite_numbers(box)):
+            raise DataError(f"{where}: bbox must be [x, y, width, height] of finite numbers, got {box!r:.120}")
         x, y, w, h = box
         if w <= 0 or h <= 0:
             raise DataError(f"{where}: bbox {box} has a non-positive size")
@@ -136,15 +195,18 @@ class GroundingAnnotations:
             return
         if isinstance(segmentation, dict):
             size = segmentation.get("size")
-            if list(size or []) != [height, width]:
-                raise DataError(f"{where}: RLE size {size} does not match the image's [height, width] "
+            if not isinstance(size, list) or [type(v) for v in size] != [int, int] or size != [height, width]:
+                raise DataError(f"{where}: RLE size {size!r:.40} does not match the image's [height, width] "
                                 f"[{height}, {width}]")
-            if not isinstance(segmentation.get("counts"), (str, list)):
-                raise DataError(f"{where}: RLE without counts")
+            problem = rle_problem(segmentation.get("counts"), height * width)
+            if problem:
+                raise DataError(f"{where}: {problem}")
         elif isinstance(segmentation, list):
             for polygon in segmentation:
                 if not (isinstance(polygon, list) and len(polygon) >= 6 and len(polygon) % 2 == 0):
                     raise DataError(f"{where}: a polygon is a list of at least 3 x, y pairs, got {polygon!r:.80}")
+                if not finite_numbers(polygon):
+                    raise DataError(f"{where}: a polygon's coordinates must be finite numbers, got {polygon!r:.80}")
                 xs, ys = np.asarray(polygon[0::2], dtype=float), np.asarray(polygon[1::2], dtype=float)
                 if (xs.min() < -EDGE_TOLERANCE or ys.min() < -EDGE_TOLERANCE or xs.max() > width + EDGE_TOLERANCE
                         or ys.max() > height + EDGE_TOLERANCE):

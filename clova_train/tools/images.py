@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import os
-import stat
 import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -15,6 +13,7 @@ import torch
 from PIL import Image, UnidentifiedImageError
 
 from clova_train.core.errors import DataError
+from clova_train.core.safe_files import open_regular
 
 IMAGE_SUFFIXES = {".png", ".jpg", ".jpeg", ".webp", ".bmp"}
 _READ_ERRORS = (UnidentifiedImageError, OSError, SyntaxError, ValueError, Image.DecompressionBombError)
@@ -29,6 +28,17 @@ def list_images(folder: Path) -> list[Path]:
     return sorted(p for p in folder.iterdir() if p.is_file() and p.suffix.lower() in IMAGE_SUFFIXES)
 
 
+class ImageReadError(DataError):
+    """An image that cannot be read: missing, not a regular file, unreadable, not an image, or too large.
+
+    ``path`` is the image as it was named (a server answers every such failure with one message, so that a client
+    cannot tell which files exist on the server)."""
+
+    def __init__(self, message: str, path: str | Path) -> None:
+        super().__init__(message)
+        self.path = str(path)
+
+
 def _bomb_message(path: Path, err: BaseException) -> str:
     return (f"image {display_path(path)} is too large to decode safely ({err}); resize it, or raise "
             "PIL.Image.MAX_IMAGE_PIXELS if it is trusted")
@@ -36,33 +46,28 @@ def _bomb_message(path: Path, err: BaseException) -> str:
 
 @contextmanager
 def _reading(path: Path) -> Iterator[None]:
-    """Turn PIL's many failure kinds into one :class:`DataError` naming ``path``."""
+    """Turn PIL's many failure kinds into one :class:`ImageReadError` naming ``path``."""
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("error", Image.DecompressionBombWarning)
             yield
+    except ImageReadError:
+        raise
+    except DataError as err:  # not a regular file
+        raise ImageReadError(str(err), path) from err
     except FileNotFoundError as err:
-        raise DataError(f"image not found: {display_path(path)}") from err
+        raise ImageReadError(f"image not found: {display_path(path)}", path) from err
     except (Image.DecompressionBombError, Image.DecompressionBombWarning) as err:
-        raise DataError(_bomb_message(path, err)) from err
+        raise ImageReadError(_bomb_message(path, err), path) from err
     except _READ_ERRORS as err:
-        raise DataError(f"unreadable image {display_path(path)}: {err}") from err
+        raise ImageReadError(f"unreadable image {display_path(path)}: {err}", path) from err
 
 
 @contextmanager
 def regular_file(path: Path) -> Iterator[BinaryIO]:
     """``path`` opened for reading if it is a regular file (a symlink to one too); a FIFO, device or directory is
     refused with a :class:`DataError` without blocking (opening a FIFO for reading waits for a writer)."""
-    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
-    try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            raise DataError(f"image {display_path(path)} is not a regular file")
-        os.set_blocking(fd, True)
-        handle = os.fdopen(fd, "rb")
-    except BaseException:
-        os.close(fd)
-        raise
-    with handle:
+    with open_regular(path, "image") as handle:
         yield handle
 
 
@@ -89,7 +94,7 @@ def _to_rgb(img: Image.Image, path: Path) -> Image.Image:
         scaled = np.clip(np.round(values / 257.0), 0, 255).astype(np.uint8)
         return Image.fromarray(scaled, mode="L").convert("RGB")
     if img.mode == "F":
-        raise DataError(f"image {display_path(path)} has floating-point pixels; save it as 8- or 16-bit")
+        raise ImageReadError(f"image {display_path(path)} has floating-point pixels; save it as 8- or 16-bit", path)
     return img.convert("RGB")
 
 

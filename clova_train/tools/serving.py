@@ -14,7 +14,6 @@ unmodified tool. Tools without concepts (VQA) keep every prompt together and ret
 from __future__ import annotations
 
 import functools
-import json
 import os
 from pathlib import Path
 from typing import Any
@@ -23,9 +22,12 @@ import torch
 
 from clova_train.core.errors import DataError, ExportError, ModelError
 from clova_train.core.pool import PromptPool
+from clova_train.core.safe_files import ReadLimits, parse_json, read_json
 from clova_train.tools.base import PromptTool
 from clova_train.tools.pretrained import relocated_model_name
 
+DESCRIPTION_LIMITS = ReadLimits(max_bytes=16 << 20, max_depth=32)
+REQUEST_LIMITS = ReadLimits(max_bytes=16 << 20, max_depth=16)  # a request is a flat object of fields and lists
 TOOL_FILE = "tool.json"
 POOL_FILE = "pool.safetensors"
 BASE_IN_EXPORT = "base_in_export"  # tool.json key: the frozen model's copy inside the export (--copy-base)
@@ -33,11 +35,11 @@ BASE_IN_EXPORT = "base_in_export"  # tool.json key: the frozen model's copy insi
 
 def read_tool_description(directory: Path) -> dict[str, Any]:
     path = directory / TOOL_FILE
+    if not path.exists():
+        raise ExportError(f"export directory {directory} is incomplete: {TOOL_FILE} missing")
     try:
-        description = json.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError as err:
-        raise ExportError(f"export directory {directory} is incomplete: {TOOL_FILE} missing") from err
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
+        description = read_json(path, "tool description", DESCRIPTION_LIMITS)
+    except DataError as err:
         raise ExportError(f"{path} is not a readable tool description: {err}") from err
     if not isinstance(description, dict):
         raise ExportError(f"{path} is not a tool description (a JSON object)")
@@ -46,10 +48,7 @@ def read_tool_description(directory: Path) -> dict[str, Any]:
 
 def parse_request(line: str, where: str) -> dict[str, Any]:
     """One JSON request (an object) from a line of text, or a :class:`DataError` naming ``where`` it came from."""
-    try:
-        request = json.loads(line)
-    except json.JSONDecodeError as err:
-        raise DataError(f"{where} is not valid JSON: {err.msg}") from err
+    request = parse_json(line, where, REQUEST_LIMITS)
     if not isinstance(request, dict):
         raise DataError(f"{where} must be a JSON object (a request)")
     return request

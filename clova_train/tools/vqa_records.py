@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from clova_train.core.errors import DataError
+from clova_train.core.safe_files import parse_json, read_text
 
 REQUIRED = ("image", "question", "answer")
 OPTIONAL = ("id", "val_question", "val_answer", "correct")
@@ -19,12 +20,7 @@ OPTIONAL = ("id", "val_question", "val_answer", "correct")
 
 def read_records(path: Path, required: tuple[str, ...] = REQUIRED) -> list[dict[str, Any]]:
     """Records of a JSON list or JSONL file, each checked; errors name the file and the record number."""
-    if not path.is_file():
-        raise DataError(f"VQA records file not found: {path}")
-    try:
-        text = path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as err:
-        raise DataError(f"cannot read VQA records file {path}: {err}") from err
+    text = read_text(path, "VQA records file")
     if not text.strip():
         raise DataError(f"VQA records file {path} is empty")
     records: list[tuple[str, Any]] = []
@@ -34,6 +30,10 @@ def read_records(path: Path, required: tuple[str, ...] = REQUIRED) -> list[dict[
             whole = json.loads(text)
         except json.JSONDecodeError:
             whole = None  # not one JSON document: read it as JSON lines
+        except RecursionError:
+            whole = parse_json(text, f"VQA records file {path}")  # names the nesting
+        else:
+            whole = parse_json(text, f"VQA records file {path}")  # depth and duplicate keys
     if isinstance(whole, list) and (not whole or any(isinstance(item, dict) for item in whole)):
         records = [(f"record {i + 1}", item) for i, item in enumerate(whole)]
     else:
@@ -41,9 +41,9 @@ def read_records(path: Path, required: tuple[str, ...] = REQUIRED) -> list[dict[
             if not line.strip():
                 continue
             try:
-                records.append((f"line {number}", json.loads(line)))
-            except json.JSONDecodeError as err:
-                raise DataError(f"{path}, line {number}: not valid JSON ({err.msg})") from err
+                records.append((f"line {number}", parse_json(line, "the line")))
+            except DataError as err:
+                raise DataError(f"{path}, line {number}: not valid JSON ({err})") from None
     if not records:
         raise DataError(f"VQA records file {path} holds no records")
     checked = []

@@ -13,7 +13,6 @@ reply as in training.
 
 from __future__ import annotations
 
-import json
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -23,6 +22,7 @@ import torch
 
 from clova_train.core.errors import DataError, ExportError, ModelError
 from clova_train.core.manifest import BASE_DIR
+from clova_train.core.safe_files import read_json_object
 
 SERVING_FILE = "serving.json"
 ROLES = ("system", "user", "assistant")
@@ -120,7 +120,7 @@ class ServedToolLLM:
         except (OSError, ValueError) as err:
             raise ModelError(f"cannot load the LoRA export {directory}: {err}") from err
         defaults_file = source / SERVING_FILE
-        defaults = json.loads(defaults_file.read_text(encoding="utf-8")) if defaults_file.is_file() else {}
+        defaults = read_json_object(defaults_file, "serving defaults") if defaults_file.is_file() else {}
         return cls(model.to(device), tokenizer, defaults)
 
     @staticmethod
@@ -131,7 +131,9 @@ class ServedToolLLM:
             return str(Path(base_model).expanduser())
         if (directory / BASE_DIR / "config.json").is_file():
             return str(directory / BASE_DIR)
-        named = json.loads((adapter / "adapter_config.json").read_text())["base_model_name_or_path"]
+        named = read_json_object(adapter / "adapter_config.json", "adapter config").get("base_model_name_or_path")
+        if not isinstance(named, str) or not named:
+            raise ExportError(f"{adapter / 'adapter_config.json'} names no base model (base_model_name_or_path)")
         if named.startswith("/") and not Path(named).is_dir():
             raise ExportError(
                 f"the adapter's base model {named} is not on this machine: pass --base-model DIR, "

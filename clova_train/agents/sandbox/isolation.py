@@ -14,7 +14,7 @@ Applied by the worker after it has imported everything it needs and before it re
    ``PermissionError`` (a convenience: the layers around it do not rely on it).
 5. **seccomp** (Linux, through libseccomp): an allowlist of system calls; every other call (``openat``,
    ``socket``, ``connect``, ``execve``, ``clone``, ``fork``, ``kill``, ``ptrace``, ``unlink``...) fails with
-   EPERM. ``no_new_privs`` is set with it.
+   EPERM; ``prlimit64`` only on the worker itself. ``no_new_privs`` is set with it.
 
 :func:`lock_down` returns which layers are on and, for any that is off, why (no libseccomp on this platform, not
 root so no user change, ...); the parent logs it once and exposes it as :attr:`Sandbox.isolation`. Without
@@ -33,7 +33,7 @@ ALLOWED_SYSCALLS = (
     "read", "write", "readv", "writev", "recvfrom", "sendto", "recvmsg", "sendmsg", "close", "fstat", "newfstatat",
     "lseek", "mmap", "munmap", "mremap", "brk", "madvise", "mprotect", "futex", "rt_sigaction", "rt_sigprocmask",
     "rt_sigreturn", "sigaltstack", "exit", "exit_group", "getpid", "gettid", "getrandom", "clock_gettime",
-    "clock_getres", "gettimeofday", "clock_nanosleep", "nanosleep", "sched_yield", "getrusage", "prlimit64",
+    "clock_getres", "gettimeofday", "clock_nanosleep", "nanosleep", "sched_yield", "getrusage",
     "getrlimit", "setrlimit", "getuid", "geteuid", "getgid", "getegid", "fcntl", "poll", "ppoll", "select",
     "pselect6", "restart_syscall",
 )
@@ -96,6 +96,13 @@ def _install_seccomp(pyseccomp: Any) -> str:
         try:
             rules.add_rule(pyseccomp.ALLOW, name)
         except (ValueError, RuntimeError, OSError):  # a call this architecture does not have
+            pass
+    # prlimit64 (what glibc's setrlimit calls) only on this process: pid 0 or its own. With any pid, a worker that
+    # keeps the trainer's uid (a trainer not started as root) could lower the trainer's own limits.
+    for pid in (0, os.getpid()):
+        try:
+            rules.add_rule(pyseccomp.ALLOW, "prlimit64", pyseccomp.Arg(0, pyseccomp.EQ, pid))
+        except (ValueError, RuntimeError, OSError):
             pass
     try:
         rules.load()

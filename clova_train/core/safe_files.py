@@ -1,0 +1,287 @@
+"""One reader for the JSON, JSONL and YAML files (and texts) that this package takes from other people.
+
+Every configuration, data file, journal, graph, export description and HTTP request body goes through here, so
+that each has the same guarantees:
+
+* only regular files are opened (a FIFO, device or directory is refused at once instead of blocking the reader),
+  and a file larger than ``max_bytes`` is refused before it is read;
+* text must be UTF-8: anything else is named with the file, the byte offset and the line;
+* nesting deeper than ``max_depth`` is refused (Python's parsers would raise ``RecursionError``, or run out of
+  stack first);
+* a key written twice in one object or mapping is refused (JSON and YAML readers silently keep the last one);
+* YAML is read with the safe loader only (no tags that build Python objects), and anchors/aliases may not expand
+  to more than ``max_nodes`` nodes (the "billion laughs" document is a few hundred bytes).
+
+Every failure is one :class:`~clova_train.core.errors.DataError` naming the file (or ``where`` a text came from).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, BinaryIO
+
+from clova_train.core.errors import DataError
+
+
+@dataclass(frozen=True)
+class ReadLimits:
+    """Bounds a reader enforces before a value reaches the code that uses it.
+
+    Args:
+        max_bytes: largest file or text accepted (bytes, before decoding).
+        max_depth: deepest nesting of lists and objects accepted (a flat record has depth 1).
+        max_nodes: YAML only: most nodes the document may expand to once aliases are resolved.
+    """
+
+    max_bytes: int = 1 << 30
+    max_depth: int = 100
+    max_nodes: int = 1_000_000
+
+
+DEFAULT_LIMITS = ReadLimits()
+CONFIG_LIMITS = ReadLimits(max_bytes=64 << 20, max_depth=100, max_nodes=200_000)
+
+
+def printable(path: str | os.PathLike[str]) -> str:
+    """``path`` printable in any terminal: bytes of a file name that are not UTF-8 are shown escaped."""
+    return os.fspath(path).encode("utf-8", "backslashreplace").decode("utf-8")
+
+
+@contextmanager
+def open_regular(path: str | os.PathLike[str], what: str = "file") -> Iterator[BinaryIO]:
+    """``path`` opened for binary reading if it is a regular file (a symlink to one too).
+
+    A FIFO, device, socket or directory is refused with a :class:`DataError` without blocking (opening a FIFO for
+    reading waits for a writer). A missing file is a ``FileNotFoundError`` (callers word that themselves)."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise DataError(f"{what} {printable(path)} is not a regular file")
+        os.set_blocking(fd, True)
+        handle = os.fdopen(fd, "rb")
+    except BaseException:
+        os.close(fd)
+        raise
+    with handle:
+        yield handle
+
+
+def read_bytes(path: str | os.PathLike[str], what: str = "file", max_bytes: int = DEFAULT_LIMITS.max_bytes) -> bytes:
+    """The bytes of the regular file ``path``, at most ``max_bytes`` of them, or a :class:`DataError`."""
+    try:
+        with open_regular(path, what) as handle:
+            size = os.fstat(handle.fileno()).st_size
+            if size > max_bytes:
+                raise DataError(f"{what} {printable(path)} is {size:,} bytes, more than the {max_bytes:,} accepted")
+            data = handle.read(max_bytes + 1)
+    except FileNotFoundError as err:
+        raise DataError(f"{what} not found: {printable(path)}") from err
+    except IsADirectoryError as err:
+        raise DataError(f"{what} {printable(path)} is not a regular file") from err
+    except OSError as err:
+        raise DataError(f"cannot read {what} {printable(path)}: {err.strerror or err}") from err
+    if len(data) > max_bytes:  # grew while being read
+        raise DataError(f"{what} {printable(path)} is more than the {max_bytes:,} bytes accepted")
+    return data
+
+
+def decode_utf8(data: bytes, where: str) -> str:
+    """``data`` as text, or a :class:`DataError` naming ``where``, the byte offset and line of the first bad byte."""
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as err:
+        line = data.count(b"\n", 0, err.start) + 1
+        raise DataError(
+            f"{where} is not UTF-8 (byte {err.start}, line {line}: {data[err.start:err.start + 1]!r}); "
+            "re-save it as UTF-8 (e.g. iconv -f latin1 -t utf-8)"
+        ) from err
+
+
+def read_text(path: str | os.PathLike[str], what: str = "file", max_bytes: int = DEFAULT_LIMITS.max_bytes) -> str:
+    """The UTF-8 text of the regular file ``path`` (see :func:`read_bytes` and :func:`decode_utf8`)."""
+    return decode_utf8(read_bytes(path, what, max_bytes), f"{what} {printable(path)}")
+
+
+def nesting_depth(value: Any, limit: int) -> int:
+    """Depth of nested lists/dicts in ``value`` (a scalar is 0), counted without recursion; stops past ``limit``."""
+    deepest, stack = 0, [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, dict):
+            children = item.values()
+        elif isinstance(item, (list, tuple)):
+            children = item
+        else:
+            continue
+        deepest = max(deepest, depth)
+        if deepest > limit:
+            return deepest
+        stack.extend((child, depth + 1) for child in children if isinstance(child, (dict, list, tuple)))
+    return deepest
+
+
+def _check_depth(value: Any, where: str, limits: ReadLimits) -> Any:
+    if nesting_depth(value, limits.max_depth) > limits.max_depth:
+        raise DataError(f"{where} is nested more than {limits.max_depth} levels deep")
+    return value
+
+
+class _DuplicateKey(ValueError):
+    pass
+
+
+def _unique_pairs(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    result = dict(pairs)
+    if len(result) != len(pairs):
+        seen: set[str] = set()
+        for key, _ in pairs:
+            if key in seen:
+                raise _DuplicateKey(key)
+            seen.add(key)
+    return result
+
+
+def parse_json(text: str | bytes, where: str, limits: ReadLimits = DEFAULT_LIMITS) -> Any:
+    """The JSON value of ``text`` (one document), checked against ``limits``; errors name ``where``."""
+    if len(text) > limits.max_bytes:
+        raise DataError(f"{where} is {len(text):,} bytes, more than the {limits.max_bytes:,} accepted")
+    if isinstance(text, bytes):
+        text = decode_utf8(text, where)
+    try:
+        value = json.loads(text, object_pairs_hook=_unique_pairs)
+    except _DuplicateKey as err:
+        raise DataError(f"{where} has the key {str(err)!r} twice in one object") from None
+    except RecursionError:
+        raise DataError(f"{where} is nested more than {limits.max_depth} levels deep") from None
+    except json.JSONDecodeError as err:
+        raise DataError(f"{where} is not valid JSON: {err.msg} (line {err.lineno}, column {err.colno})") from None
+    return _check_depth(value, where, limits)
+
+
+def read_json(path: str | os.PathLike[str], what: str = "JSON file", limits: ReadLimits = DEFAULT_LIMITS) -> Any:
+    """The JSON value of the file ``path`` (see :func:`parse_json`)."""
+    where = f"{what} {printable(path)}"
+    return parse_json(decode_utf8(read_bytes(path, what, limits.max_bytes), where), where, limits)
+
+
+def parse_json_lines(text: str, where: str, limits: ReadLimits = DEFAULT_LIMITS) -> Iterator[tuple[int, Any]]:
+    """``(line number, value)`` for each non-blank line of a JSONL text; a bad line is an error naming it."""
+    for number, line in enumerate(text.splitlines(), 1):
+        if line.strip():
+            yield number, parse_json(line, f"{where} line {number}", limits)
+
+
+def read_json_lines(
+    path: str | os.PathLike[str], what: str = "JSONL file", limits: ReadLimits = DEFAULT_LIMITS
+) -> Iterator[tuple[int, Any]]:
+    """``(line number, value)`` for each non-blank line of the JSONL file ``path``."""
+    return parse_json_lines(read_text(path, what, limits.max_bytes), f"{what} {printable(path)}", limits)
+
+
+def parse_yaml(text: str, where: str, limits: ReadLimits = DEFAULT_LIMITS) -> Any:
+    """The value of one YAML document, read with the safe loader and checked against ``limits`` before any value
+    is constructed."""
+    import yaml
+
+    try:
+        return check_yaml(text, where, limits, construct=True)
+    except yaml.YAMLError as err:
+        raise DataError(f"{where} is not valid YAML: {' '.join(str(err).split())}") from None
+
+
+def check_yaml(text: str, where: str, limits: ReadLimits = DEFAULT_LIMITS, construct: bool = False) -> Any:
+    """Compose one YAML document with the safe loader and check it against ``limits`` (a :class:`DataError` naming
+    ``where``); its value when ``construct``. Syntax errors stay ``yaml.YAMLError`` (callers that fall back to
+    plain text on them, as jsonargparse does for command-line values, keep doing so)."""
+    import yaml
+
+    if len(text) > limits.max_bytes:
+        raise DataError(f"{where} is {len(text):,} characters, more than the {limits.max_bytes:,} accepted")
+    loader = yaml.SafeLoader(text)
+    try:
+        node = loader.get_single_node()
+        if node is None:
+            return None
+        _check_yaml_tree(node, where, limits)
+        return loader.construct_document(node) if construct else None
+    except RecursionError:
+        raise DataError(f"{where} is nested more than {limits.max_depth} levels deep") from None
+    finally:
+        loader.dispose()
+
+
+def _yaml_children(node: Any) -> list[Any]:
+    import yaml
+
+    if isinstance(node, yaml.MappingNode):
+        return [child for pair in node.value for child in pair]
+    if isinstance(node, yaml.SequenceNode):
+        return list(node.value)
+    return []
+
+
+def _check_yaml_tree(root: Any, where: str, limits: ReadLimits) -> None:
+    """Refuse duplicate keys, too deep nesting and aliases that expand past ``max_nodes`` before constructing.
+
+    One post-order walk over the composed node graph (an alias is the node it names, so each node is sized once):
+    ``size`` is the number of values a node stands for once aliases are expanded, ``height`` its nesting."""
+    import yaml
+
+    size: dict[int, int] = {}
+    height: dict[int, int] = {}
+    entered: set[int] = set()
+    stack: list[tuple[Any, bool]] = [(root, False)]
+    while stack:
+        node, leaving = stack.pop()
+        children = _yaml_children(node)
+        if leaving:
+            if any(id(child) not in size for child in children):
+                raise DataError(f"{where} has an alias inside the value it names (a recursive document)")
+            size[id(node)] = 1 + sum(size[id(child)] for child in children)
+            nested = isinstance(node, (yaml.MappingNode, yaml.SequenceNode))
+            height[id(node)] = 1 + max((height[id(child)] for child in children), default=0) if nested else 0
+            if size[id(node)] > limits.max_nodes:
+                raise DataError(f"{where} expands to more than {limits.max_nodes:,} values once its aliases are resolved")
+            if height[id(node)] > limits.max_depth:
+                raise DataError(f"{where} is nested more than {limits.max_depth} levels deep")
+            continue
+        if id(node) in entered:
+            continue
+        entered.add(id(node))
+        if isinstance(node, yaml.MappingNode):
+            keys = [k for k, _ in node.value if isinstance(k, yaml.ScalarNode) and k.tag != "tag:yaml.org,2002:merge"]
+            seen: set[str] = set()
+            for key in keys:
+                if key.value in seen:
+                    raise DataError(f"{where} has the key {key.value!r} twice in one mapping (again at line "
+                                    f"{key.start_mark.line + 1})")
+                seen.add(key.value)
+        stack.append((node, True))
+        stack.extend((child, False) for child in children)
+
+
+def read_yaml(path: str | os.PathLike[str], what: str = "YAML file", limits: ReadLimits = DEFAULT_LIMITS) -> Any:
+    """The value of the YAML file ``path`` (see :func:`parse_yaml`)."""
+    where = f"{what} {printable(path)}"
+    return parse_yaml(decode_utf8(read_bytes(path, what, limits.max_bytes), where), where, limits)
+
+
+def read_json_or_yaml(path: str | os.PathLike[str], what: str = "file", limits: ReadLimits = DEFAULT_LIMITS) -> Any:
+    """A ``.json`` file as JSON, anything else as YAML (a superset of JSON)."""
+    if Path(path).suffix.lower() == ".json":
+        return read_json(path, what, limits)
+    return read_yaml(path, what, limits)
+
+
+def read_json_object(path: str | os.PathLike[str], what: str = "JSON file", limits: ReadLimits = DEFAULT_LIMITS) -> dict[str, Any]:
+    """The JSON object (a ``dict``) of the file ``path``; any other JSON value is a :class:`DataError`."""
+    value = read_json(path, what, limits)
+    if not isinstance(value, dict):
+        raise DataError(f"{what} {printable(path)} must hold a JSON object, not {type(value).__name__}")
+    return value

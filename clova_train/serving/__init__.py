@@ -1,0 +1,1 @@
+"""Serving exports over HTTP: what stands in front of the models (request guard: API key, limits, errors)."""

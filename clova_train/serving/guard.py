@@ -1,0 +1,248 @@
+"""What every HTTP request meets before it reaches a model: the API key, size limits and a JSON check.
+
+:class:`RequestGuard` is a plain ASGI middleware in front of the LitServe (FastAPI) app. For each request it
+
+* requires ``Authorization: Bearer <key>`` on ``/v1/...`` when the server has an API key (as vLLM does; ``/health``
+  stays open for load balancers), compared in constant time;
+* reads the body up to ``max_body_bytes``: a larger ``Content-Length`` is refused before anything is read, and a
+  ``gzip``/``deflate`` body is decompressed with the limit counted on the decompressed bytes (a small gzip bomb is
+  refused, not inflated); other encodings are refused;
+* parses the body once with the package's safe JSON reader (depth limit, duplicate keys refused) whatever the
+  ``Content-Type`` (curl's form default included), refuses any list longer than ``max_list_items``, and hands the
+  app the canonical JSON it parsed;
+
+and answers every refusal, like every error of the app (see :func:`install_error_handlers`), with OpenAI's error
+shape ``{"error": {"message", "type", "param", "code"}}``: 401, 400, 413 or 415, never a 500 with a traceback.
+"""
+
+from __future__ import annotations
+
+import hmac
+import json
+import zlib
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
+
+from clova_train.core.errors import DataError
+from clova_train.core.safe_files import ReadLimits, parse_json
+
+Scope = dict[str, Any]
+Message = dict[str, Any]
+Receive = Callable[[], Awaitable[Message]]
+Send = Callable[[Message], Awaitable[None]]
+ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
+
+ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
+               404: "not_found_error", 405: "invalid_request_error", 413: "invalid_request_error",
+               415: "invalid_request_error", 422: "invalid_request_error", 429: "rate_limit_error"}
+OPEN_PATHS = ("/health",)  # answered without an API key (as vLLM leaves /health open)
+
+
+@dataclass(frozen=True)
+class RequestLimits:
+    """Bounds on one request, checked before it reaches a model.
+
+    Args:
+        max_body_bytes: largest request body, counted after decompression.
+        max_depth: deepest JSON nesting of a body.
+        max_list_items: longest list anywhere in a body (images of one request, labels, messages, ...).
+        max_image_pixels: largest image (width x height) a prompt tool decodes; larger ones are refused from their
+            header, before their pixels are read.
+    """
+
+    max_body_bytes: int = 16 << 20
+    max_depth: int = 32
+    max_list_items: int = 256
+    max_image_pixels: int = 40_000_000
+
+    def __post_init__(self) -> None:
+        for name in ("max_body_bytes", "max_depth", "max_list_items", "max_image_pixels"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+
+
+def error_body(status: int, message: str, param: str | None = None) -> dict[str, Any]:
+    """OpenAI's error shape (what the official SDKs read the message from)."""
+    return {"error": {"message": message, "type": ERROR_TYPES.get(status, "server_error" if status >= 500 else
+                                                               "invalid_request_error"),
+                      "param": param, "code": status}}
+
+
+class RequestRefused(Exception):
+    """A request refused by the guard: its status and message."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+def longest_list(value: Any) -> tuple[int, str]:
+    """The length and JSON path of the longest list in ``value`` (``(0, "")`` when there is none)."""
+    best, where = 0, ""
+    stack: list[tuple[Any, str]] = [(value, "")]
+    while stack:
+        item, path = stack.pop()
+        if isinstance(item, dict):
+            stack.extend((v, f"{path}.{k}" if path else str(k)) for k, v in item.items())
+        elif isinstance(item, list):
+            if len(item) > best:
+                best, where = len(item), path or "the body"
+            stack.extend((v, f"{path}[{i}]") for i, v in enumerate(item))
+    return best, where
+
+
+def _inflate(body: bytes, encoding: str, limit: int) -> bytes:
+    """``body`` decompressed (gzip or deflate), at most ``limit`` bytes of it."""
+    wbits = {"gzip": 16 + zlib.MAX_WBITS, "x-gzip": 16 + zlib.MAX_WBITS, "deflate": zlib.MAX_WBITS}[encoding]
+    inflater = zlib.decompressobj(wbits)
+    try:
+        data = inflater.decompress(body, limit + 1)
+    except zlib.error as err:
+        raise RequestRefused(400, f"the request body is not valid {encoding} data: {err}") from None
+    if len(data) > limit or inflater.unconsumed_tail:
+        raise RequestRefused(413, f"the request body is more than {limit:,} bytes once decompressed")
+    if not inflater.eof:
+        raise RequestRefused(400, f"the request body is truncated {encoding} data")
+    return data
+
+
+class RequestGuard:
+    """ASGI middleware: API key, body limits and one safe JSON parse for every request (see module docstring).
+
+    Args:
+        app: the ASGI app behind it.
+        api_key: the bearer token ``/v1/...`` requires (``None``: no key).
+        limits: the request limits.
+    """
+
+    def __init__(self, app: ASGIApp, api_key: str | None = None, limits: RequestLimits = RequestLimits()) -> None:
+        self.app, self.api_key, self.limits = app, api_key or None, limits
+        self.json_limits = ReadLimits(max_bytes=limits.max_body_bytes, max_depth=limits.max_depth)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        try:
+            self._authorise(scope)
+            if scope["method"] in ("POST", "PUT", "PATCH"):
+                body = await self._read_body(scope, receive)
+                scope, receive = self._as_json(scope, body)
+        except RequestRefused as refused:
+            await send_error(send, refused.status, str(refused),
+                             {"www-authenticate": "Bearer"} if refused.status == 401 else None)
+            return
+        await self.app(scope, receive, send)
+
+    def _authorise(self, scope: Scope) -> None:
+        path = scope.get("path", "")
+        if self.api_key is None or not path.startswith("/v1") or path in OPEN_PATHS:
+            return
+        given = _header(scope, b"authorization")
+        expected = f"Bearer {self.api_key}".encode()
+        if given is None or not hmac.compare_digest(given, expected):
+            raise RequestRefused(401, "a valid API key is required: send 'Authorization: Bearer <key>'")
+
+    async def _read_body(self, scope: Scope, receive: Receive) -> bytes:
+        limit = self.limits.max_body_bytes
+        declared = _header(scope, b"content-length")
+        if declared is not None:
+            if not declared.strip().isdigit():
+                raise RequestRefused(400, "the Content-Length header is not a number")
+            if int(declared) > limit:
+                raise RequestRefused(413, f"the request body is {int(declared):,} bytes, more than the {limit:,} accepted")
+        chunks, size = [], 0
+        while True:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                raise RequestRefused(400, "the client went away before sending its whole body")
+            chunk = message.get("body", b"")
+            size += len(chunk)
+            if size > limit:
+                raise RequestRefused(413, f"the request body is more than the {limit:,} bytes accepted")
+            chunks.append(chunk)
+            if not message.get("more_body", False):
+                break
+        body = b"".join(chunks)
+        encoding = (_header(scope, b"content-encoding") or b"identity").decode("latin-1").strip().lower()
+        if encoding in ("", "identity"):
+            return body
+        if encoding in ("gzip", "x-gzip", "deflate"):
+            return _inflate(body, encoding, limit)
+        raise RequestRefused(415, f"Content-Encoding {encoding!r} is not accepted (send identity, gzip or deflate)")
+
+    def _as_json(self, scope: Scope, body: bytes) -> tuple[Scope, Receive]:
+        content_type = (_header(scope, b"content-type") or b"").decode("latin-1").lower()
+        if content_type.startswith("multipart/"):
+            raise RequestRefused(415, "multipart bodies are not accepted: send the request as a JSON object")
+        if not body.strip():
+            raise RequestRefused(400, "the request body is empty: send a JSON object")
+        try:
+            value = parse_json(body, "the request body", self.json_limits)
+        except DataError as err:
+            raise RequestRefused(400, str(err)) from None
+        items, where = longest_list(value)
+        if items > self.limits.max_list_items:
+            raise RequestRefused(413, f"{where} has {items:,} items, more than the {self.limits.max_list_items:,} "
+                                      "this server accepts in one list")
+        # A lone surrogate (a JSON escape such as \ud800) would fail every tokenizer: it becomes "?" here.
+        canonical = json.dumps(value, ensure_ascii=False).encode("utf-8", "replace")
+        headers = [(k, v) for k, v in scope.get("headers", [])
+                   if k.lower() not in (b"content-length", b"content-encoding", b"content-type")]
+        headers += [(b"content-type", b"application/json"), (b"content-length", str(len(canonical)).encode())]
+        sent = False
+
+        async def replay() -> Message:
+            nonlocal sent
+            if sent:
+                return {"type": "http.disconnect"}
+            sent = True
+            return {"type": "http.request", "body": canonical, "more_body": False}
+
+        return {**scope, "headers": headers}, replay
+
+
+def _header(scope: Scope, name: bytes) -> bytes | None:
+    for key, value in scope.get("headers", []):
+        if key.lower() == name:
+            return value
+    return None
+
+
+async def send_error(send: Send, status: int, message: str, extra_headers: dict[str, str] | None = None) -> None:
+    body = json.dumps(error_body(status, message)).encode()
+    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
+    headers += [(k.encode(), v.encode()) for k, v in (extra_headers or {}).items()]
+    await send({"type": "http.response.start", "status": status, "headers": headers})
+    await send({"type": "http.response.body", "body": body})
+
+
+def install_error_handlers(app: Any) -> None:
+    """Make a FastAPI app answer its own errors in OpenAI's shape: ``HTTPException`` keeps its status with its
+    detail as the message, a request that fails validation is a 400 naming the field, anything unexpected a 500
+    that says no more than that (the traceback goes to the server log, not to the client)."""
+    from fastapi.exceptions import RequestValidationError
+    from fastapi.responses import JSONResponse
+    from starlette.exceptions import HTTPException as StarletteHTTPException
+
+    async def http_error(request: Any, exc: StarletteHTTPException) -> JSONResponse:
+        detail = exc.detail if isinstance(exc.detail, str) else json.dumps(exc.detail)
+        return JSONResponse(error_body(exc.status_code, detail), status_code=exc.status_code,
+                            headers=getattr(exc, "headers", None))
+
+    async def invalid(request: Any, exc: RequestValidationError) -> JSONResponse:
+        problems = []
+        for error in exc.errors()[:5]:
+            where = ".".join(str(part) for part in error.get("loc", ()) if part != "body")
+            problems.append(f"{where or 'the body'}: {error.get('msg', 'invalid')}")
+        first = exc.errors()[0].get("loc", ()) if exc.errors() else ()
+        param = ".".join(str(p) for p in first if p != "body") or None
+        return JSONResponse(error_body(400, "; ".join(problems) or "invalid request", param), status_code=400)
+
+    async def unexpected(request: Any, exc: Exception) -> JSONResponse:
+        return JSONResponse(error_body(500, "internal server error"), status_code=500)
+
+    app.add_exception_handler(StarletteHTTPException, http_error)
+    app.add_exception_handler(RequestValidationError, invalid)
+    app.add_exception_handler(Exception, unexpected)
