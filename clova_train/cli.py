@@ -69,7 +69,10 @@ def safe_config_mode() -> str:
 
         def load(value: str) -> object:
             check_yaml(value, "config", CONFIG_LIMITS)
-            return plain(value)
+            try:
+                return plain(value)
+            except (ValueError, TypeError, OverflowError) as err:  # e.g. an integer of 5,000 digits
+                raise ClovaTrainError(f"config value {value[:60]!r}: {err}") from None
 
         set_loader(CONFIG_MODE, load, exceptions=(yaml.YAMLError,))
     return CONFIG_MODE
@@ -78,7 +81,7 @@ def safe_config_mode() -> str:
 def check_config_files(args: Sequence[str]) -> None:
     """Read every ``--config FILE`` with the safe reader first, so that a bad file is named in the error (and a FIFO
     or an oversized file is refused before jsonargparse reads it)."""
-    from clova_train.core.safe_files import CONFIG_LIMITS, read_yaml
+    from clova_train.core.safe_files import CONFIG_LIMITS, check_yaml, printable, read_text
 
     for index, arg in enumerate(args):
         if arg.startswith("--config="):
@@ -88,7 +91,9 @@ def check_config_files(args: Sequence[str]) -> None:
         else:
             continue
         if "\n" not in path and Path(path).exists():  # else an inline YAML text, or missing: jsonargparse says so
-            read_yaml(path, "config file", CONFIG_LIMITS)
+            # structure only: values are constructed by jsonargparse's own loader (dates stay text there)
+            check_yaml(read_text(path, "config file", CONFIG_LIMITS.max_bytes), f"config file {printable(path)}",
+                       CONFIG_LIMITS)
 
 
 def umbrella_parser() -> argparse.ArgumentParser:

@@ -78,6 +78,23 @@ def test_duplicate_yaml_keys_are_refused_with_their_line(text: str) -> None:
         parse_yaml(text, "f.yaml")
 
 
+@pytest.mark.parametrize("parse, text", [
+    (parse_json, "[" + "1" * 5000 + "]"), (parse_yaml, "a: " + "1" * 5000), (parse_yaml, "a: 2001-13-45"),
+    (parse_yaml, "a: !!int abc"), (parse_yaml, "a: !!float xyz"),
+])
+def test_values_python_cannot_build_are_one_error(parse, text: str) -> None:
+    with pytest.raises(DataError, match="holds a value that cannot be read"):
+        parse(text, "v.yaml")
+
+
+def test_a_config_value_python_cannot_build_is_one_line(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    config = tmp_path / "big.yaml"
+    config.write_text((REPO / "configs" / "quickstart" / "controller_dqn.yaml").read_text() + "\nnote: " + "9" * 5000 + "\n")
+    assert main(["controller", "fit", "--config", str(config)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "Traceback" not in err, err
+
+
 def test_yaml_merge_keys_still_work() -> None:
     assert parse_yaml("base: &b {x: 1, y: 2}\nd:\n  <<: *b\n  x: 5\n", "f")["d"] == {"x": 5, "y": 2}
 

@@ -161,6 +161,8 @@ def parse_json(text: str | bytes, where: str, limits: ReadLimits = DEFAULT_LIMIT
         raise DataError(f"{where} is nested more than {limits.max_depth} levels deep") from None
     except json.JSONDecodeError as err:
         raise DataError(f"{where} is not valid JSON: {err.msg} (line {err.lineno}, column {err.colno})") from None
+    except ValueError as err:  # e.g. an integer of more digits than Python converts
+        raise DataError(f"{where} holds a value that cannot be read: {err}") from None
     return _check_depth(value, where, limits)
 
 
@@ -209,7 +211,12 @@ def check_yaml(text: str, where: str, limits: ReadLimits = DEFAULT_LIMITS, const
         if node is None:
             return None
         _check_yaml_tree(node, where, limits)
-        return loader.construct_document(node) if construct else None
+        if not construct:
+            return None
+        try:
+            return loader.construct_document(node)
+        except (ValueError, TypeError, OverflowError) as err:  # a bad date, an integer of 5,000 digits, ...
+            raise DataError(f"{where} holds a value that cannot be read: {err}") from None
     except RecursionError:
         raise DataError(f"{where} is nested more than {limits.max_depth} levels deep") from None
     finally:
@@ -269,7 +276,7 @@ def _check_yaml_tree(root: Any, where: str, limits: ReadLimits) -> None:
 def read_yaml(path: str | os.PathLike[str], what: str = "YAML file", limits: ReadLimits = DEFAULT_LIMITS) -> Any:
     """The value of the YAML file ``path`` (see :func:`parse_yaml`)."""
     where = f"{what} {printable(path)}"
-    return parse_yaml(decode_utf8(read_bytes(path, what, limits.max_bytes), where), where, limits)
+    return parse_yaml(read_text(path, what, limits.max_bytes), where, limits)
 
 
 def read_json_or_yaml(path: str | os.PathLike[str], what: str = "file", limits: ReadLimits = DEFAULT_LIMITS) -> Any:
