@@ -16,7 +16,7 @@ from typing import Any
 
 from clova_train.core.atomic import write_text_atomic
 from clova_train.core.errors import ClovaTrainError, DataError
-from clova_train.core.safe_files import parse_json, read_text
+from clova_train.core.safe_files import JSONSyntaxError, parse_json, read_text
 from clova_train.tools.images import IMAGE_SUFFIXES, display_path, list_images
 from clova_train.tools.serving import PromptToolServer, parse_request
 
@@ -30,9 +30,7 @@ def parse_fields(fields: list[str]) -> dict[str, Any]:
             raise DataError(f"--field {item!r} must be NAME=VALUE")
         try:
             parsed[name] = parse_json(value, f"--field {name}")
-        except DataError as err:
-            if "not valid JSON" not in str(err):  # too deep, a key twice, ...: say so rather than pass it as text
-                raise
+        except JSONSyntaxError:  # plain text; JSON that is too deep or repeats a key is still an error
             parsed[name] = value
     return parsed
 

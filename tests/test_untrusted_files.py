@@ -446,3 +446,14 @@ def test_a_reply_that_is_not_text_is_one_backend_error() -> None:
 
     with pytest.raises(BackendError, match="replied with NoneType"):
         ask(Broken(), [{"role": "user", "content": "hi"}])
+
+
+def test_predict_fields_are_json_or_plain_text_but_never_hostile_json() -> None:
+    from clova_train.predict import parse_fields
+
+    assert parse_fields(['labels=["red", "blue"]', "question=what colour is it?", "concept=dog"]) == {
+        "labels": ["red", "blue"], "question": "what colour is it?", "concept": "dog"}
+    with pytest.raises(DataError, match="--field labels has the key 'a' twice"):
+        parse_fields(['labels={"a": 1, "a": 2}'])
+    with pytest.raises(DataError, match="--field labels is nested more than"):
+        parse_fields(["labels=" + "[" * 500 + "]" * 500])

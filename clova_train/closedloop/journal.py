@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from clova_train.core.errors import DataError
-from clova_train.core.safe_files import parse_json
+from clova_train.core.safe_files import parse_json, read_bytes
 
 log = logging.getLogger(__name__)
 
@@ -33,7 +33,7 @@ class Journal:
     def _read(self) -> list[dict[str, Any]]:
         if not self.path.exists():
             return []
-        data = self.path.read_bytes()
+        data = read_bytes(self.path, "journal")
         lines = data.split(b"\n")
         if lines[-1] == b"":  # the file ends with its last event's newline (or is empty)
             lines.pop()

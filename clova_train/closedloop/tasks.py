@@ -48,8 +48,6 @@ def is_correct(task: LoopTask, answer: object) -> bool:
 def read_tasks(path: str | Path) -> list[LoopTask]:
     """Read and check a task file (see the module docstring)."""
     path = Path(path)
-    if not path.is_file():
-        raise DataError(f"task file not found: {path}")
     tasks, seen = [], set()
     for number, record in read_json_lines(path, "task file"):
         where = f"{path}:{number}"

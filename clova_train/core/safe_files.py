@@ -23,7 +23,6 @@ import stat
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, BinaryIO
 
 from clova_train.core.errors import DataError
@@ -136,6 +135,10 @@ class _DuplicateKey(ValueError):
     pass
 
 
+class JSONSyntaxError(DataError):
+    """A text that is not JSON at all (as opposed to JSON that breaks a limit or repeats a key)."""
+
+
 def _unique_pairs(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     result = dict(pairs)
     if len(result) != len(pairs):
@@ -160,7 +163,7 @@ def parse_json(text: str | bytes, where: str, limits: ReadLimits = DEFAULT_LIMIT
     except RecursionError:
         raise DataError(f"{where} is nested more than {limits.max_depth} levels deep") from None
     except json.JSONDecodeError as err:
-        raise DataError(f"{where} is not valid JSON: {err.msg} (line {err.lineno}, column {err.colno})") from None
+        raise JSONSyntaxError(f"{where} is not valid JSON: {err.msg} (line {err.lineno}, column {err.colno})") from None
     except ValueError as err:  # e.g. an integer of more digits than Python converts
         raise DataError(f"{where} holds a value that cannot be read: {err}") from None
     return _check_depth(value, where, limits)
@@ -168,8 +171,7 @@ def parse_json(text: str | bytes, where: str, limits: ReadLimits = DEFAULT_LIMIT
 
 def read_json(path: str | os.PathLike[str], what: str = "JSON file", limits: ReadLimits = DEFAULT_LIMITS) -> Any:
     """The JSON value of the file ``path`` (see :func:`parse_json`)."""
-    where = f"{what} {printable(path)}"
-    return parse_json(decode_utf8(read_bytes(path, what, limits.max_bytes), where), where, limits)
+    return parse_json(read_text(path, what, limits.max_bytes), f"{what} {printable(path)}", limits)
 
 
 def parse_json_lines(text: str, where: str, limits: ReadLimits = DEFAULT_LIMITS) -> Iterator[tuple[int, Any]]:
@@ -277,13 +279,6 @@ def read_yaml(path: str | os.PathLike[str], what: str = "YAML file", limits: Rea
     """The value of the YAML file ``path`` (see :func:`parse_yaml`)."""
     where = f"{what} {printable(path)}"
     return parse_yaml(read_text(path, what, limits.max_bytes), where, limits)
-
-
-def read_json_or_yaml(path: str | os.PathLike[str], what: str = "file", limits: ReadLimits = DEFAULT_LIMITS) -> Any:
-    """A ``.json`` file as JSON, anything else as YAML (a superset of JSON)."""
-    if Path(path).suffix.lower() == ".json":
-        return read_json(path, what, limits)
-    return read_yaml(path, what, limits)
 
 
 def read_json_object(path: str | os.PathLike[str], what: str = "JSON file", limits: ReadLimits = DEFAULT_LIMITS) -> dict[str, Any]:

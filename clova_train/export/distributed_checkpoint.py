@@ -90,15 +90,21 @@ def read_distributed_checkpoint(directory: str | Path) -> dict[str, Any]:
     state: dict[str, Any] = {}
     reader = SafeFileSystemReader(str(directory))
     reader.read_metadata()  # here, so that a refusal is reported as it is (torch's loader would try other files)
+    _load_entries(directory, state, reader, _PlainDataPlanner())
+    return state
+
+
+def _load_entries(directory: str | Path, state: dict[str, Any], reader: SafeFileSystemReader,
+                  planner: _PlainDataPlanner) -> None:
+    """Fill ``state`` with what ``planner`` asks of the checkpoint, in this process; one clear error on failure."""
     try:
-        _load_state_dict(state, storage_reader=reader, planner=_PlainDataPlanner(), no_dist=True)
+        _load_state_dict(state, storage_reader=reader, planner=planner, no_dist=True)
     except CheckpointException as err:  # the failure of each rank (here one), with its traceback in the text
         failure = next(iter(err.failures.values()), None)
         failure = failure[0] if isinstance(failure, tuple) else failure  # (exception, its stack)
         if isinstance(failure, UnsafeFileError):
             raise UnsafeFileError(f"{directory}: {failure}") from None
         raise ExportError(f"cannot read sharded checkpoint {directory}: {failure!r}") from None
-    return state
 
 
 def check_distributed_checkpoint(directory: str | Path) -> None:
@@ -110,16 +116,8 @@ def check_distributed_checkpoint(directory: str | Path) -> None:
     except FileNotFoundError:
         raise ExportError(f"{directory} is not a sharded checkpoint directory (no .metadata)") from None
     byte_entries = {key for key, value in metadata.state_dict_metadata.items() if isinstance(value, BytesStorageMetadata)}
-    if not byte_entries:
-        return
-    try:
-        _load_state_dict({}, storage_reader=reader, planner=_PlainDataPlanner(keys=byte_entries), no_dist=True)
-    except CheckpointException as err:
-        failure = next(iter(err.failures.values()), None)
-        failure = failure[0] if isinstance(failure, tuple) else failure
-        if isinstance(failure, UnsafeFileError):
-            raise UnsafeFileError(f"{directory}: {failure}") from None
-        raise ExportError(f"cannot read sharded checkpoint {directory}: {failure!r}") from None
+    if byte_entries:
+        _load_entries(directory, {}, reader, _PlainDataPlanner(keys=byte_entries))
 
 
 def check_checkpoint_source(checkpoint_path: str | Path) -> None:

@@ -30,7 +30,7 @@ from clova_train.core.atomic import write_json_atomic
 from clova_train.core.errors import ExportError
 from clova_train.core.safe_files import read_json_object
 from clova_train.tooluse.prompt_template import TEMPLATE_FILE, PromptTemplate
-from clova_train.tooluse.served_llm import SERVING_FILE  # stop strings and recommended sampling, beside the tokenizer
+from clova_train.tooluse.served_llm import SERVING_FILE, adapter_base_name  # stop strings and recommended sampling, beside the tokenizer
 
 from clova_train.models.lora_tool_llm import LORA_CHECKPOINT_KEY
 
@@ -110,10 +110,7 @@ def export_lora_run(
     if checkpoint is None:
         adapter = source / "adapter"
         copy_tree(adapter, staging / "adapter")
-        config = read_json_object(adapter / "adapter_config.json", "adapter config")
-        base_name = config.get("base_model_name_or_path")
-        if not isinstance(base_name, str) or not base_name:
-            raise ExportError(f"{adapter / 'adapter_config.json'} names no base model (base_model_name_or_path)")
+        base_name = adapter_base_name(adapter)
         template = PromptTemplate.from_dict(read_json_object(adapter / TEMPLATE_FILE, "prompt template"))
         tokenizer_name = str(adapter) if (adapter / "tokenizer_config.json").is_file() else base_name
         origin = {"kind": "lora_run_dir", "path": str(source.resolve())}

@@ -6,22 +6,20 @@ import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import Any
 
 import numpy as np
 import torch
 from PIL import Image, UnidentifiedImageError
 
 from clova_train.core.errors import DataError
-from clova_train.core.safe_files import open_regular
+from clova_train.core.safe_files import open_regular, printable
 
 IMAGE_SUFFIXES = {".png", ".jpg", ".jpeg", ".webp", ".bmp"}
 _READ_ERRORS = (UnidentifiedImageError, OSError, SyntaxError, ValueError, Image.DecompressionBombError)
 
 
-def display_path(path: str | Path) -> str:
-    """``path`` printable in any terminal: bytes that are not UTF-8 in a file name are shown escaped."""
-    return str(path).encode("utf-8", "backslashreplace").decode("utf-8")
+display_path = printable  # ``path`` printable in any terminal (bytes of a name that are not UTF-8 shown escaped)
 
 
 def list_images(folder: Path) -> list[Path]:
@@ -63,17 +61,9 @@ def _reading(path: Path) -> Iterator[None]:
         raise ImageReadError(f"unreadable image {display_path(path)}: {err}", path) from err
 
 
-@contextmanager
-def regular_file(path: Path) -> Iterator[BinaryIO]:
-    """``path`` opened for reading if it is a regular file (a symlink to one too); a FIFO, device or directory is
-    refused with a :class:`DataError` without blocking (opening a FIFO for reading waits for a writer)."""
-    with open_regular(path, "image") as handle:
-        yield handle
-
-
 def check_image(path: Path) -> None:
     """Raise :class:`DataError` naming ``path`` if it is not a readable image (without decoding its pixels)."""
-    with _reading(path), regular_file(path) as handle, Image.open(handle) as img:
+    with _reading(path), open_regular(path, "image") as handle, Image.open(handle) as img:
         img.verify()
 
 
@@ -83,7 +73,7 @@ def open_rgb(path: Path) -> Image.Image:
     Images whose header claims more than PIL's ``MAX_IMAGE_PIXELS`` are refused before decoding (a
     decompression bomb); 16-bit and 32-bit integer images are scaled to 8 bits, not clipped to white.
     """
-    with _reading(path), regular_file(path) as handle, Image.open(handle) as img:
+    with _reading(path), open_regular(path, "image") as handle, Image.open(handle) as img:
         return _to_rgb(img, path)
 
 

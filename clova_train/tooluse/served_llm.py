@@ -74,6 +74,14 @@ def _cut(text: str, stops: list[str]) -> tuple[str, bool]:
     return (text[: min(ends)], True) if ends else (text, False)
 
 
+def adapter_base_name(adapter: Path) -> str:
+    """The base model a PEFT adapter directory names (``base_model_name_or_path`` of its ``adapter_config.json``)."""
+    named = read_json_object(adapter / "adapter_config.json", "adapter config").get("base_model_name_or_path")
+    if not isinstance(named, str) or not named:
+        raise ExportError(f"{adapter / 'adapter_config.json'} names no base model (base_model_name_or_path)")
+    return named
+
+
 class ServedToolLLM:
     """A tool-using LLM loaded from a ``clova-train export`` directory of a LoRA run.
 
@@ -131,9 +139,7 @@ class ServedToolLLM:
             return str(Path(base_model).expanduser())
         if (directory / BASE_DIR / "config.json").is_file():
             return str(directory / BASE_DIR)
-        named = read_json_object(adapter / "adapter_config.json", "adapter config").get("base_model_name_or_path")
-        if not isinstance(named, str) or not named:
-            raise ExportError(f"{adapter / 'adapter_config.json'} names no base model (base_model_name_or_path)")
+        named = adapter_base_name(adapter)
         if named.startswith("/") and not Path(named).is_dir():
             raise ExportError(
                 f"the adapter's base model {named} is not on this machine: pass --base-model DIR, "
