@@ -42,7 +42,7 @@ $(TINY_CLIP)/open_clip_config.json: | $(STAMP)
 demo: $(STAMP) $(TINY_CLIP)/open_clip_config.json
 	$(BIN)/clova-train fit --config configs/quickstart/clip_prompt.yaml --model.init_args.on_existing_pool=overwrite
 	$(BIN)/clova-train export $(DEMO_RUN) --output $(DEMO_RUN)/export
-	$(BIN)/python -m clova_train.demo $(DEMO_RUN)/export
+	$(BIN)/python -m clova_train.quickstart.demos.clip $(DEMO_RUN)/export
 
 # The VQA prompt tool (BLIP): fit on a tiny BLIP and synthetic shape questions, export, then serve held-out
 # questions without Lightning (per-answer accuracy without prompts and with the pool; one JSON request too).
@@ -52,7 +52,7 @@ $(TINY_BLIP)/config.json: | $(STAMP)
 demo-vqa: $(STAMP) $(TINY_BLIP)/config.json
 	$(BIN)/clova-train fit --config configs/quickstart/vqa_prompt.yaml --model.init_args.on_existing_pool=overwrite
 	$(BIN)/clova-train export $(VQA_RUN) --output $(VQA_RUN)/export
-	$(BIN)/python -m clova_train.demo_vqa $(VQA_RUN)/export
+	$(BIN)/python -m clova_train.quickstart.demos.vqa $(VQA_RUN)/export
 	$(BIN)/clova-train serve $(VQA_RUN)/export --request '{"image": "checkpoints/data/synthetic_vqa/images/eval_orange_000.png", "question": "what colour is the circle?"}'
 
 # The LOC prompt tool (OWL-ViT): fit on a tiny detector and synthetic COCO-format scenes, export, then serve
@@ -64,7 +64,7 @@ $(TINY_OWLVIT)/config.json: | $(STAMP)
 demo-loc: $(STAMP) $(TINY_OWLVIT)/config.json
 	$(BIN)/clova-train fit --config configs/quickstart/loc_prompt.yaml --model.init_args.on_existing_pool=overwrite
 	$(BIN)/clova-train export $(LOC_RUN) --output $(LOC_RUN)/export
-	$(BIN)/python -m clova_train.demo_grounding $(LOC_RUN)/export
+	$(BIN)/python -m clova_train.quickstart.demos.grounding $(LOC_RUN)/export
 	$(BIN)/clova-train serve $(LOC_RUN)/export --request '{"image": "checkpoints/data/synthetic_loc/images/00001.png", "concept": "purple circle", "other_queries": ["red square", "blue triangle"]}'
 
 # The SEG prompt tool (MaskFormer): the same on a tiny MaskFormer; the picture has the masks drawn.
@@ -74,7 +74,7 @@ $(TINY_MASKFORMER)/config.json: | $(STAMP)
 demo-seg: $(STAMP) $(TINY_MASKFORMER)/config.json
 	$(BIN)/clova-train fit --config configs/quickstart/seg_prompt.yaml --model.init_args.on_existing_pool=overwrite
 	$(BIN)/clova-train export $(SEG_RUN) --output $(SEG_RUN)/export
-	$(BIN)/python -m clova_train.demo_grounding $(SEG_RUN)/export
+	$(BIN)/python -m clova_train.quickstart.demos.grounding $(SEG_RUN)/export
 	$(BIN)/clova-train serve $(SEG_RUN)/export --request '{"image": "checkpoints/data/synthetic_seg_red_circle/images/00001.png", "concept": "purple circle"}'
 
 # The REPLACE prompt tool (textual inversion on Stable Diffusion inpainting): fit on a tiny inpainting
@@ -87,7 +87,7 @@ $(TINY_SD)/model_index.json: | $(STAMP)
 demo-replace: $(STAMP) $(TINY_SD)/model_index.json
 	$(BIN)/clova-train fit --config configs/quickstart/replace_prompt.yaml --model.init_args.on_existing_pool=overwrite
 	$(BIN)/clova-train export $(REPLACE_RUN) --output $(REPLACE_RUN)/export
-	$(BIN)/python -m clova_train.demo_replace $(REPLACE_RUN)/export
+	$(BIN)/python -m clova_train.quickstart.demos.replace $(REPLACE_RUN)/export
 	$(BIN)/clova-train serve $(REPLACE_RUN)/export --request '{"image": "checkpoints/data/synthetic_masked_concepts/orange_circle/orange_circle_000.png", "mask": "checkpoints/data/synthetic_masked_concepts/orange_circle/masks/orange_circle_000.png", "concept": "orange_circle", "output": "$(REPLACE_RUN)/export/demo/served.png", "seed": 0}'
 
 # The tool-using LLM quickstart (LoRA on a tiny Llama, synthetic GPT4Tools data, CPU).

@@ -58,7 +58,7 @@ from results_file import machine, publish  # noqa: E402
 
 from clova_train.controller.trainer import ControllerConfig, fit  # noqa: E402
 from clova_train.envs import ReasoningLoopConfig  # noqa: E402
-from clova_train.envs.scripted import ScriptedReasoningLLM  # noqa: E402
+from clova_train.envs.common.scripted import ScriptedReasoningLLM  # noqa: E402
 from clova_train.agents.sandbox import ExecutionResult, Sandbox, wire  # noqa: E402
 from clova_train.agents.sandbox.worker import Worker  # noqa: E402
 

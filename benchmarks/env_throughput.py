@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 
 from clova_train.envs import ReasoningLoopConfig, ReasoningLoopEnv
-from clova_train.envs.scripted import ScriptedReasoningLLM
+from clova_train.envs.common.scripted import ScriptedReasoningLLM
 
 
 class ServedScriptedLLM(ScriptedReasoningLLM):

@@ -43,8 +43,8 @@ def _rss_mb() -> float:
 
 
 def build(workdir: Path, args: argparse.Namespace) -> tuple[Path, Path]:
-    import clova_train.tiny_models as tiny
-    from clova_train.datamodules.tool_conversations import SEEN_TOOLS, write_synthetic_split
+    import clova_train.quickstart.tiny.llama as tiny
+    from clova_train.datamodules.tool_llm.tool_conversations import SEEN_TOOLS, write_synthetic_split
 
     texts, _ = tiny.tool_corpus(0)
     tiny.TINY_LLAMA_CONFIG.update(BENCH_LLAMA)

@@ -87,11 +87,11 @@ REPLACE_VAL_IMAGES = 2
 
 def _build(args: argparse.Namespace, workdir: Path) -> tuple[str, Path]:
     from clova_train.synthetic.shapes import write_concept_folders
-    from clova_train.tiny_models import make_tiny_clip
+    from clova_train.quickstart.tiny.clip import make_tiny_clip
 
     if args.tool == "replace":
         from clova_train.synthetic.masked_concepts import write_masked_concepts
-        from clova_train.tiny_inpainting import build_tiny_inpainting_pipeline
+        from clova_train.quickstart.tiny.sd_inpaint import build_tiny_inpainting_pipeline
 
         pipeline = build_tiny_inpainting_pipeline(workdir / "sd", seed=0, **BENCH_SD)
         pipeline.save_pretrained(workdir / "sd")
@@ -101,7 +101,8 @@ def _build(args: argparse.Namespace, workdir: Path) -> tuple[str, Path]:
 
     if args.tool in ("loc", "seg"):
         from clova_train.synthetic.grounding import write_coco_scenes
-        from clova_train.tiny_models import build_tiny_maskformer, build_tiny_owlvit
+        from clova_train.quickstart.tiny.maskformer import build_tiny_maskformer
+        from clova_train.quickstart.tiny.owlvit import build_tiny_owlvit
 
         if args.tool == "loc":
             model, processor = build_tiny_owlvit(seed=0, **BENCH_OWLVIT)
@@ -115,7 +116,7 @@ def _build(args: argparse.Namespace, workdir: Path) -> tuple[str, Path]:
 
     if args.tool == "vqa":
         from clova_train.synthetic.vqa import write_vqa_records
-        from clova_train.tiny_models import build_tiny_blip
+        from clova_train.quickstart.tiny.blip import build_tiny_blip
 
         model, processor = build_tiny_blip(seed=0, **BENCH_BLIP)
         model.save_pretrained(workdir / "blip")

@@ -45,7 +45,7 @@ def evaluate(stage: str, common: list[str], logs: Path, name: str, checkpoint: P
 
 def counts(data_root: Path) -> dict[tuple[str, str], int]:
     """Samples per (split, group), grouped as the metric groups them."""
-    from clova_train.datamodules.tool_conversations import SEEN_TOOLS
+    from clova_train.datamodules.tool_llm.tool_conversations import SEEN_TOOLS
     from clova_train.tooluse.metrics import ToolUsageSuccessRate
 
     metric = ToolUsageSuccessRate(seen_tools=list(SEEN_TOOLS))

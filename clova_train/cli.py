@@ -159,7 +159,7 @@ def run_export(args: Sequence[str]) -> None:
     parser.add_argument("--copy-base", action="store_true",
                         help="copy the frozen base model into the export (base/), so it loads with nothing outside it")
     parsed = parser.parse_args(list(args))
-    from clova_train.export.runs import export_run
+    from clova_train.export import export_run
 
     out = export_run(parsed.source, parsed.output, parsed.merged, parsed.copy_base)
     print(f"exported to {out}")
@@ -218,7 +218,7 @@ def run_serve(args: Sequence[str]) -> None:
         answer_json_lines(parsed.exports[0], parsed.request or (line for line in sys.stdin if line.strip()),
                           parsed.top_k, parsed.device, parsed.base_model)
         return
-    from clova_train.http_server import serve_http
+    from clova_train.serving.http import serve_http
 
     api_key = parsed.api_key if parsed.api_key is not None else os.environ.get(API_KEY_ENV) or None
     serve_http(parsed.exports, parsed.host, parsed.port, parsed.device, parsed.top_k, parsed.base_model,
@@ -254,7 +254,7 @@ def run_predict(args: Sequence[str]) -> None:
     parser.add_argument("--device", default="cpu", help="torch device")
     parser.add_argument("--base-model", default=None, help="directory of the frozen base model, overriding the export's")
     parsed = parser.parse_args(list(args))
-    from clova_train.predict import predict_to_file
+    from clova_train.serving.predict import predict_to_file
 
     written, failed = predict_to_file(parsed.export, parsed.inputs, parsed.output, parsed.field, parsed.top_k,
                                       parsed.device, parsed.base_model)
@@ -281,11 +281,18 @@ def run_tiny_model(args: Sequence[str]) -> None:
     parsed = parser.parse_args(list(args))
     steps = {} if parsed.pretrain_steps is None else {"pretrain_steps": parsed.pretrain_steps}
     print(f"building a tiny {parsed.tool} model in {parsed.output} (pretraining on CPU can take minutes)", flush=True)
-    from clova_train.tiny_models import (
-        CLIP_MISCONCEPTION_RATE, CLIP_MISCONCEPTIONS, QUICKSTART_LLAMA_CONFIG, QUICKSTART_LLAMA_COPY_STEPS,
-        QUICKSTART_LLAMA_DOCUMENTS, QUICKSTART_LLAMA_PRETRAIN_STEPS, make_tiny_blip, make_tiny_clip, make_tiny_llama,
-        make_tiny_maskformer, make_tiny_owlvit, tool_corpus,
+    from clova_train.quickstart.tiny.blip import make_tiny_blip
+    from clova_train.quickstart.tiny.clip import CLIP_MISCONCEPTION_RATE, CLIP_MISCONCEPTIONS, make_tiny_clip
+    from clova_train.quickstart.tiny.llama import (
+        QUICKSTART_LLAMA_CONFIG,
+        QUICKSTART_LLAMA_COPY_STEPS,
+        QUICKSTART_LLAMA_DOCUMENTS,
+        QUICKSTART_LLAMA_PRETRAIN_STEPS,
+        make_tiny_llama,
+        tool_corpus,
     )
+    from clova_train.quickstart.tiny.maskformer import make_tiny_maskformer
+    from clova_train.quickstart.tiny.owlvit import make_tiny_owlvit
 
     if parsed.tool == "clip":
         out = make_tiny_clip(parsed.output, seed=parsed.seed, confusions=CLIP_MISCONCEPTIONS,
@@ -297,7 +304,7 @@ def run_tiny_model(args: Sequence[str]) -> None:
     elif parsed.tool == "maskformer":
         out = make_tiny_maskformer(parsed.output, seed=parsed.seed, **steps)
     elif parsed.tool == "sd-inpaint":
-        from clova_train.tiny_inpainting import make_tiny_inpainting
+        from clova_train.quickstart.tiny.sd_inpaint import make_tiny_inpainting
 
         out = make_tiny_inpainting(parsed.output, seed=parsed.seed, **steps)
     else:
@@ -315,7 +322,7 @@ def run_loop(args: Sequence[str]) -> None:
 
     from jsonargparse import ActionConfigFile, ArgumentParser
 
-    from clova_train.loop_runner import LoopConfig, format_results, run
+    from clova_train.closedloop.runner import LoopConfig, format_results, run
 
     parser = ArgumentParser(prog=f"{PROG} loop", parser_mode=safe_config_mode(), description="CLOVA's closed loop: the test stage, the training stage "
                             "(inference, reflection, data collection, prompt tuning per tool and concept) and the test "
@@ -379,7 +386,7 @@ def run_controller(args: Sequence[str]) -> None:
             raise ClovaTrainError(f"controller checkpoint {checkpoint} does not exist")
         print(format_table(evaluate(run, load_controller(checkpoint, run), options.episodes or None)))
     else:
-        from clova_train.controller.export import export_controller
+        from clova_train.export.controller import export_controller
 
         print(f"exported to {export_controller(checkpoint, options.output, run)}")
 

@@ -16,24 +16,24 @@ from typing import Any
 
 import gymnasium
 
-from clova_train.envs.agents import AgentSpec
-from clova_train.envs.dispatch import AgentDispatchConfig, AgentDispatchEnv
-from clova_train.envs.information_seeking import InformationSeekingConfig, InformationSeekingEnv
-from clova_train.envs.reasoning_loop import (
+from clova_train.envs.hammr.agents import AgentSpec
+from clova_train.envs.hammr.dispatch import AgentDispatchConfig, AgentDispatchEnv
+from clova_train.envs.avis.information_seeking import InformationSeekingConfig, InformationSeekingEnv
+from clova_train.envs.hydra.reasoning_loop import (
     EmbedderConfig,
     LLMConfig,
     ReasoningLoopConfig,
     ReasoningLoopEnv,
     eq3_step_reward,
 )
-from clova_train.envs.transition_graph import GraphError, TransitionGraph, load_graph
+from clova_train.envs.common.transition_graph import GraphError, TransitionGraph, load_graph
 
 ENV_ID = "clova_train/ReasoningLoop-v0"
 AVIS_ENV_ID = "clova_train/InformationSeeking-v0"
 HAMMR_ENV_ID = "clova_train/AgentDispatch-v0"
 
-for _id, _entry in ((ENV_ID, "reasoning_loop:ReasoningLoopEnv"), (AVIS_ENV_ID, "information_seeking:InformationSeekingEnv"),
-                    (HAMMR_ENV_ID, "dispatch:AgentDispatchEnv")):
+for _id, _entry in ((ENV_ID, "hydra.reasoning_loop:ReasoningLoopEnv"), (AVIS_ENV_ID, "avis.information_seeking:InformationSeekingEnv"),
+                    (HAMMR_ENV_ID, "hammr.dispatch:AgentDispatchEnv")):
     if _id not in gymnasium.registry:
         gymnasium.register(id=_id, entry_point=f"clova_train.envs.{_entry}")
 

@@ -34,7 +34,7 @@ from filelock import FileLock  # noqa: E402
 
 from clova_train.cli import main
 from clova_train.synthetic.shapes import write_concept_folders
-from clova_train.tiny_models import make_tiny_clip
+from clova_train.quickstart.tiny.clip import make_tiny_clip
 
 REPO = Path(__file__).resolve().parents[1]
 if os.environ.get("PYTEST_XDIST_WORKER"):
@@ -109,7 +109,7 @@ def run_cli_subprocess(args: list[str], timeout: float = 300, cwd: Path = REPO, 
 
 @pytest.fixture(scope="session")
 def tiny_llama_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from clova_train.tiny_models import make_tiny_llama, tool_corpus
+    from clova_train.quickstart.tiny.llama import make_tiny_llama, tool_corpus
 
     texts, prompts = tool_corpus(0)
     return make_tiny_llama(tmp_path_factory.mktemp("tiny-llama"), texts, prompts, pretrain_steps=300)
@@ -232,7 +232,7 @@ def pretrained_sd_dir(pretrained_models: dict[str, Path]) -> Path:
 @pytest.fixture(scope="session")
 def tiny_sd_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A random-weight tiny inpainting pipeline (seconds to build: for the tool's contract and plumbing)."""
-    from clova_train.tiny_inpainting import make_tiny_inpainting
+    from clova_train.quickstart.tiny.sd_inpaint import make_tiny_inpainting
 
     return make_tiny_inpainting(tmp_path_factory.mktemp("tiny-sd"), pretrain_steps=0)
 
@@ -240,7 +240,8 @@ def tiny_sd_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 # The data and tiny models that several test modules (and the shipped configs' multi-device runs) use.
 @pytest.fixture(scope="session")
 def tiny_blip_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from clova_train.tiny_models import make_tiny_blip, torch_threads
+    from clova_train.quickstart.tiny.blip import make_tiny_blip
+    from clova_train.quickstart.tiny.common import torch_threads
 
     # The model these tests were checked against is pretrained on two threads (as on a 2-core machine): its
     # arithmetic depends on the thread count, and a one-thread build answers "what colour" with shape names.

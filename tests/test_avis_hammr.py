@@ -15,7 +15,7 @@ from clova_train.envs import (
     AVIS_ENV_ID, HAMMR_ENV_ID, AgentDispatchConfig, AgentDispatchEnv, AgentSpec, GraphError, InformationSeekingConfig,
     InformationSeekingEnv, load_graph,
 )
-from clova_train.envs.seeking_world import make_seeking_task
+from clova_train.envs.avis.world import make_seeking_task
 from conftest import REPO, run_cli_subprocess
 
 HAMMR_QUICKSTART = REPO / "configs/quickstart/controller_hammr.yaml"

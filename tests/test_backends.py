@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from clova_train.agents.backends import BackendError, HashingEmbedder, OpenAIChatBackend, OpenAIEmbeddingBackend
-from clova_train.envs.parts import PLACEHOLDER_INSTRUCTION, MemoryBank, Planner
+from clova_train.envs.common.parts import PLACEHOLDER_INSTRUCTION, MemoryBank, Planner
 from clova_train.agents.llm_cache import CachedChat, CachedEmbedding, CallCache
 
 Reply = tuple[int, bytes, float]  # status, body, delay in seconds
@@ -174,7 +174,7 @@ def test_local_transformers_backends_drive_the_environment(tiny_llama_dir: Path)
 
 
 def test_hostile_planner_replies_stay_bounded_and_fast() -> None:
-    from clova_train.envs.parts import MAX_INSTRUCTION_CHARS, parse_samples
+    from clova_train.envs.common.parts import MAX_INSTRUCTION_CHARS, parse_samples
 
     started = time.perf_counter()
     replies = ["1. [0.5] " + "x" * 10**7, "a" + " " * 200_000 + "b", "\n" * 10**6 + "1. [0.9] late",

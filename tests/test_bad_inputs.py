@@ -174,7 +174,7 @@ def test_truncated_pool_file_is_named(tmp_path: Path, cut: int) -> None:
 
 # ---------------------------------------------------------------------------------------------- LoRA data
 def test_latin1_instruction_file_names_file_line_and_byte(tmp_path: Path) -> None:
-    from clova_train.datamodules.tool_instructions import load_records
+    from clova_train.datamodules.tool_llm.tool_instructions import load_records
 
     path = tmp_path / "train.jsonl"
     lines = [json.dumps({"instruction": "ok", "output": "fine"}), json.dumps({"instruction": "caf\u00e9", "output": "x"}, ensure_ascii=False)]
@@ -185,7 +185,7 @@ def test_latin1_instruction_file_names_file_line_and_byte(tmp_path: Path) -> Non
 
 @pytest.mark.parametrize("field", ["instruction", "input", "output"])
 def test_lone_surrogate_names_the_record_and_field(tmp_path: Path, field: str) -> None:
-    from clova_train.datamodules.tool_instructions import load_records
+    from clova_train.datamodules.tool_llm.tool_instructions import load_records
 
     record = {"instruction": "i", "input": "", "output": "o"}
     record[field] = "bad \ud800 text"

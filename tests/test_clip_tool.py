@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F
 
 from clova_train.core.errors import ModelError
-from clova_train.tiny_models import make_tiny_clip
+from clova_train.quickstart.tiny.clip import make_tiny_clip
 from clova_train.tools.clip import PromptedClip
 
 

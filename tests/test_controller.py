@@ -126,7 +126,7 @@ def test_export_writes_zip_torchscript_and_description(quickstart_run: Path, tmp
 def test_a_failing_backend_stops_training_with_a_checkpoint_to_resume_from(tmp_path: Path,
                                                                           monkeypatch: pytest.MonkeyPatch) -> None:
     from clova_train.agents.backends import BackendError
-    from clova_train.envs.scripted import ScriptedReasoningLLM
+    from clova_train.envs.common.scripted import ScriptedReasoningLLM
 
     original, calls = ScriptedReasoningLLM.chat, []
 

@@ -167,7 +167,7 @@ def test_a_chunk_loader_yields_exactly_its_length(workers: int) -> None:
     """Through a DataLoader, with workers too: Lightning ends the epoch at ``len(loader)`` batches."""
     from torch.utils.data import DataLoader
 
-    from clova_train.datamodules.chunks import keep_chunk
+    from clova_train.datamodules.prompt_tuning.chunks import keep_chunk
 
     instances = []
     for rank in range(3):

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from clova_train.core.errors import DataError
-from clova_train.datamodules.grounding import GroundingAnnotations, GroundingInstances, GroundingSplit
+from clova_train.datamodules.prompt_tuning.grounding import GroundingAnnotations, GroundingInstances, GroundingSplit
 from conftest import QUIET_CPU_FIT, run_fit
 
 
@@ -24,7 +24,7 @@ def coco_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="session")
 def tiny_owlvit_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from clova_train.tiny_models import make_tiny_owlvit
+    from clova_train.quickstart.tiny.owlvit import make_tiny_owlvit
 
     return make_tiny_owlvit(tmp_path_factory.mktemp("tiny-owlvit"), seed=0, pretrain_steps=0)
 

@@ -108,7 +108,7 @@ def test_a_controller_zip_with_a_pickled_command_is_refused_unrun(command: str, 
 
 
 def test_a_hammr_agent_with_a_hostile_controller_zip_is_refused_unrun(tmp_path: Path) -> None:
-    from clova_train.envs.agents import load_controller_policy
+    from clova_train.envs.hammr.agents import load_controller_policy
 
     canary = tmp_path / "CANARY"
     evil = hostile_zip(tmp_path / "evil.zip", canary)

@@ -282,7 +282,7 @@ def test_bounded_load_no_errors(server, concept_root: Path, hostile_images: dict
 def test_a_symlink_inside_the_output_dir_cannot_send_writes_outside(tmp_path: Path) -> None:
     from fastapi import HTTPException
 
-    from clova_train.http_server import served_output_path
+    from clova_train.serving.http import served_output_path
 
     out, elsewhere = tmp_path / "out", tmp_path / "elsewhere"
     out.mkdir()

@@ -141,7 +141,7 @@ def test_predict_over_a_folder_and_a_jsonl(clip_export: Path, concept_root: Path
 def test_clients_cannot_choose_where_the_server_writes(tmp_path: Path, name: object) -> None:
     from fastapi import HTTPException
 
-    from clova_train.http_server import served_output_path
+    from clova_train.serving.http import served_output_path
 
     with pytest.raises(HTTPException) as caught:
         served_output_path(tmp_path, name)
@@ -149,7 +149,7 @@ def test_clients_cannot_choose_where_the_server_writes(tmp_path: Path, name: obj
 
 
 def test_relative_outputs_land_under_the_output_dir(tmp_path: Path) -> None:
-    from clova_train.http_server import served_output_path
+    from clova_train.serving.http import served_output_path
 
     assert served_output_path(tmp_path, "sub/out.png") == tmp_path.resolve() / "sub" / "out.png"
 

@@ -18,7 +18,7 @@ from grounding_helpers import instances_of, random_control, serve_accepted_in_fr
 def two_threads() -> Iterator[None]:
     """Tune on two threads, as on a 2-core machine without xdist: the tiny detector's results depend on the thread
     count (the sums' order), and this module's verdicts were calibrated on two (on one, no prompt passes)."""
-    from clova_train.tiny_models import torch_threads
+    from clova_train.quickstart.tiny.common import torch_threads
 
     with torch_threads(2):
         yield

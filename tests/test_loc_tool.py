@@ -20,7 +20,7 @@ def tool(tiny_owlvit_dir: Path) -> OwlVitLoc:  # noqa: F811
 
 @pytest.fixture(scope="module")
 def instances(coco_root: Path) -> list[GroundingInstance]:  # noqa: F811
-    from clova_train.datamodules.grounding import GroundingAnnotations, GroundingInstances, GroundingSplit
+    from clova_train.datamodules.prompt_tuning.grounding import GroundingAnnotations, GroundingInstances, GroundingSplit
 
     annotations = GroundingAnnotations(coco_root / "annotations.json")
     split = GroundingSplit(annotations, "purple circle", max_images=4, num_val_images=2, num_eval_images=0, split_seed=0)

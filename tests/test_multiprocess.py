@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from clova_train.models.prompt_tuning import PromptTuning
-from clova_train.tiny_models import make_tiny_clip
+from clova_train.quickstart.tiny.clip import make_tiny_clip
 from conftest import fit_args, run_cli_subprocess, run_fit
 from test_prompt_tuning import assert_same_pools, load_run
 

@@ -144,7 +144,7 @@ def test_missing_masks_can_mean_the_full_image(tiny_sd_dir: Path, data_root: Pat
 
 @pytest.fixture(scope="module")
 def exported(tiny_sd_dir: Path, data_root: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from clova_train.export.runs import export_run
+    from clova_train.export import export_run
 
     run_dir = tmp_path_factory.mktemp("replace-run")
     root = tmp_path_factory.mktemp("one-concept")

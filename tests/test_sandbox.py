@@ -22,7 +22,7 @@ import pytest
 
 from clova_train.agents.backends import ChatBackend
 from clova_train.envs import ReasoningLoopConfig, ReasoningLoopEnv
-from clova_train.envs.world import SceneTools, make_task
+from clova_train.envs.common.world import SceneTools, make_task
 from clova_train.agents.sandbox import PatchRef, PolicyViolation, Sandbox, restricted_compile
 from clova_train.agents.sandbox import policy
 

@@ -16,7 +16,7 @@ from test_grounding_data import coco_root  # noqa: F401 (session fixture)
 
 @pytest.fixture(scope="session")
 def tiny_maskformer_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from clova_train.tiny_models import make_tiny_maskformer
+    from clova_train.quickstart.tiny.maskformer import make_tiny_maskformer
 
     return make_tiny_maskformer(tmp_path_factory.mktemp("tiny-maskformer"), seed=0, pretrain_steps=0)
 
@@ -28,7 +28,7 @@ def tool(tiny_maskformer_dir: Path) -> MaskFormerSeg:
 
 @pytest.fixture(scope="module")
 def instances(coco_root: Path) -> list[GroundingInstance]:  # noqa: F811
-    from clova_train.datamodules.grounding import GroundingAnnotations, GroundingInstances, GroundingSplit
+    from clova_train.datamodules.prompt_tuning.grounding import GroundingAnnotations, GroundingInstances, GroundingSplit
 
     annotations = GroundingAnnotations(coco_root / "annotations.json")
     split = GroundingSplit(annotations, "purple circle", max_images=4, num_val_images=2, num_eval_images=0, split_seed=0)
@@ -192,7 +192,7 @@ def test_fit_runs_the_same_at_chunk_size_1_and_8(tiny_maskformer_dir: Path, coco
 
 
 def test_the_demo_picture_outlines_the_segment_that_matches_each_mask(instances: list[GroundingInstance]) -> None:
-    from clova_train.demo_grounding import draw, matching_segments
+    from clova_train.quickstart.demos.grounding import draw, matching_segments
 
     image = instances[0].train
     concept = instances[0].concept

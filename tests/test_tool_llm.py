@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from clova_train.datamodules import SyntheticToolDataModule, ToolInstructionDataModule
-from clova_train.datamodules.tool_instructions import IGNORE_INDEX, encode_record, load_records
+from clova_train.datamodules.tool_llm.tool_instructions import IGNORE_INDEX, encode_record, load_records
 from clova_train.core.errors import DataError, ModelError
 
 
@@ -298,9 +298,9 @@ def test_quickstart_llama_keeps_names_whole_and_loads(tmp_path: Path) -> None:
     one token, embeddings are tied, and model and tokenizer load with plain transformers."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from clova_train.datamodules.tool_conversations import ALL_TOOLS
+    from clova_train.datamodules.tool_llm.tool_conversations import ALL_TOOLS
     from clova_train.synthetic.file_names import FILE_NAMES
-    from clova_train.tiny_models import QUICKSTART_LLAMA_CONFIG, make_tiny_llama, tool_corpus
+    from clova_train.quickstart.tiny.llama import QUICKSTART_LLAMA_CONFIG, make_tiny_llama, tool_corpus
 
     texts, prompts = tool_corpus(0)
     directory = make_tiny_llama(tmp_path / "llama", texts[:20], prompts[:20], pretrain_steps=2, copy_steps=2,
@@ -318,7 +318,7 @@ def test_skill_documents_answer_from_their_own_text() -> None:
     """Each lookup document's answers are written earlier in it; copy documents repeat their sequence."""
     import random
 
-    from clova_train.datamodules.tool_conversations import ALL_TOOLS
+    from clova_train.datamodules.tool_llm.tool_conversations import ALL_TOOLS
     from clova_train.synthetic import skill_documents as skills
 
     rng = random.Random(0)

@@ -193,8 +193,8 @@ def _jsonl(path: Path, case: str) -> Path:
 def _readers():
     from clova_train.closedloop.journal import Journal
     from clova_train.closedloop.tasks import read_tasks
-    from clova_train.datamodules.tool_instructions import load_records
-    from clova_train.envs.transition_graph import load_graph
+    from clova_train.datamodules.tool_llm.tool_instructions import load_records
+    from clova_train.envs.common.transition_graph import load_graph
     from clova_train.tools.coco_grounding import GroundingAnnotations
     from clova_train.tools.serving import read_tool_description
     from clova_train.tools.vqa_records import read_records
@@ -366,7 +366,7 @@ class NoTokenizer:
 
 
 def test_a_huge_record_is_reported_too_long_without_tokenising() -> None:
-    from clova_train.datamodules.tool_instructions import encode_record, max_characters
+    from clova_train.datamodules.tool_llm.tool_instructions import encode_record, max_characters
     from clova_train.tooluse.prompt_template import PromptTemplate
 
     tokenizer = NoTokenizer()
@@ -380,8 +380,8 @@ def test_a_huge_record_is_reported_too_long_without_tokenising() -> None:
 def test_the_character_bound_never_drops_a_record_that_fits() -> None:
     """A text that tokenises within max_length is always under the bound (the quickstart's byte-level BPE with its
     added whole tokens, on worst-case texts made of its longest entries)."""
-    from clova_train.datamodules.tool_instructions import max_characters
-    from clova_train.tiny_models import tiny_bpe_tokenizer, tool_corpus, tool_llama_tokens
+    from clova_train.datamodules.tool_llm.tool_instructions import max_characters
+    from clova_train.quickstart.tiny.llama import tiny_bpe_tokenizer, tool_corpus, tool_llama_tokens
 
     texts, _ = tool_corpus(0)
     tokenizer = tiny_bpe_tokenizer(texts[:200], whole_tokens=tool_llama_tokens())
@@ -449,7 +449,7 @@ def test_a_reply_that_is_not_text_is_one_backend_error() -> None:
 
 
 def test_predict_fields_are_json_or_plain_text_but_never_hostile_json() -> None:
-    from clova_train.predict import parse_fields
+    from clova_train.serving.predict import parse_fields
 
     assert parse_fields(['labels=["red", "blue"]', "question=what colour is it?", "concept=dog"]) == {
         "labels": ["red", "blue"], "question": "what colour is it?", "concept": "dog"}

@@ -27,7 +27,7 @@ def tool(tiny_blip_dir: Path) -> BlipVqa:
 
 
 def records(root: Path) -> list[VqaInstance]:
-    from clova_train.datamodules.vqa_records import VqaRecords
+    from clova_train.datamodules.prompt_tuning.vqa_records import VqaRecords
 
     dataset = VqaRecords(root / "train.jsonl", None)
     return [dataset[i] for i in range(len(dataset))]
@@ -131,7 +131,7 @@ def test_greedy_and_teacher_forced_gates_agree(tool: BlipVqa, vqa_root: Path) ->
 # ---------------------------------------------------------------------- runs, export, serving
 @pytest.fixture(scope="module")
 def vqa_reference_run(tiny_blip_dir: Path, vqa_root: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from clova_train.tiny_models import torch_threads
+    from clova_train.quickstart.tiny.common import torch_threads
 
     run_dir = tmp_path_factory.mktemp("vqa-reference")
     with torch_threads(2):  # as the model itself (tiny_blip_dir): the tests were calibrated on two threads
@@ -224,7 +224,7 @@ def test_bad_records_fail_with_one_message_and_no_pool(case: str, tiny_blip_dir:
 
 def test_pool_of_another_model_is_refused(vqa_reference_run: Path, tiny_blip_dir: Path, tmp_path: Path) -> None:
     from clova_train.core.errors import ExportError
-    from clova_train.tiny_models import make_tiny_blip
+    from clova_train.quickstart.tiny.blip import make_tiny_blip
     from clova_train.tools.serving import PromptToolServer
 
     other = make_tiny_blip(tmp_path / "other-blip", seed=1, pretrain_steps=0)

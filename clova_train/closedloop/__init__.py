@@ -1,7 +1,7 @@
 """CLOVA's closed loop: inference -> reflection -> data collection -> prompt tuning (``clova-train loop``).
 
 Runtime parts only (no Lightning): the loop drives prompt-tuning fits through a ``Learner`` that the entry
-point supplies (:mod:`clova_train.loop_runner` runs ``clova-train fit`` for each).
+point supplies (:mod:`clova_train.closedloop.runner` runs ``clova-train fit`` for each).
 """
 
 from clova_train.closedloop.collectors import (

@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 
 from clova_train.envs import EnvConfig, ReasoningLoopEnv, make_env
-from clova_train.envs.scripted import GOOD, ScriptedReasoningLLM
+from clova_train.envs.common.scripted import GOOD, ScriptedReasoningLLM
 
 Policy = Callable[[np.ndarray, Any], int]
 

@@ -244,7 +244,7 @@ def _problems(config: ControllerConfig) -> list[str]:
 def _seeking_problems(section: str, env: InformationSeekingConfig | AgentDispatchConfig) -> list[str]:
     """The AVIS / HAMMR environment's values, and whether it can be built (graph files, agents, controllers)."""
     from clova_train.envs import make_env
-    from clova_train.envs.seeking_world import SEEKING_KINDS
+    from clova_train.envs.avis.world import SEEKING_KINDS
 
     problems = []
     unknown = [k for k in env.kinds if k not in SEEKING_KINDS]

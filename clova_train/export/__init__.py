@@ -1,5 +1,6 @@
-"""Layer 4, entry point: ``clova-train export`` for prompt-tool and LoRA runs."""
+"""Layer 4, entry point: exports of every learner (``dispatch.export_run`` for prompt-tool and LoRA runs,
+``controller.export_controller`` for controllers)."""
 
-from clova_train.export.runs import export_run
+from clova_train.export.dispatch import export_run
 
 __all__ = ["export_run"]

@@ -104,7 +104,7 @@ def export_lora_run(
     """
     from transformers import AutoTokenizer
 
-    from clova_train.export.runs import copy_base_model, copy_tree
+    from clova_train.export.common import copy_base_model, copy_tree
     from clova_train.tools.pretrained import absolute_model_name
 
     if checkpoint is None:

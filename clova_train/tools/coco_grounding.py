@@ -1,6 +1,6 @@
 """Reading open-vocabulary grounding data (COCO / LVIS annotation files): annotations, the split, instances.
 
-No Lightning here: the grounding datamodule (``clova_train.datamodules.grounding``) and serving demos share it.
+No Lightning here: the grounding datamodule (``clova_train.datamodules.prompt_tuning.grounding``) and serving demos share it.
 
 The annotation file is read with pycocotools (``COCO``): images, annotations with ``bbox`` (``[x, y, w, h]``
 pixels) and ``segmentation`` (polygons or RLE), categories. LVIS files are the same format plus, per image,

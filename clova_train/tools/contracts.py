@@ -125,7 +125,7 @@ class ChunkPlan:
 
 @runtime_checkable
 class ChunkSource(Protocol):
-    """A datamodule that feeds per-instance prompt tuning (see ``clova_train.datamodules.chunks``)."""
+    """A datamodule that feeds per-instance prompt tuning (see ``clova_train.datamodules.prompt_tuning.chunks``)."""
 
     def connect(self, finished: Callable[[], set[str]], chunks_done: Callable[[], int] = int) -> ChunkPlan:
         """Learn which instances are finished (asked when a pass over the data starts) and how many chunks of

@@ -2,7 +2,7 @@
 
 A :class:`GroundingInstance` is one training image of a concept with the boxes and masks of its objects,
 plus held-out validation images of the same concept (never trained on) for the gate. The grounding
-datamodule (``clova_train.datamodules.grounding``) builds them from COCO / LVIS annotation files; the
+datamodule (``clova_train.datamodules.prompt_tuning.grounding``) builds them from COCO / LVIS annotation files; the
 tools only see these tensors.
 """
 

@@ -1,7 +1,7 @@
 """The VQA record format (JSON list or JSONL), read and checked without Lightning.
 
 A record is ``{"image", "question", "answer"}`` with optional ``"id"``, ``"val_question"``, ``"val_answer"``
-and ``"correct"`` (see ``clova_train.datamodules.vqa_records``). The datamodule and the serving demo both
+and ``"correct"`` (see ``clova_train.datamodules.prompt_tuning.vqa_records``). The datamodule and the serving demo both
 read records here; every error names the file and the record.
 """
 

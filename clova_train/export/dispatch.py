@@ -1,0 +1,45 @@
+"""``clova-train export``: one dispatch for every learner's run. A prompt-tuning run or checkpoint becomes a prompt-tool
+export (``prompt_tool``), a LoRA run an adapter export (``lora``); controllers export through
+``clova-train controller export`` (``controller``). Every export is staged and swapped in atomically with the same
+``export.json`` / ``versions.json`` manifest."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from clova_train.core.errors import ExportError
+from clova_train.core.manifest import staged_directory, write_manifest
+from clova_train.export.common import is_distributed_checkpoint, load_checkpoint
+from clova_train.export.prompt_tool import export_prompt_tool_run
+
+
+def export_run(
+    source: str | os.PathLike[str], output: str | os.PathLike[str], merged: bool = False, copy_base: bool = False
+) -> Path:
+    """Export a prompt-tuning or LoRA run (directory or checkpoint) to ``output`` (replaced atomically).
+
+    ``merged`` (LoRA runs only) also writes the adapter merged into its base model. ``copy_base`` copies the
+    frozen base model into the export (``base/``), which then loads with nothing outside it.
+    """
+    source = Path(source)
+    if not source.exists():
+        raise ExportError(f"export source not found: {source}")
+    from clova_train.export.lora import LORA_CHECKPOINT_KEY, export_lora_run, is_lora_run_dir  # peft and transformers
+
+    with staged_directory(output) as staging:
+        if source.is_dir() and not is_distributed_checkpoint(source):
+            lora = is_lora_run_dir(source)
+            if lora:
+                origin = export_lora_run(source, staging, merged, copy_base=copy_base)
+            else:
+                origin = export_prompt_tool_run(source, staging, copy_base=copy_base)
+        else:
+            checkpoint = load_checkpoint(source)
+            lora = LORA_CHECKPOINT_KEY in checkpoint
+            if lora:
+                origin = export_lora_run(source, staging, merged, checkpoint, copy_base=copy_base)
+            else:
+                origin = export_prompt_tool_run(source, staging, checkpoint, copy_base)
+        write_manifest(staging, "lora_tool_llm" if lora else "prompt_tool", origin, merged=merged, base_copied=copy_base)
+    return Path(output)

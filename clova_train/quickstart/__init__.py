@@ -1,0 +1,1 @@
+"""clova_train/quickstart."""

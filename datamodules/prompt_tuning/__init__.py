@@ -1,0 +1,1 @@
+"""datamodules/prompt_tuning."""

@@ -1,0 +1,1 @@
+"""datamodules/tool_llm."""

@@ -1,0 +1,363 @@
+"""AVIS's information-seeking loop as a Gymnasium environment (the ``avis`` option of the reasoning-loop family).
+
+One episode answers one question (AVIS Algorithm 2). The state starts at the graph's ``START``; each step
+the agent picks an action (a tool, or ``agent:<name>`` to call another agent, HAMMR); then
+
+1. the planner LLM writes the action's query from the question and the working memory;
+2. the tool (or the called agent) runs and returns one line of output;
+3. the reasoner LLM labels it ``answer`` (the episode **terminates** with that answer, if the action is one of
+   the graph's answer actions), ``informative`` (the state moves to the action's name) or ``uninformative``
+   (**backtrack**: the state stays where it was, and that action is excluded there);
+4. the result goes into the working memory, which the observation encodes.
+
+Feasible actions (:meth:`action_masks`, sb3-contrib's convention, also ``info["action_mask"]``) are the graph's
+edges from the state, minus the actions excluded there by backtracking, minus the actions whose result was
+already informative (AVIS's phi(state, G, M)). When none is left the search backs up to the state before
+(recorded as a ``dead end`` backtrack); with none left at ``START`` the episode is truncated. An infeasible
+action (an agent that ignores the mask) costs ``infeasible_penalty`` and changes nothing. The episode is
+truncated after ``max_iterations`` steps, or when the LLM-call budget is spent (``info["stopped"]``).
+
+Reward: ``answer_reward`` for a correct answer, minus ``step_cost`` every step, minus ``infeasible_penalty``
+for an infeasible action.
+
+Observation (float32 in [-1, 1]): ``[embed(question), embed(working memory), one-hot state, excluded-here bits,
+planner's suggestion one-hot, action mask]``; the mask is last (``describe()`` says where each part sits).
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any, Literal
+
+import gymnasium as gym
+import numpy as np
+
+from clova_train.agents.backends import ChatBackend, EmbeddingBackend
+from clova_train.agents.llm_cache import CacheMode, CachedChat, CallCache
+from clova_train.envs.hammr.agents import AGENT_PREFIX, AgentSpec, AgentTools, BudgetedChat, BudgetSpent, CallBudget
+from clova_train.envs.hydra.reasoning_loop import EmbedderConfig, LLMConfig
+from clova_train.envs.common.scripted import ScriptedReasoningLLM
+from clova_train.envs.avis.scripted import ScriptedSeekingLLM
+from clova_train.envs.avis.parts import (
+    Example, MemoryEntry, SeekingPlanner, SeekingReasoner, WorkingMemory, clip_output,
+)
+from clova_train.envs.avis.world import GOOD_PATHS, SEEKING_KINDS, SeekingTools, check_kinds, task_from_options
+from clova_train.envs.common.transition_graph import TransitionGraph, load_graph, restrict
+from clova_train.envs.common.world import Task, normalise_answer
+
+TOOLS = ("caption", "vqa", "detect", "select", "classify", "image_search", "text_search")
+DEFAULT_EXAMPLE_QUESTIONS = {
+    "count": "How many blue squares are there?",
+    "exists": "Is there a red triangle?",
+    "colour": "What colour is the leftmost circle?",
+    "entity": "Which guild has the leftmost triangle as its emblem?",
+    "fact": "In which year was the guild with the leftmost square as its emblem founded?",
+}
+
+
+def default_examples(kinds: tuple[str, ...] = SEEKING_KINDS) -> list[dict[str, Any]]:
+    """One in-context example per question kind: a question and its good tool path."""
+    return [{"question": DEFAULT_EXAMPLE_QUESTIONS[k], "path": list(GOOD_PATHS[k])} for k in kinds]
+
+
+@dataclass
+class InformationSeekingConfig:
+    """The AVIS environment.
+
+    Args:
+        graph: transition graph: a preset name (``avis``: the paper's Figure 3, adapted) or a YAML/JSON file.
+        tools: the graph's actions to keep (empty: all); the rest and their states are dropped.
+        kinds: question kinds the episodes draw (count, exists, colour, entity, fact).
+        examples: the planner's in-context examples (``{"question", "path"}``); empty: one per kind.
+        max_iterations: steps before the episode is truncated.
+        answer_reward: reward of a correct answer.
+        step_cost: subtracted every step.
+        infeasible_penalty: subtracted for an action the mask forbids (nothing else happens).
+        agents: agents callable as tools (``agent:<name>`` actions of the graph, HAMMR).
+        max_depth: deepest nesting of agent calls.
+        max_llm_calls: LLM calls per episode, nested agent calls included.
+        context_examples: ``scripted`` LLM only: how many of the last in-context examples it reads.
+        split: ``train`` draws tasks with id % 5 != 0, ``eval`` the held-out rest.
+        llm: planner/reasoner LLM (``scripted``: the offline world's).
+        embedder: observation embedder.
+        cache_path: SQLite file recording every LLM call; none: no cache.
+        cache_mode: ``record``, ``replay`` (a miss is an error) or ``off``.
+    """
+
+    graph: str = "avis"
+    tools: list[str] = field(default_factory=list)
+    kinds: list[str] = field(default_factory=lambda: list(SEEKING_KINDS))
+    examples: list[dict[str, Any]] = field(default_factory=list)
+    max_iterations: int = 8
+    answer_reward: float = 10.0
+    step_cost: float = 0.5
+    infeasible_penalty: float = 2.0
+    agents: list[AgentSpec] = field(default_factory=list)
+    max_depth: int = 2
+    max_llm_calls: int = 200
+    context_examples: int = 2
+    split: Literal["train", "eval"] = "train"
+    llm: LLMConfig = field(default_factory=LLMConfig)
+    embedder: EmbedderConfig = field(default_factory=EmbedderConfig)
+    cache_path: str | None = None
+    cache_mode: CacheMode = "record"
+
+    def __post_init__(self) -> None:
+        coerce_parts(self)
+
+
+def build_chat(llm: LLMConfig, context_examples: int, cache_path: str | None,
+               cache_mode: CacheMode) -> tuple[BudgetedChat, CallCache | None]:
+    """The seeking worlds' chat stack: backend (the scripted one offline) -> call cache -> budget."""
+    backend: ChatBackend = ScriptedSeekingLLM(context_examples) if llm.kind == "scripted" else llm.build()
+    cache = CallCache(cache_path, cache_mode) if cache_path else None
+    return BudgetedChat(CachedChat(backend, cache) if cache is not None else backend), cache
+
+
+def hydra_chat_for(llm: LLMConfig, chat: BudgetedChat, cache: CallCache | None) -> BudgetedChat:
+    """The chat stack of nested ``hydra`` agents: offline, HYDRA's scripted planner/coder (behind the same cache);
+    a served LLM answers both protocols itself. Either way under ``chat``'s budget."""
+    if llm.kind != "scripted":
+        return chat
+    backend: ChatBackend = ScriptedReasoningLLM()
+    return BudgetedChat(CachedChat(backend, cache) if cache is not None else backend, shares_budget_of=chat)
+
+
+def coerce_parts(config: Any) -> None:
+    """Nested parts of an AVIS or HAMMR config given as plain dicts (YAML, ``gymnasium.make`` kwargs) made typed."""
+    if isinstance(config.llm, dict):
+        config.llm = LLMConfig(**config.llm)
+    if isinstance(config.embedder, dict):
+        config.embedder = EmbedderConfig(**config.embedder)
+    config.agents = as_specs(config.agents)
+
+
+def part_offsets(parts: list[tuple[str, int]]) -> dict[str, list[int]]:
+    """``[start, end)`` of each named part of a concatenated observation, for ``describe()``."""
+    offsets, start = {}, 0
+    for name, size in parts:
+        offsets[name] = [start, start + size]
+        start += size
+    return offsets
+
+
+def as_specs(agents: list[Any]) -> list[AgentSpec]:
+    return [a if isinstance(a, AgentSpec) else AgentSpec(**a) for a in agents]
+
+
+def examples_of(raw: list[dict[str, Any]], kinds: tuple[str, ...]) -> tuple[Example, ...]:
+    return tuple(Example(str(e["question"]), tuple(e["path"])) for e in (raw or default_examples(kinds)))
+
+
+def check_tools(graph: TransitionGraph, agents: list[AgentSpec]) -> None:
+    names = {a.name for a in agents}
+    for action in graph.actions:
+        if action not in TOOLS and not (action.startswith(AGENT_PREFIX) and action[len(AGENT_PREFIX):] in names):
+            raise ValueError(f"transition graph {graph.name}: action {action!r} is neither a tool ({', '.join(TOOLS)}) "
+                             f"nor a registered agent ({', '.join(AGENT_PREFIX + n for n in sorted(names)) or 'none'})")
+
+
+class InformationSeekingEnv(gym.Env):
+    """AVIS's loop (see the module docstring).
+
+    Args:
+        config: an :class:`InformationSeekingConfig` (or a dict of its fields).
+        llm: a chat stack to use instead of ``config.llm`` (a called agent shares its caller's).
+        embedder: an embedding backend to use instead of ``config.embedder``.
+        depth: nesting depth (0 at top level; agents called as tools run one deeper).
+        hydra_chat: the chat stack of ``hydra`` agents (their planner/coder protocol), sharing this budget.
+    """
+
+    metadata = {"render_modes": ["ansi"]}
+
+    def __init__(self, config: InformationSeekingConfig | dict | None = None, llm: BudgetedChat | None = None,
+                 embedder: EmbeddingBackend | None = None, depth: int = 0, render_mode: str | None = None,
+                 hydra_chat: BudgetedChat | None = None) -> None:
+        if isinstance(config, dict):
+            config = InformationSeekingConfig(**config)
+        self.config = config = config or InformationSeekingConfig()
+        self.render_mode = render_mode
+        self.kinds = tuple(config.kinds)
+        check_kinds(self.kinds)
+        self.graph = load_graph(config.graph)
+        if config.tools:
+            self.graph = restrict(self.graph, list(config.tools))
+        self.specs = config.agents  # AgentSpecs (the config's __post_init__ made them so)
+        check_tools(self.graph, self.specs)
+        self.cache: CallCache | None = None
+        if llm is None:
+            llm, self.cache = build_chat(config.llm, config.context_examples, config.cache_path, config.cache_mode)
+            hydra_chat = hydra_chat_for(config.llm, llm, self.cache)
+        self.llm, self.depth = llm, depth
+        self.embedder = embedder or config.embedder.build()
+        self.planner = SeekingPlanner(llm, examples_of(config.examples, self.kinds))
+        self.reasoner = SeekingReasoner(llm)
+        self.agents = AgentTools(self.specs, llm, self.embedder, depth, hydra_chat)
+        self.states = (self.graph.start, *self.graph.actions)
+        n, d = len(self.graph.actions), self.embedder.dim
+        self.dim = 2 * d + len(self.states) + 3 * n
+        self.action_space = gym.spaces.Discrete(n)
+        self.observation_space = gym.spaces.Box(-1.0, 1.0, shape=(self.dim,), dtype=np.float32)
+        self.task: Task | None = None
+
+    # ------------------------------------------------------------------ episode
+    def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[np.ndarray, dict]:
+        super().reset(seed=seed)
+        options = options or {}
+        self.task = task_from_options(options, self.np_random, self.config.split, self.kinds)
+        if not options.get("nested"):
+            self.llm.budget = CallBudget(self.config.max_depth, self.config.max_llm_calls)
+        self.state = self.graph.start
+        self.trail: list[str] = [self.graph.start]  # states back to START, for dead-end backtracking
+        self.excluded: dict[str, set[str]] = {}
+        self.informative: set[str] = set()
+        self.memory = WorkingMemory()
+        self.iteration = 0
+        self.path: list[dict[str, Any]] = []
+        self.calls_counted = self.llm.budget.llm_calls  # the reset's planner call is counted with the first step
+        self.stopped = ""
+        self._suggest()
+        return self._observation(), {"task_id": self.task.task_id, "question": self.task.question,
+                                     "action_mask": self.action_masks()}
+
+    def feasible(self) -> list[str]:
+        gone = self.excluded.get(self.state, set()) | self.informative
+        return [a for a in self.graph.feasible(self.state) if a not in gone]
+
+    def action_masks(self) -> np.ndarray:
+        """Booleans over the action space: which actions are feasible now (sb3-contrib's ``MaskablePPO`` reads it)."""
+        feasible = set(self.feasible())
+        return np.asarray([a in feasible for a in self.graph.actions], dtype=bool)
+
+    def suggested_index(self) -> int:
+        """The planner LLM's own next action (a feasible one)."""
+        return self.graph.index(self.suggestion[0])
+
+    def _suggest(self) -> None:
+        feasible = self.feasible()
+        self.suggestion = self.planner.propose(self.task.question, self.state, feasible, self.memory) if feasible \
+            else ("", "")
+
+    def _observation(self) -> np.ndarray:
+        n = len(self.graph.actions)
+        question, memory = self.embedder.embed([self.task.question, self.memory.text()])
+        state = np.zeros(len(self.states), dtype=np.float32)
+        state[self.states.index(self.state)] = 1.0
+        excluded = np.asarray([a in self.excluded.get(self.state, ()) for a in self.graph.actions], dtype=np.float32)
+        suggested = np.zeros(n, dtype=np.float32)
+        if self.suggestion[0]:
+            suggested[self.suggested_index()] = 1.0
+        parts = [question, memory, state, excluded, suggested, self.action_masks().astype(np.float32)]
+        return np.clip(np.concatenate(parts).astype(np.float32), -1.0, 1.0)
+
+    def step(self, action: int) -> tuple[np.ndarray, float, bool, bool, dict]:
+        if self.task is None:
+            raise RuntimeError("call reset() before step()")
+        if not self.action_space.contains(action):
+            raise ValueError(f"action {action!r} is not in {self.action_space}")
+        cfg = self.config
+        name = self.graph.actions[int(action)]
+        self.iteration += 1
+        reward, terminated, answer = -cfg.step_cost, False, None
+        event: dict[str, Any] = {"step": self.iteration, "state": self.state, "action": name}
+        tool_calls = 0
+        try:
+            if not self.action_masks()[int(action)]:
+                reward -= cfg.infeasible_penalty
+                event["result"] = "infeasible"
+            else:
+                tool_calls = 1
+                label, answer = self._act(name, event)
+                if label == "answer":
+                    terminated, answer = True, normalise_answer(answer)
+                    reward += cfg.answer_reward * (answer == self.task.answer)
+                self._settle(event)
+                if not terminated:
+                    self._suggest()
+        except BudgetSpent as err:
+            self.stopped = str(err)
+            event["result"] = "stopped"
+        self.path.append(event)
+        info_calls = self.llm.budget.llm_calls - self.calls_counted
+        feasible_left = bool(self.feasible())
+        truncated = not terminated and (self.iteration >= cfg.max_iterations or not feasible_left or bool(self.stopped))
+        answer = answer if terminated else None
+        info = {"task_id": self.task.task_id, "iteration": self.iteration, "answer": answer, "gold": self.task.answer,
+                "correct": answer == self.task.answer, "question_kind": self.task.question_type,
+                "infeasible": event.get("result") == "infeasible", "state": self.state,
+                "action_mask": self.action_masks(), "path": list(self.path),
+                "costs": {"llm_calls": info_calls, "tool_calls": tool_calls},
+                "nested_calls": list(self.llm.budget.calls) if self.depth == 0 else [],
+                "max_depth_reached": self.llm.budget.deepest, "stopped": self.stopped}
+        self.calls_counted = self.llm.budget.llm_calls
+        return self._observation(), float(reward), terminated, truncated, info
+
+    def _act(self, name: str, event: dict[str, Any]) -> tuple[str, str | None]:
+        """Run one feasible action: query, tool or agent, reasoner, memory; returns (label, answer)."""
+        _, query = self.suggestion if self.suggestion[0] == name else \
+            self.planner.propose(self.task.question, self.state, self.feasible(), self.memory, chosen=name)
+        if name.startswith(AGENT_PREFIX):
+            result = self.agents.call(name[len(AGENT_PREFIX):], query, self.task.task_id)
+            output = clip_output(result.output())
+        else:
+            output = clip_output(getattr(SeekingTools(self.task), name)(query))
+        label, answer = self.reasoner.judge(self.task.question, name, query, output, self.memory)
+        if label == "answer" and name not in self.graph.answers:
+            label, answer = "informative", None  # this action cannot end the search: its result is kept
+        self.memory.add(MemoryEntry(name, query, output, label))
+        event.update(query=query, output=output, result=label)
+        if label == "informative":
+            self.informative.add(name)
+            self.state = name
+            self.trail.append(name)
+        elif label == "uninformative":
+            self.excluded.setdefault(self.state, set()).add(name)
+            event["backtrack_to"] = self.state
+        return label, answer
+
+    def _settle(self, event: dict[str, Any]) -> None:
+        """Back up from states with nothing feasible left (AVIS's tree search), recording each backtrack."""
+        while not self.feasible() and len(self.trail) > 1:
+            dead = self.trail.pop()
+            self.state = self.trail[-1]
+            self.excluded.setdefault(self.state, set()).add(dead)
+            event.setdefault("dead_ends", []).append(dead)
+
+    # ------------------------------------------------------------------ helpers
+    def render(self) -> str | None:
+        if self.render_mode == "ansi" and self.task is not None:
+            return f"Question: {self.task.question}\nState: {self.state}\nMemory:\n{self.memory.text()}"
+        return None
+
+    def close(self) -> None:
+        self.agents.close()
+
+    def describe(self) -> dict[str, Any]:
+        """What a serving stack needs to rebuild the observation and read the actions."""
+        n, d = len(self.graph.actions), self.embedder.dim
+        offsets = part_offsets([("question", d), ("memory", d), ("state", len(self.states)), ("excluded", n),
+                                ("suggested", n), ("action_mask", n)])
+        return {"environment": "avis", "observation_dim": self.dim, "observation_parts": offsets,
+                "states": list(self.states), "actions": dict(enumerate(self.graph.actions)),
+                "action_mask": "the last len(actions) observation entries (1: feasible)",
+                "graph": self.graph.to_dict(), "embedder": self.embedder.identity(), "config": asdict(self.config)}
+
+    # ------------------------------------------------------------------ rules without training
+    def reference_policies(self, random_seed: int) -> dict[str, Any]:
+        """Rules that need no training, for the held-out comparison: the planner's own choice, a random feasible
+        action, and an oracle that follows the good path of the question's kind (a ceiling)."""
+        rng = np.random.default_rng(random_seed)
+
+        def random_feasible(obs: np.ndarray, env: InformationSeekingEnv) -> int:
+            return int(rng.choice(np.flatnonzero(env.action_masks())))
+
+        def oracle(obs: np.ndarray, env: InformationSeekingEnv) -> int:
+            mask = env.action_masks()
+            for action in GOOD_PATHS[env.task.question_type]:
+                if action in env.graph.actions and mask[env.graph.index(action)]:
+                    return env.graph.index(action)
+            return int(np.flatnonzero(mask)[0])
+
+        return {"planner's own choice (AVIS without a trained controller)": lambda obs, env: env.suggested_index(),
+                "random feasible action": random_feasible,
+                "oracle (the good path of the question's kind; a ceiling)": oracle}

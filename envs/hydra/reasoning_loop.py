@@ -1,0 +1,320 @@
+"""HYDRA's planner -> controller -> reasoner -> textualizer loop as a Gymnasium environment.
+
+One episode answers one question. Each step the agent sees the planner's N instruction samples (embedded
+with the question, the memory bank and the task description, see
+:class:`~clova_train.envs.common.parts.ObservationEncoder`) and acts:
+
+* action ``i < N``: the reasoner writes code for sample ``i``, the sandbox runs it with the variables kept
+  from earlier steps; if it assigns ``final_answer`` the episode **terminates**, otherwise the textualizer
+  writes the outcome into the memory bank and the planner proposes new samples;
+* action ``N``: reject all samples; the planner is asked again (its prompt's attempt number goes up).
+
+The episode is **truncated** at ``max_iterations`` steps without an answer.
+
+Reward (HYDRA Eq. 3, delivered per step as ``R^t - R^{t-1}``, never as a running sum): the first step
+also carries the constant ``R^1``; then each step adds
+
+* ``-t`` for a step that does not end the episode (a reject, an intermediate result, an error),
+* ``+alpha * m`` for a final answer related to the question (m = 1 if it equals the gold answer, else 0),
+* ``-alpha`` for a final answer unrelated to the question (not of the question's answer type), and for
+  running out of iterations with no answer (the truncating step gets ``-alpha`` instead of ``-t``);
+
+plus ``-error_penalty`` on a step whose code failed (exception, sandbox violation, timeout, memory) and
+``-reject_penalty`` on a reject (the cost of another planner call; 0 gives Eq. 3 as published). The
+paper's ``t = 1: R^1`` case is read as the starting credit, so that the first step's outcome still counts.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from typing import Any, Literal
+
+import gymnasium as gym
+import numpy as np
+
+from clova_train.agents.backends import (
+    ChatBackend,
+    EmbeddingBackend,
+    HashingEmbedder,
+    OpenAIChatBackend,
+    OpenAIEmbeddingBackend,
+    TransformersChatBackend,
+    TransformersEmbeddingBackend,
+)
+from clova_train.agents.llm_cache import CacheMode, CachedChat, CachedEmbedding, CallCache
+from clova_train.agents.sandbox import Sandbox, ToolAPI
+from clova_train.envs.common.parts import MemoryBank, ObservationEncoder, Planner, Reasoner, Textualizer, short_repr
+from clova_train.envs.common.scripted import ScriptedReasoningLLM
+from clova_train.envs.common.world import COLOURS, SIZE, SceneTools, Task, make_task, normalise_answer, task_id_option
+
+MAX_ANSWER_CHARS = 200
+Outcome = Literal["continue", "related", "unrelated", "truncated"]
+
+
+def eq3_step_reward(t: int, outcome: Outcome, r1: float, alpha: float, m: float = 0.0, failed: bool = False,
+                    error_penalty: float = 0.0, rejected: bool = False, reject_penalty: float = 0.0) -> float:
+    """The reward of step ``t`` (1-based): ``R^t - R^{t-1}`` of Eq. 3 as read in the module docstring."""
+    term = {"continue": -float(t), "related": alpha * m, "unrelated": -alpha, "truncated": -alpha}[outcome]
+    penalties = (error_penalty if failed else 0.0) + (reject_penalty if rejected else 0.0)
+    return (r1 if t == 1 else 0.0) + term - penalties
+
+
+def is_related(task: Task, answer: str) -> bool:
+    """Whether ``answer`` is of the kind the question asks for (a number, yes/no, a colour)."""
+    if task.question_type == "count":
+        return answer.isdigit()
+    if task.question_type == "colour":
+        return answer in COLOURS
+    return answer in ("yes", "no")
+
+
+@dataclass
+class LLMConfig:
+    """The LLM behind the planner and the reasoner.
+
+    Args:
+        kind: ``scripted`` (offline world), ``openai`` (any OpenAI-compatible server) or ``transformers``.
+        model: model name (openai) or directory (transformers).
+        base_url: OpenAI-compatible server URL with its API prefix.
+        api_key_env: environment variable holding the API key.
+        temperature: sampling temperature.
+        timeout_s: limit of each network operation of a request (connect, each read, each write).
+        max_retries: retries on network errors, timeouts, 408/409/429, 5xx and malformed replies.
+        deadline_s: total time of one LLM call, retries and Retry-After waits included (none:
+            ``timeout_s * (max_retries + 1)``).
+    """
+
+    kind: Literal["scripted", "openai", "transformers"] = "scripted"
+    model: str = ""
+    base_url: str = "http://localhost:8000/v1"
+    api_key_env: str = "OPENAI_API_KEY"
+    temperature: float = 0.0
+    timeout_s: float = 30.0
+    max_retries: int = 3
+    deadline_s: float | None = None
+
+    def build(self) -> ChatBackend:
+        if self.kind == "scripted":
+            return ScriptedReasoningLLM()
+        if self.kind == "openai":
+            return OpenAIChatBackend(self.base_url, self.model, self.temperature, api_key_env=self.api_key_env,
+                                     timeout_s=self.timeout_s, max_retries=self.max_retries,
+                                     deadline_s=self.deadline_s)
+        return TransformersChatBackend(self.model)
+
+
+@dataclass
+class EmbedderConfig:
+    """The text embedder of the controller's observation.
+
+    Args:
+        kind: ``hashing`` (offline), ``openai`` (HYDRA: text-embedding-3-small, 1536-d) or ``transformers``.
+        dim: vector size (hashing: chosen; openai: checked against the replies).
+        model: model name (openai) or directory (transformers).
+        base_url: OpenAI-compatible server URL with its API prefix.
+        api_key_env: environment variable holding the API key.
+    """
+
+    kind: Literal["hashing", "openai", "transformers"] = "hashing"
+    dim: int = 64
+    model: str = "text-embedding-3-small"
+    base_url: str = "https://api.openai.com/v1"
+    api_key_env: str = "OPENAI_API_KEY"
+
+    def build(self) -> EmbeddingBackend:
+        if self.kind == "hashing":
+            return HashingEmbedder(self.dim)
+        if self.kind == "openai":
+            return OpenAIEmbeddingBackend(self.base_url, self.model, self.dim, api_key_env=self.api_key_env)
+        return TransformersEmbeddingBackend(self.model)
+
+
+@dataclass
+class ReasoningLoopConfig:
+    """Everything that defines the environment.
+
+    Args:
+        num_samples: N, instruction samples per planner call (actions 0..N-1 pick one, N rejects all).
+        max_iterations: steps before the episode is truncated.
+        r1: Eq. 3's R^1 (paper: 100).
+        alpha: Eq. 3's alpha (paper: 100).
+        error_penalty: subtracted on a step whose code failed or broke a sandbox rule.
+        reject_penalty: subtracted on a reject (cost of a re-plan; 0 is Eq. 3 as published).
+        layout: observation layout, ``per_part`` or ``joint`` (see ObservationEncoder).
+        probability_features: ``joint`` layout: append the N planner probabilities to the embedding (what HYDRA's
+            Eq. 2 selection reads; the ``per_part`` layout always ends with them).
+        split: ``train`` draws tasks with id % 5 != 0, ``eval`` the held-out rest.
+        llm: planner/reasoner LLM.
+        embedder: observation embedder.
+        cache_path: SQLite file recording every LLM call (and embedding call if cache_embeddings); none: no cache.
+        cache_mode: ``record``, ``replay`` (a miss is an error) or ``off``.
+        cache_embeddings: also cache embedding calls (worth it for remote embedders, not for hashing).
+        sandbox_timeout_s: wall-time limit of one code run.
+        sandbox_memory_mb: memory the sandbox worker may allocate.
+    """
+
+    num_samples: int = 5
+    max_iterations: int = 5
+    r1: float = 100.0
+    alpha: float = 100.0
+    error_penalty: float = 10.0
+    reject_penalty: float = 0.0
+    layout: Literal["per_part", "joint"] = "per_part"
+    probability_features: bool = False
+    split: Literal["train", "eval"] = "train"
+    llm: LLMConfig = field(default_factory=LLMConfig)
+    embedder: EmbedderConfig = field(default_factory=EmbedderConfig)
+    cache_path: str | None = None
+    cache_mode: CacheMode = "record"
+    cache_embeddings: bool = False
+    sandbox_timeout_s: float = 2.0
+    sandbox_memory_mb: int = 256
+
+
+class ReasoningLoopEnv(gym.Env):
+    """The reasoning loop (see the module docstring).
+
+    Args:
+        config: a :class:`ReasoningLoopConfig` (or a dict of its fields).
+        llm: a chat backend to use instead of ``config.llm`` (still cached if ``cache_path`` is set).
+        embedder: an embedding backend to use instead of ``config.embedder``.
+        render_mode: ``ansi`` returns the observation text from ``render()``.
+        tools_factory: builds the tool API for a task (default: :class:`SceneTools`, the annotation oracle);
+            plug in model-backed tools (e.g. prompt-tuned CLIP for ``verify_property``) here.
+    """
+
+    metadata = {"render_modes": ["ansi"]}
+
+    def __init__(self, config: ReasoningLoopConfig | dict | None = None, llm: ChatBackend | None = None,
+                 embedder: EmbeddingBackend | None = None, render_mode: str | None = None,
+                 tools_factory: Callable[[Task], ToolAPI] = SceneTools) -> None:
+        if isinstance(config, dict):
+            config = ReasoningLoopConfig(**{**config, "llm": LLMConfig(**config.get("llm", {})),
+                                            "embedder": EmbedderConfig(**config.get("embedder", {}))})
+        self.config = config = config or ReasoningLoopConfig()
+        self.render_mode = render_mode
+        self.tools_factory = tools_factory
+        chat = llm or config.llm.build()
+        embed = embedder or config.embedder.build()
+        self.cache: CallCache | None = None
+        if config.cache_path:
+            self.cache = CallCache(config.cache_path, config.cache_mode)
+            chat = CachedChat(chat, self.cache)
+            if config.cache_embeddings:
+                embed = CachedEmbedding(embed, self.cache)
+        self.llm, self.embedder = chat, embed
+        self.planner = Planner(chat, config.num_samples)
+        self.reasoner = Reasoner(chat)
+        self.textualizer = Textualizer()
+        self.encoder = ObservationEncoder(embed, config.num_samples, config.layout, config.probability_features)
+        self.sandbox = Sandbox(config.sandbox_timeout_s, config.sandbox_memory_mb)
+        self.action_space = gym.spaces.Discrete(config.num_samples + 1)
+        self.observation_space = gym.spaces.Box(-1.0, 1.0, shape=(self.encoder.dim,), dtype=np.float32)
+        self.task: Task | None = None
+
+    # ------------------------------------------------------------------ episode
+    def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[np.ndarray, dict]:
+        super().reset(seed=seed)
+        options = options or {}
+        if isinstance(options.get("task"), Task):  # a task given whole (an agent calling this one as a tool)
+            self.task = options["task"]
+        else:
+            self.task = make_task(task_id_option(options, self.np_random, self.config.split))
+        self.tools = self.tools_factory(self.task)
+        self.iteration, self.attempt, self.rejects = 0, 0, 0
+        self.memory = MemoryBank()
+        self.variables: dict[str, Any] = {}
+        self._propose()
+        return self._observation(), {"task_id": self.task.task_id, "question": self.task.question}
+
+    def _propose(self) -> None:
+        self.samples = self.planner.propose(self.task.question, self.memory, self.attempt)
+
+    def _context(self) -> str:
+        return ObservationEncoder.context_text(self.task.question, self.iteration + 1, self.config.max_iterations,
+                                               self.memory)
+
+    def _observation(self) -> np.ndarray:
+        return np.clip(self.encoder.encode(self._context(), self.samples), -1.0, 1.0)
+
+    def step(self, action: int) -> tuple[np.ndarray, float, bool, bool, dict]:
+        if self.task is None:
+            raise RuntimeError("call reset() before step()")
+        if not self.action_space.contains(action):
+            raise ValueError(f"action {action!r} is not in {self.action_space}")
+        action = int(action)
+        calls_before = self._backend_calls()
+        cfg = self.config
+        self.iteration += 1
+        t = self.iteration
+        info: dict[str, Any] = {"task_id": self.task.task_id, "iteration": t, "answer": None,
+                                "gold": self.task.answer, "correct": False, "instruction": None, "code": None,
+                                "status": None, "error": "", "rejected": action == cfg.num_samples}
+        terminated, failed, outcome, m = False, False, "continue", 0.0
+        if action == cfg.num_samples:
+            self.rejects += 1
+            self.attempt += 1
+        else:
+            instruction = self.samples[action][0]
+            code = self.reasoner.write_code(self.task.question, instruction, self.variables, self.memory)
+            result = self.sandbox.run(code, self.variables, self.tools, self.task.image_id, (SIZE, SIZE))
+            failed = not result.ok
+            info.update(instruction=instruction, code=code, status=result.status, error=result.error,
+                        tool_calls=result.tool_calls)
+            if result.ok and "final_answer" in result.variables:
+                final = result.variables["final_answer"]
+                answer = normalise_answer(final[:MAX_ANSWER_CHARS] if isinstance(final, str) else short_repr(final))
+                correct = answer == self.task.answer
+                info.update(answer=answer, correct=correct)
+                terminated, m = True, float(correct)
+                outcome = "related" if is_related(self.task, answer) else "unrelated"
+            else:
+                if result.ok:
+                    self.variables = result.variables
+                self.memory.add(self.textualizer.describe(t, instruction, result))
+                self.attempt = 0
+        truncated = not terminated and t >= cfg.max_iterations
+        if truncated:
+            outcome = "truncated"
+        reward = eq3_step_reward(t, outcome, cfg.r1, cfg.alpha, m, failed, cfg.error_penalty,
+                                 action == cfg.num_samples, cfg.reject_penalty)
+        if not (terminated or truncated):
+            self._propose()
+        info["rejects"] = self.rejects
+        info["costs"] = {"llm_calls": self._backend_calls() - calls_before, "tool_calls": info.get("tool_calls", 0)}
+        if self.cache is not None:
+            info["cache_hit_rate"] = self.cache.stats.hit_rate
+        return self._observation(), reward, terminated, truncated, info
+
+    def _backend_calls(self) -> int:
+        if self.cache is not None:
+            return self.cache.stats.backend_calls
+        return getattr(self.llm, "calls", 0)
+
+    # ------------------------------------------------------------------ helpers
+    def planner_probabilities(self) -> np.ndarray:
+        """The current samples' planner probabilities (for the HYDRA-without-RL baseline)."""
+        return np.asarray([p for _, p in self.samples], dtype=np.float32)
+
+    def render(self) -> str | None:
+        if self.render_mode == "ansi" and self.task is not None:
+            return self.encoder.text(self._context(), self.samples)
+        return None
+
+    def close(self) -> None:
+        self.sandbox.close()
+
+    def describe(self) -> dict[str, Any]:
+        """What a serving stack needs to rebuild the observation: template, layout, embedder, sizes."""
+        return {
+            "observation_template": ObservationEncoder.__doc__,
+            "layout": self.config.layout,
+            "probabilities_in_last_entries": self.encoder.has_probabilities,
+            "observation_dim": self.encoder.dim,
+            "num_samples": self.config.num_samples,
+            "actions": {str(i): f"run sample {i + 1}" for i in range(self.config.num_samples)}
+            | {str(self.config.num_samples): "reject all samples and re-plan"},
+            "embedder": self.embedder.identity(),
+            "config": asdict(self.config),
+        }
