@@ -20,12 +20,12 @@ REPLACE_RUN := checkpoints/quickstart_replace
 # are pretrained for minutes and float rounding differs between ATen's SSE, AVX2 and AVX-512 kernels, so
 # without this an AVX-512 host builds other tiny models than the ones the README's quickstart numbers and the
 # learning tests come from. Benchmarks run on the host's own kernels.
-PORTABLE_TARGETS := demo demo-vqa demo-loc demo-seg demo-replace demo-llm demo-controller demo-controller-joint demo-avis demo-hammr demo-loop test
+PORTABLE_TARGETS := demo demo-vqa demo-loc demo-seg demo-replace demo-llm demo-controller demo-controller-joint demo-avis demo-hammr demo-loop test test-fast
 $(PORTABLE_TARGETS): export ATEN_CPU_CAPABILITY = default
 # oneDNN below AMX: on an AMX host its bf16 attention asks ATen's portable kernels for VNNI packing and fails
 $(PORTABLE_TARGETS): export ONEDNN_MAX_CPU_ISA ?= AVX512_CORE_FP16
 
-.PHONY: demo demo-vqa demo-loc demo-seg demo-replace demo-llm demo-controller demo-controller-joint demo-avis demo-hammr demo-loop test install benchmark clean
+.PHONY: demo demo-vqa demo-loc demo-seg demo-replace demo-llm demo-controller demo-controller-joint demo-avis demo-hammr demo-loop test test-fast install benchmark clean
 
 install: $(STAMP)
 
@@ -133,6 +133,11 @@ demo-loop: $(STAMP) $(TINY_CLIP)/open_clip_config.json
 
 test: $(STAMP)
 	$(BIN)/python -m pytest -q -n auto --maxprocesses 4 --dist loadfile
+
+# The fast tier (a few minutes on 2 cores): without the tests marked slow (setup.cfg, tests/conftest.py), which
+# build or use the pretrained tiny models, run DDP or killed-run subprocesses, learning tests or long CLI runs.
+test-fast: $(STAMP)
+	$(BIN)/python -m pytest -q -n auto --maxprocesses 4 --dist loadfile -m "not slow"
 
 benchmark: $(STAMP)
 	$(BIN)/python benchmarks/pool_retrieval.py

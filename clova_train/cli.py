@@ -262,58 +262,21 @@ def run_predict(args: Sequence[str]) -> None:
 
 
 def run_tiny_model(args: Sequence[str]) -> None:
+    from clova_train.quickstart.registry import TINY_MODELS, tiny_model
+
     parser = argparse.ArgumentParser(
         prog=f"{PROG} tiny-model",
-        description="Write a tiny random-weight model of a real architecture, loadable by the normal loading code.",
+        description="Write a tiny model of a real architecture, pretrained briefly on synthetic data and loadable by the "
+                    "normal loading code. Kinds: " + "; ".join(f"{m.kind}: {m.summary}" for m in TINY_MODELS.values()),
     )
-    parser.add_argument("tool", choices=["clip", "blip", "owlvit", "maskformer", "llama", "sd-inpaint"],
-                        help="CLIP (open_clip), BLIP VQA, OWL-ViT detection, MaskFormer segmentation, Llama (transformers) "
-                             "or a Stable Diffusion inpainting pipeline (diffusers)")
+    parser.add_argument("tool", choices=list(TINY_MODELS), help="which model (the registry's tiny models)")
     parser.add_argument("output", help="directory to write")
     parser.add_argument("--seed", type=int, default=0, help="weight initialisation and pretraining seed")
-    parser.add_argument(
-        "--pretrain-steps", type=int, default=None,
-        help="pretraining steps (default: each model's own, enough for its quickstart; CLIP: contrastive, on synthetic shapes; BLIP: answers to questions about "
-        "synthetic shapes; OWL-ViT: detecting named shapes; MaskFormer: segmenting shapes of four colours; Llama: next-token, the mixed steps on tool prompts without responses and generic lookup and copy documents, "
-        "after a phase on copy documents alone; "
-        "sd-inpaint: UNet and text encoder steps inpainting captioned shapes, after the VAE's own); 0 keeps random weights",
-    )
+    parser.add_argument("--pretrain-steps", type=int, default=None,
+                        help="pretraining steps (default: each model's own, enough for its quickstart); 0 keeps random weights")
     parsed = parser.parse_args(list(args))
-    steps = {} if parsed.pretrain_steps is None else {"pretrain_steps": parsed.pretrain_steps}
     print(f"building a tiny {parsed.tool} model in {parsed.output} (pretraining on CPU can take minutes)", flush=True)
-    from clova_train.quickstart.tiny.blip import make_tiny_blip
-    from clova_train.quickstart.tiny.clip import CLIP_MISCONCEPTION_RATE, CLIP_MISCONCEPTIONS, make_tiny_clip
-    from clova_train.quickstart.tiny.llama import (
-        QUICKSTART_LLAMA_CONFIG,
-        QUICKSTART_LLAMA_COPY_STEPS,
-        QUICKSTART_LLAMA_DOCUMENTS,
-        QUICKSTART_LLAMA_PRETRAIN_STEPS,
-        make_tiny_llama,
-        tool_corpus,
-    )
-    from clova_train.quickstart.tiny.maskformer import make_tiny_maskformer
-    from clova_train.quickstart.tiny.owlvit import make_tiny_owlvit
-
-    if parsed.tool == "clip":
-        out = make_tiny_clip(parsed.output, seed=parsed.seed, confusions=CLIP_MISCONCEPTIONS,
-                             confusion_rate=CLIP_MISCONCEPTION_RATE, **steps)
-    elif parsed.tool == "blip":
-        out = make_tiny_blip(parsed.output, seed=parsed.seed, **steps)
-    elif parsed.tool == "owlvit":
-        out = make_tiny_owlvit(parsed.output, seed=parsed.seed, **steps)
-    elif parsed.tool == "maskformer":
-        out = make_tiny_maskformer(parsed.output, seed=parsed.seed, **steps)
-    elif parsed.tool == "sd-inpaint":
-        from clova_train.quickstart.tiny.sd_inpaint import make_tiny_inpainting
-
-        out = make_tiny_inpainting(parsed.output, seed=parsed.seed, **steps)
-    else:
-        texts, prompts = tool_corpus(parsed.seed)
-        out = make_tiny_llama(
-            parsed.output, texts, prompts, steps.get("pretrain_steps", QUICKSTART_LLAMA_PRETRAIN_STEPS), seed=parsed.seed,
-            copy_steps=0 if parsed.pretrain_steps == 0 else QUICKSTART_LLAMA_COPY_STEPS,
-            skill_documents=QUICKSTART_LLAMA_DOCUMENTS, model_config=QUICKSTART_LLAMA_CONFIG,
-        )
+    out = tiny_model(parsed.tool).build(parsed.output, seed=parsed.seed, pretrain_steps=parsed.pretrain_steps)
     print(f"tiny {parsed.tool} model written to {out}")
 
 

@@ -9,24 +9,24 @@
   environments plus policies, callable as tools by other agents, with a depth limit and an LLM-call budget
   (:class:`AgentDispatchEnv`).
 
-``gymnasium.make(ENV_ID, config=...)`` builds each; :func:`make_env` builds the one a config object names.
+``gymnasium.make(ENV_ID, config=...)`` builds each; :func:`make_env` builds the one a config object names. Each
+config checks its own values (``problems()``) and says what its observation ends with for a controller's greedy
+rules (``observation_tail()``, :mod:`clova_train.envs.common.selection`).
+
+The family folders depend one way: ``common`` <- ``hydra`` <- ``avis`` (agents as tools: an agent is an AVIS or a
+HYDRA environment plus a policy) <- ``hammr`` (the dispatcher over agents).
 """
 
 from typing import Any
 
 import gymnasium
 
-from clova_train.envs.hammr.agents import AgentSpec
-from clova_train.envs.hammr.dispatch import AgentDispatchConfig, AgentDispatchEnv
+from clova_train.agents.config import EmbedderConfig, LLMConfig
+from clova_train.envs.avis.agents import AgentSpec
 from clova_train.envs.avis.information_seeking import InformationSeekingConfig, InformationSeekingEnv
-from clova_train.envs.hydra.reasoning_loop import (
-    EmbedderConfig,
-    LLMConfig,
-    ReasoningLoopConfig,
-    ReasoningLoopEnv,
-    eq3_step_reward,
-)
 from clova_train.envs.common.transition_graph import GraphError, TransitionGraph, load_graph
+from clova_train.envs.hammr.dispatch import AgentDispatchConfig, AgentDispatchEnv
+from clova_train.envs.hydra.reasoning_loop import ReasoningLoopConfig, ReasoningLoopEnv, eq3_step_reward
 
 ENV_ID = "clova_train/ReasoningLoop-v0"
 AVIS_ENV_ID = "clova_train/InformationSeeking-v0"

@@ -1,19 +1,14 @@
-"""Shared fixtures: a tiny pretrained CLIP saved in open_clip's layout and synthetic concept folders."""
+"""Shared fixtures: the tiny models (random-weight ones built per session, pretrained ones cached per checkout),
+synthetic data, a CLIP export; the plain helpers are in ``tests/helpers``."""
 
 from __future__ import annotations
 
 import json
 import os
-import signal
-import socket
 import subprocess
 import sys
 import shutil
 import threading
-import time
-import urllib.request
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 
 # ATen's portable (non-vectorised) kernels, set before torch is imported (here and in every subprocess a test
@@ -32,34 +27,37 @@ import pytest  # noqa: E402
 import torch  # noqa: E402
 from filelock import FileLock  # noqa: E402
 
-from clova_train.cli import main
-from clova_train.synthetic.shapes import write_concept_folders
-from clova_train.quickstart.tiny.clip import make_tiny_clip
+from clova_train.cli import main  # noqa: E402
+from clova_train.quickstart.registry import tiny_model  # noqa: E402
+from clova_train.quickstart.tiny.clip import make_tiny_clip  # noqa: E402
+from clova_train.synthetic.shapes import write_concept_folders  # noqa: E402
+from helpers.tiny_models import build_environment, cache_name  # noqa: E402
 
-REPO = Path(__file__).resolve().parents[1]
+from helpers.common import REPO, fit_args, run_fit  # noqa: E402
+
 if os.environ.get("PYTEST_XDIST_WORKER"):
     # `make test` runs one pytest-xdist worker per core; with torch's default of one thread per core each,
     # the workers' threads contend and the suite takes more than twice as long
     torch.set_num_threads(1)
-# `clova-train fit` on one CPU process, one epoch, seeded, without logger, progress bar or model summary. Quiet
-# on purpose: the tests built on it (DDP included) compare what is learned, pools and summaries, and read the
-# output for messages; the shipped configs' own bars, loggers and callbacks on several ranks are run as users
-# run them in test_shipped_configs_ddp.py.
-QUIET_CPU_FIT = [
-    "fit", "--seed_everything=0", "--trainer.accelerator=cpu", "--trainer.devices=1", "--trainer.max_epochs=1",
-    "--trainer.logger=false", "--trainer.enable_progress_bar=false", "--trainer.enable_model_summary=false",
-]
-FAST_MODEL_ARGS = [
-    "--model.class_path=clova_train.models.PromptTuning",
-    "--model.init_args.tool.class_path=clova_train.tools.clip.PromptedClip",
-    "--model.init_args.tool.init_args.pretrained=null",
-    "--model.init_args.tool.init_args.num_prompt_tokens=4",
-    "--model.init_args.steps=15",
-]
+
+
+# The slow tier (`make test-fast` leaves it out; the marker is registered in setup.cfg). Modules mark their own slow
+# tests; these fixtures make every test that uses them slow, whatever its own cost: the first user in a process
+# pretrains a tiny BLIP or Llama (minutes on 2 cores), or waits for the cached LOC, SEG and REPLACE models.
+SLOW_FIXTURES = frozenset({"tiny_blip_dir", "tiny_llama_dir", "tool_data_root", "pretrained_models"})
+
+
+@pytest.hookimpl(tryfirst=True)  # before `-m` deselects by marker
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        if SLOW_FIXTURES.intersection(item.fixturenames):
+            item.add_marker(pytest.mark.slow)
 
 
 @pytest.fixture(scope="session")
 def tiny_clip_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    # Not the registry's CLIP (that one has the quickstart's misconceptions): the engine tests were calibrated on
+    # this plainer, shorter-pretrained one.
     return make_tiny_clip(tmp_path_factory.mktemp("tiny-clip"), seed=0, pretrain_steps=150)
 
 
@@ -70,45 +68,10 @@ def concept_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
     )
 
 
-def fit_args(tiny_clip_dir: Path, data_root: Path, run_dir: Path, *extra: str) -> list[str]:
-    """CLI arguments of a small CLIP prompt-tuning fit."""
-    return [
-        *QUIET_CPU_FIT,
-        f"--trainer.default_root_dir={run_dir}",
-        *FAST_MODEL_ARGS,
-        f"--model.init_args.tool.init_args.model_name=local-dir:{tiny_clip_dir}",
-        "--data.class_path=clova_train.datamodules.ConceptFolderDataModule",
-        f"--data.init_args.root={data_root}",
-        "--data.init_args.image_size=32",
-        "--data.init_args.val_per_concept=2",
-        "--data.init_args.chunk_size=4",
-        *extra,
-    ]
-
-
-def run_fit(*args: str) -> int:
-    """Run the CLI in this process; returns its exit status."""
-    saved_argv = sys.argv
-    sys.argv = ["clova-train"]  # LightningCLI warns when pytest's own arguments are on sys.argv
-    try:
-        return main(list(args))
-    except SystemExit as stop:  # argument errors exit through jsonargparse
-        return int(stop.code or 0)
-    finally:
-        sys.argv = saved_argv
-
-
-def run_cli_subprocess(args: list[str], timeout: float = 300, cwd: Path = REPO, **kwargs) -> subprocess.CompletedProcess:
-    """Run ``python -m clova_train`` in a subprocess (the only way to test multi-process DDP)."""
-    env = {**os.environ, "PYTHONPATH": str(REPO / "tests"), "PYTHONWARNINGS": "ignore"}
-    return subprocess.run(
-        [sys.executable, "-m", "clova_train", *args],
-        capture_output=True, text=True, timeout=timeout, env=env, cwd=cwd, **kwargs,
-    )
-
-
 @pytest.fixture(scope="session")
 def tiny_llama_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    # Not the registry's Llama (no copy-document phase, the default model size): what the LoRA tests were
+    # calibrated on.
     from clova_train.quickstart.tiny.llama import make_tiny_llama, tool_corpus
 
     texts, prompts = tool_corpus(0)
@@ -124,27 +87,20 @@ def tool_data_root(tmp_path_factory: pytest.TempPathFactory, tiny_llama_dir: Pat
     return root
 
 
-# The pretrained tiny models of the LOC, SEG and REPLACE learning tests (the quickstarts' own models): minutes
-# to build, so they are built once per checkout under checkpoints/ (ignored by git), at most two at a time,
-# one core each (each pretrains on one thread and comes out the same on every machine). Kind: (directory,
-# pretraining steps, extra environment of the build). The MaskFormer is built on oneDNN's SSE4.1 kernels as
-# well: its convolutions go through oneDNN, and its SEG test was calibrated on a host without AVX. Its matrix
-# products go through MKL, whose kernels also follow the CPU: built with MKL's own AVX-512 kernels on an Intel
-# host with AMX, it was another segmenter (random prompts passed its gate 8 times in 8), so MKL runs in its
-# conditional-numerical-reproducibility mode (MKL_CBWR=COMPATIBLE: the same results on every x86 CPU).
-PRETRAINED_MODELS = {
-    "owlvit": ("tiny-owlvit-1500-aten-default", 1500, {}),
-    "maskformer": ("tiny-maskformer-6q-2000-aten-default-onednn-sse41-mkl-cbwr", 2000,
-                   {"ONEDNN_MAX_CPU_ISA": "SSE41", "MKL_CBWR": "COMPATIBLE"}),
-    "sd-inpaint": ("tiny-sd-inpaint-1200-aten-default", 1200, {}),
-}
+# The pretrained tiny models of the LOC, SEG and REPLACE learning tests (the quickstarts' own models, from the
+# tool registry): minutes to build, so they are built once per checkout under checkpoints/test-cache/ (ignored
+# by git), at most two at a time, one core each (each pretrains on one thread and comes out the same on every
+# machine), each in a process that starts with the registry's environment for it (the MaskFormer's oneDNN and
+# MKL modes). An entry's name holds a hash of its builder's code (helpers/tiny_models.py): a changed builder is
+# rebuilt, never silently reused. Kind: pretraining steps (None: the registry's own).
+PRETRAINED_MODELS: dict[str, int | None] = {"owlvit": None, "maskformer": None, "sd-inpaint": None}
 PARALLEL_BUILDS = 2
 
 
 MODEL_CACHE = REPO / "checkpoints" / "test-cache"
-PRETRAINED_TEST_FILES = ("test_loc_learning.py", "test_seg_learning.py", "test_grounding_runs.py",
-                         "test_replace_learning.py", "test_quickstart_configs_ddp.py",
-                         "test_paper_configs_ddp.py")
+# The test files that use the pretrained models (by basename): their collection starts the builds early.
+PRETRAINED_TEST_FILES = ("test_loc_learning.py", "test_seg_learning.py", "test_replace_learning.py",
+                         "test_quickstart_configs_ddp.py", "test_paper_configs_ddp.py")
 _early_build: list[threading.Thread] = []
 
 
@@ -160,10 +116,12 @@ def _pretrained_models() -> dict[str, Path]:
         return _build_pretrained_models(MODEL_CACHE)
 
 
-def _start_pretrained_builds(node_ids: list[str]) -> None:
+def _start_pretrained_builds(config: pytest.Config, node_ids: list[str]) -> None:
     """Start building the models in the background as soon as the collected tests are known to need them,
     so that the build overlaps the other tests instead of stalling the worker that first asks for them."""
-    if _early_build or not any(i.split("::")[0].endswith(PRETRAINED_TEST_FILES) for i in node_ids):
+    if config.option.collectonly or _early_build:
+        return
+    if not any(i.split("::")[0].endswith(PRETRAINED_TEST_FILES) for i in node_ids):
         return
 
     def build() -> None:
@@ -179,12 +137,12 @@ def _start_pretrained_builds(node_ids: list[str]) -> None:
 @pytest.hookimpl(optionalhook=True)  # a pytest-xdist hook: unknown to pytest without the plugin
 def pytest_xdist_node_collection_finished(node: object, ids: list[str]) -> None:
     """Under pytest-xdist (the controller learns what the workers collected)."""
-    _start_pretrained_builds(ids)
+    _start_pretrained_builds(node.config, ids)
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:
     if not os.environ.get("PYTEST_XDIST_WORKER"):  # a plain pytest run
-        _start_pretrained_builds([item.nodeid for item in session.items])
+        _start_pretrained_builds(session.config, [item.nodeid for item in session.items])
 
 
 def pytest_sessionfinish(session: pytest.Session) -> None:
@@ -193,18 +151,20 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
 
 
 def _build_pretrained_models(cache: Path) -> dict[str, Path]:
-    directories = {kind: cache / name for kind, (name, _, _) in PRETRAINED_MODELS.items()}
+    models = {kind: tiny_model(kind) for kind in PRETRAINED_MODELS}
+    steps = {kind: models[kind].pretrain_steps if count is None else count for kind, count in PRETRAINED_MODELS.items()}
+    directories = {kind: cache / cache_name(models[kind], steps[kind]) for kind in PRETRAINED_MODELS}
     waiting = [kind for kind in PRETRAINED_MODELS if not directories[kind].is_dir()]
     running: dict[str, tuple[Path, subprocess.Popen]] = {}
     while waiting or running:
         while waiting and len(running) < PARALLEL_BUILDS:
             kind = waiting.pop(0)
-            name, steps, environment = PRETRAINED_MODELS[kind]
-            staging = cache / f".{name}.partial"
+            staging = cache / f".{directories[kind].name}.partial"
             shutil.rmtree(staging, ignore_errors=True)
             running[kind] = (staging, subprocess.Popen(
-                [sys.executable, "-m", "clova_train", "tiny-model", kind, str(staging), "--pretrain-steps", str(steps)],
-                cwd=REPO, env={**os.environ, **environment}, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                [sys.executable, "-m", "clova_train", "tiny-model", kind, str(staging), "--pretrain-steps",
+                 str(steps[kind])],
+                cwd=REPO, env=build_environment(models[kind]), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                 text=True))
         kind = next(iter(running))
         staging, process = running.pop(kind)
@@ -229,26 +189,38 @@ def pretrained_sd_dir(pretrained_models: dict[str, Path]) -> Path:
     return pretrained_models["sd-inpaint"]
 
 
+# Random-weight registry models (seconds to build: for the tools' contracts and plumbing). Built in this process:
+# a registry model's environment matters only to its pretraining.
 @pytest.fixture(scope="session")
 def tiny_sd_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A random-weight tiny inpainting pipeline (seconds to build: for the tool's contract and plumbing)."""
-    from clova_train.quickstart.tiny.sd_inpaint import make_tiny_inpainting
-
-    return make_tiny_inpainting(tmp_path_factory.mktemp("tiny-sd"), pretrain_steps=0)
+    """A random-weight tiny inpainting pipeline."""
+    return tiny_model("sd-inpaint").build(tmp_path_factory.mktemp("tiny-sd"), pretrain_steps=0)
 
 
-# The data and tiny models that several test modules (and the shipped configs' multi-device runs) use.
+@pytest.fixture(scope="session")
+def tiny_owlvit_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A random-weight tiny OWL-ViT."""
+    return tiny_model("owlvit").build(tmp_path_factory.mktemp("tiny-owlvit"), seed=0, pretrain_steps=0)
+
+
+@pytest.fixture(scope="session")
+def tiny_maskformer_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A random-weight tiny MaskFormer."""
+    return tiny_model("maskformer").build(tmp_path_factory.mktemp("tiny-maskformer"), seed=0, pretrain_steps=0)
+
+
 @pytest.fixture(scope="session")
 def tiny_blip_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from clova_train.quickstart.tiny.blip import make_tiny_blip
+    """The registry's tiny BLIP (the VQA quickstart's), pretrained in this process."""
     from clova_train.quickstart.tiny.common import torch_threads
 
     # The model these tests were checked against is pretrained on two threads (as on a 2-core machine): its
     # arithmetic depends on the thread count, and a one-thread build answers "what colour" with shape names.
     with torch_threads(2):
-        return make_tiny_blip(tmp_path_factory.mktemp("tiny-blip"), seed=0, pretrain_steps=300)
+        return tiny_model("blip").build(tmp_path_factory.mktemp("tiny-blip"), seed=0, pretrain_steps=300)
 
 
+# The data that several test modules (and the shipped configs' multi-device runs) use.
 @pytest.fixture(scope="session")
 def vqa_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """orange (4 records, the last with a wrong inferred answer), purple (2), red (2 marked correct)."""
@@ -267,6 +239,14 @@ def vqa_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return root
 
 
+@pytest.fixture(scope="session")
+def coco_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Synthetic COCO scenes of a purple circle and an orange square (8 images), for the grounding tools."""
+    from clova_train.synthetic.grounding import write_coco_scenes
+
+    return write_coco_scenes(tmp_path_factory.mktemp("coco"), ["purple circle", "orange square"], 8, seed=0)
+
+
 @pytest.fixture(scope="module")
 def loc_scenes(tmp_path_factory: pytest.TempPathFactory) -> Path:
     from clova_train.synthetic.grounding import write_coco_scenes
@@ -283,20 +263,6 @@ def seg_scenes(tmp_path_factory: pytest.TempPathFactory) -> Path:
                              distractor_colours=["red", "green", "blue", "yellow"], objects_per_image=2, seed=1)
 
 
-def serve_in_fresh_process(export: Path, request: dict) -> dict:
-    """Serve one JSON request from ``export`` in a fresh Python process that must not import Lightning."""
-    script = (
-        "import json, sys\n"
-        "from clova_train.tools.serving import PromptToolServer\n"
-        f"server = PromptToolServer.from_export({str(export)!r})\n"
-        f"print(json.dumps(server.serve(json.loads({json.dumps(json.dumps(request))}))))\n"
-        "assert not any(name.startswith('lightning') for name in sys.modules), 'serving imported lightning'\n"
-    )
-    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, done.stderr[-2000:]
-    return json.loads(done.stdout.strip().splitlines()[-1])
-
-
 @pytest.fixture(scope="session")
 def clip_export(tiny_clip_dir: Path, concept_root: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """An export of a small CLIP prompt-tuning run (the served prompt tool of the HTTP tests)."""
@@ -305,44 +271,3 @@ def clip_export(tiny_clip_dir: Path, concept_root: Path, tmp_path_factory: pytes
     out = run_dir.parent / f"{run_dir.name}-export"
     assert main(["export", str(run_dir), "-o", str(out)]) == 0
     return out
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-@contextmanager
-def serving(args: list[str], env: dict[str, str] | None = None) -> Iterator[tuple[str, subprocess.Popen]]:
-    """``clova-train serve ARGS`` on 127.0.0.1 in its own process group: (base URL, process) once /health answers;
-    stopped (SIGTERM, then SIGKILL) on exit."""
-    port = free_port()
-    process = subprocess.Popen(
-        [sys.executable, "-m", "clova_train", "serve", *args, "--port", str(port)],
-        cwd=REPO, env={**os.environ, "PYTHONWARNINGS": "ignore", **(env or {})}, stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT, text=True, start_new_session=True,
-    )
-    base = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 180
-        while True:
-            if process.poll() is not None:
-                pytest.fail(f"the server exited: {process.stdout.read()[-3000:]}")
-            try:
-                with urllib.request.urlopen(base + "/health", timeout=2) as response:
-                    if response.status == 200:
-                        break
-            except OSError:
-                pass
-            if time.monotonic() > deadline:
-                pytest.fail("the server did not come up within 180 s")
-            time.sleep(0.5)
-        yield base, process
-    finally:
-        os.killpg(process.pid, signal.SIGTERM)
-        try:
-            process.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            os.killpg(process.pid, signal.SIGKILL)
-            process.wait(timeout=20)

@@ -1,1 +1,2 @@
-"""Layer 2, agent runtime: LLM backends, the persistent call cache and the sandbox for generated code."""
+"""Layer 2, agent runtime: LLM backends and their configs, the persistent call cache and the sandbox for generated
+code."""

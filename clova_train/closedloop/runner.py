@@ -25,10 +25,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 
-from clova_train.agents.backends import (
-    ChatBackend, EmbeddingBackend, HashingEmbedder, OpenAIChatBackend, OpenAIEmbeddingBackend, TransformersChatBackend,
-    TransformersEmbeddingBackend,
-)
+from clova_train.agents.config import EmbedderConfig, LLMConfig
 from clova_train.agents.llm_cache import CachedChat, CachedEmbedding, CallCache
 from clova_train.agents.sandbox import Sandbox
 from clova_train.closedloop import world as offline_world
@@ -48,60 +45,6 @@ from clova_train.tools.serving import POOL_FILE, PromptToolServer
 
 BEFORE = "evaluation_before.json"
 AFTER = "evaluation_after.json"
-
-
-@dataclass
-class LLMConfig:
-    """The chat model that plans, programs, reflects and infers VQA answers.
-
-    Args:
-        kind: ``scripted`` (the offline world's), ``openai`` (any OpenAI-compatible server: vLLM, Ollama, OpenAI)
-            or ``transformers`` (a local causal LM).
-        base_url: ``openai``: the server's URL (``http://localhost:8000/v1``).
-        model: ``openai``: the model name.
-        model_path: ``transformers``: a local model directory or hub id.
-        temperature: sampling temperature (0: greedy, reproducible).
-        max_tokens: longest reply.
-        api_key_env: ``openai``: the environment variable holding the API key.
-        timeout_s: ``openai``: limit of each network operation of a request.
-        max_retries: ``openai``: retries on network errors, timeouts, 429, 5xx and malformed replies; after
-            them the loop pauses with its state saved.
-        deadline_s: ``openai``: total time of one call, retries included (none: ``timeout_s * (max_retries + 1)``).
-    """
-
-    kind: Literal["scripted", "openai", "transformers"] = "scripted"
-    base_url: str = ""
-    model: str = ""
-    model_path: str = ""
-    temperature: float = 0.0
-    max_tokens: int = 512
-    api_key_env: str = "OPENAI_API_KEY"
-    timeout_s: float = 60.0
-    max_retries: int = 3
-    deadline_s: float | None = None
-
-
-@dataclass
-class EmbedderConfig:
-    """The text embedder for demonstration retrieval (the paper uses BERT).
-
-    Args:
-        kind: ``hashing`` (offline bag of words), ``openai`` (an embeddings endpoint) or ``transformers`` (a local
-            encoder, mean-pooled: BERT).
-        base_url: ``openai``: the server's URL.
-        model: ``openai``: the model name.
-        model_path: ``transformers``: a local model directory or hub id.
-        dim: vector size (``hashing``: chosen, 256 by default; ``openai``: checked against the replies, 1536 by
-            default as text-embedding-3-small's).
-        api_key_env: ``openai``: the environment variable holding the API key.
-    """
-
-    kind: Literal["hashing", "openai", "transformers"] = "hashing"
-    base_url: str = ""
-    model: str = "text-embedding-3-small"
-    model_path: str = ""
-    dim: int | None = None
-    api_key_env: str = "OPENAI_API_KEY"
 
 
 @dataclass
@@ -169,8 +112,8 @@ class LoopConfig:
         test_tasks: task file of the test stage, run before and after training (default: the offline world's).
         labels: the labels CLASSIFY chooses among.
         tools: the tools the loop updates, by name (``CLASSIFY``).
-        llm: the chat model.
-        embedder: the text embedder of demonstration retrieval.
+        llm: the chat model that plans, programs, reflects and infers VQA answers.
+        embedder: the text embedder of demonstration retrieval (the paper uses BERT; default: 256-d hashing).
         cache_path: SQLite cache of every LLM and embedding call (default: ``<run_dir>/llm_cache.sqlite``).
         cache_mode: ``record`` (replay hits, store misses), ``replay`` (misses are errors) or ``off``.
         validation_gate: keep only prompts that pass validation: each prompt on its own (the fit's gate), then the
@@ -239,6 +182,7 @@ def validate(config: LoopConfig) -> None:
         problems.append("max_collections_per_concept: must be >= 1")
     if not 0 < config.program_timeout_s < float("inf"):
         problems.append(f"program_timeout_s: must be a positive number of seconds, not {config.program_timeout_s}")
+    problems += [*config.llm.problems("llm"), *config.embedder.problems("embedder")]
     if problems:
         raise ClovaTrainError("bad loop config: " + "; ".join(problems))
 
@@ -297,31 +241,13 @@ def frozen_tool(fit_config: str) -> PromptTool:
     return PromptTool.from_description({"class_path": section["class_path"], "init_args": section.get("init_args", {})})
 
 
-def _chat_backend(config: LLMConfig) -> ChatBackend:
-    if config.kind == "scripted":
-        return offline_world.ScriptedLoopLLM()
-    if config.kind == "openai":
-        return OpenAIChatBackend(config.base_url, config.model, temperature=config.temperature, max_tokens=config.max_tokens,
-                                 api_key_env=config.api_key_env, timeout_s=config.timeout_s,
-                                 max_retries=config.max_retries, deadline_s=config.deadline_s)
-    return TransformersChatBackend(config.model_path, max_new_tokens=config.max_tokens)
-
-
-def _embedder(config: EmbedderConfig) -> EmbeddingBackend:
-    if config.kind == "hashing":
-        return HashingEmbedder(config.dim or 256)
-    if config.kind == "openai":
-        return OpenAIEmbeddingBackend(config.base_url, config.model, config.dim or 1536, api_key_env=config.api_key_env)
-    return TransformersEmbeddingBackend(config.model_path)
-
-
 def build_loop(config: LoopConfig, validation_gate: bool | None = None, run_dir: str | None = None) -> ClosedLoop:
     """The loop a config describes (``validation_gate`` / ``run_dir`` override the config's)."""
     validate(config)
     run_dir_path = Path(run_dir or config.run_dir)
     run_dir_path.mkdir(parents=True, exist_ok=True)
     cache = None if config.cache_mode == "off" else CallCache(config.cache_path or run_dir_path / "llm_cache.sqlite", config.cache_mode)  # type: ignore[arg-type]
-    llm, embedder = _chat_backend(config.llm), _embedder(config.embedder)
+    llm, embedder = config.llm.build(scripted=offline_world.ScriptedLoopLLM), config.embedder.build()
     if cache is not None:
         llm, embedder = CachedChat(llm, cache), CachedEmbedding(embedder, cache)
     templates = Templates(config.templates_dir or None)

@@ -101,7 +101,7 @@ def other_selection(env: ReasoningLoopEnv, model: Any, episodes: int, seed: int)
     """The same Q-network under the other greedy rule (HYDRA's Eq. 2 beside argmax-Q), when the model has
     both rules and the observation carries the planner probabilities; else nothing."""
     rule = getattr(model, "action_selection", None)
-    if rule is None or not isinstance(env, ReasoningLoopEnv) or not env.encoder.has_probabilities:
+    if rule is None or not env.config.observation_tail().probabilities:
         return {}
     other = "argmax_q" if rule == "eq2" else "eq2"
     label = "Eq. 2 (Q x planner probability)" if other == "eq2" else "argmax Q"

@@ -1,24 +1,22 @@
-"""HYDRA's action selection and exploration schedule on top of stable-baselines3's DQN.
+"""HYDRA's DQN: stable-baselines3's DQN with the greedy rules of :mod:`clova_train.envs.common.selection`, the
+paper's exploration schedule and action masks.
 
-* ``argmax_q``: SB3's rule, ``argmax_a Q(s, a)``.
-* ``eq2``: HYDRA Eq. 2, ``argmax_i F_C(s)_i * P_P(d_i)``: the controller's output for sample i weighted by
-  the planner's probability of that sample. The action space stays N+1: the last action (reject all
-  samples and re-plan) has no planner probability and is weighted by the mean of the N probabilities (``1 / N``
-  when they sum to one; the planner's scores here are per-sample confidences, not a distribution). The probabilities are read from the last N observation entries, where the per-part layout
-  always keeps them and the joint layout appends them with ``env.probability_features``. Only the
-  selection changes: the Q-learning target is still ``max_a Q_target``.
+* selection: ``argmax_q`` (SB3's rule) or ``eq2`` (HYDRA Eq. 2); the rules, and where in the observation they read
+  the planner probabilities and the action mask, are :mod:`clova_train.envs.common.selection`'s (an agent that
+  runs a trained controller uses the same). Only the selection changes: the Q-learning target is still
+  ``max_a Q_target``.
 * exploration ``linear`` is SB3's (``exploration_initial_eps`` down to ``exploration_final_eps`` over
   ``exploration_fraction`` of training); ``hydra_step`` is the paper's: ``initial_eps - decay * floor(t /
   every)`` environment steps, at least ``exploration_final_eps`` (paper: 0.2, 0.02 every 200 steps).
 
 :class:`HydraDQN` is an SB3 ``DQN``; its zip is a plain DQN zip (``DQN.load`` reads it, and then selects by
-``argmax_q``; ``HydraDQN.load`` restores the rule). Exports record the rule in ``controller.json``.
+``argmax_q``; ``HydraDQN.load`` restores the rule). The zip's fields keep the rule (``action_selection``), N
+(``num_samples``) and ``mask_size``; exports also record the rule in ``controller.json``.
 
-Action masks (the AVIS and HAMMR environments): with ``mask_size`` > 0 the observation's last ``mask_size``
-entries say which actions are feasible (1) now. The masked DQN never picks an infeasible action: not in the
-random warm-up, not when exploring (a uniform feasible action), not greedily (the argmax over feasible
-actions); and its Q-learning target is the max over the next state's feasible actions (a forward hook on the
-target network, so SB3's ``train`` is unchanged and the zip stays a plain DQN zip).
+Action masks (the AVIS and HAMMR environments): with ``mask_size`` > 0 the masked DQN never picks an infeasible
+action: not in the random warm-up, not when exploring (a uniform feasible action), not greedily (the argmax over
+feasible actions); and its Q-learning target is the max over the next state's feasible actions (a forward hook on
+the target network, so SB3's ``train`` is unchanged and the zip stays a plain DQN zip).
 """
 
 from __future__ import annotations
@@ -30,41 +28,9 @@ import numpy as np
 import torch
 from stable_baselines3 import DQN
 
-ActionSelection = Literal["argmax_q", "eq2"]
+from clova_train.envs.common.selection import ActionSelection, mask_q_values, random_feasible, select_actions
+
 ExplorationSchedule = Literal["linear", "hydra_step"]
-
-
-def eq2_weights(probabilities: torch.Tensor) -> torch.Tensor:
-    """``[B, N]`` planner probabilities -> ``[B, N + 1]`` weights of the N samples and the reject action (their mean)."""
-    reject = probabilities.mean(dim=1, keepdim=True)
-    return torch.cat([probabilities, reject], dim=1)
-
-
-MASKED_Q = -1e9  # finite: a terminal transition multiplies the target by 0, and -inf * 0 is nan
-
-
-def mask_q_values(q_values: torch.Tensor, observations: torch.Tensor, mask_size: int) -> torch.Tensor:
-    """Q-values with the infeasible actions (mask entry < 0.5 in the last ``mask_size`` observation entries) at
-    ``MASKED_Q``; unchanged when ``mask_size`` is 0."""
-    if not mask_size:
-        return q_values
-    feasible = observations[:, -mask_size:].to(q_values.device) > 0.5
-    return torch.where(feasible, q_values, torch.full_like(q_values, MASKED_Q))
-
-
-def select_actions(q_values: torch.Tensor, observations: torch.Tensor, rule: ActionSelection, num_samples: int,
-                   mask_size: int = 0) -> torch.Tensor:
-    """Greedy actions ``[B]`` by ``rule`` from Q-values ``[B, N + 1]`` and the observations they came from."""
-    q_values = mask_q_values(q_values, observations, mask_size)
-    if rule == "argmax_q":
-        return q_values.argmax(dim=1)
-    return (q_values * eq2_weights(observations[:, -num_samples:].to(q_values))).argmax(dim=1)
-
-
-def random_feasible(observations: np.ndarray, mask_size: int, rng: np.random.Generator) -> np.ndarray:
-    """A uniform feasible action per row of a batch of observations."""
-    masks = np.asarray(observations)[:, -mask_size:] > 0.5
-    return np.array([rng.choice(np.flatnonzero(row)) if row.any() else 0 for row in masks])
 
 
 def hydra_step_epsilon(timesteps: int, initial: float, decay: float, every: int, final: float) -> float:

@@ -17,24 +17,26 @@ Read top to bottom:
 
 from __future__ import annotations
 
-import math
 import shutil
 import time
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Literal, get_args
 
-from clova_train.core.atomic import write_atomic, write_json_atomic, write_text_atomic
 from clova_train.controller.evaluation import compare, format_table, make_env_fn
-from clova_train.envs import AgentDispatchConfig, InformationSeekingConfig, ReasoningLoopConfig
+from clova_train.core.atomic import write_atomic, write_json_atomic, write_text_atomic
+from clova_train.core.checks import Problems, is_number
 from clova_train.core.errors import ClovaTrainError
 from clova_train.core.safe_files import read_json_object
-from clova_train.agents.llm_cache import CacheMode
+from clova_train.envs import AgentDispatchConfig, InformationSeekingConfig, ReasoningLoopConfig
+from clova_train.envs.common.selection import RULES, ActionSelection
 
 FINAL = "controller.zip"
 CHECKPOINTS = "checkpoints"
 SQLITE_SIDE_FILES = ("-wal", "-shm", "-journal")
 LOG_FORMATS = ("stdout", "csv", "tensorboard", "log", "json")
+SECTIONS = {"hydra": "env", "avis": "avis", "hammr": "hammr"}  # environment -> the section configuring it
+ExplorationSchedule = Literal["linear", "hydra_step"]
 __all__ = ["ControllerConfig", "DQNConfig", "TrainConfig", "evaluate", "fit", "format_table", "validate"]
 
 
@@ -80,10 +82,10 @@ class DQNConfig:
     exploration_initial_eps: float = 0.2
     exploration_final_eps: float = 0.02
     exploration_fraction: float = 0.5
-    exploration_schedule: Literal["linear", "hydra_step"] = "linear"
+    exploration_schedule: ExplorationSchedule = "linear"
     exploration_decay: float = 0.02
     exploration_decay_every: int = 200
-    action_selection: Literal["argmax_q", "eq2"] = "argmax_q"
+    action_selection: ActionSelection = "argmax_q"
     mask_actions: bool = True
     max_grad_norm: float = 10.0
     device: str = "auto"
@@ -144,145 +146,63 @@ class ControllerConfig:
     dqn: DQNConfig = field(default_factory=DQNConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
 
+    def env_section(self) -> str:
+        """The name of the section that configures the environment this run trains on."""
+        return SECTIONS[self.environment]
+
     def env_config(self) -> ReasoningLoopConfig | InformationSeekingConfig | AgentDispatchConfig:
         """The configuration of the environment this run trains on."""
-        return {"hydra": self.env, "avis": self.avis, "hammr": self.hammr}[self.environment]
+        return getattr(self, self.env_section())
 
     def masks_actions(self) -> bool:
-        """Whether the agent honours an action mask (the AVIS and HAMMR environments end the observation with it)."""
-        return self.environment != "hydra" and self.dqn.mask_actions
+        """Whether the agent honours an action mask (when the environment's observation ends with one)."""
+        return self.env_config().observation_tail().mask and self.dqn.mask_actions
 
 
 # ---------------------------------------------------------------------------------------------- validation
 def _problems(config: ControllerConfig) -> list[str]:
-    env, dqn, train = config.env, config.dqn, config.train
-    problems: list[str] = []
-
-    def need(ok: bool, key: str, value: Any, rule: str) -> None:
-        if not ok:
-            problems.append(f"{key} = {value!r}: {rule}")
-
-    def number(value: Any) -> bool:
-        return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
-
-    def at_least(key: str, value: Any, low: float) -> None:
-        need(number(value) and value >= low, key, value, f"must be a number >= {low:g}")
-
-    def within(key: str, value: Any, low: float, high: float) -> None:
-        need(number(value) and low <= value <= high, key, value, f"must be between {low:g} and {high:g}")
-
-    need(config.environment in ("hydra", "avis", "hammr"), "environment", config.environment,
-         "must be 'hydra', 'avis' or 'hammr'")
-    if config.environment == "avis":
-        problems += _seeking_problems("avis", config.avis)
-    if config.environment == "hammr":
-        problems += _seeking_problems("hammr", config.hammr)
-    for key in ("num_samples", "max_iterations"):
-        at_least(f"env.{key}", getattr(env, key), 1)
-    for key in ("r1", "alpha"):
-        need(number(getattr(env, key)), f"env.{key}", getattr(env, key), "must be a finite number")
-    for key in ("error_penalty", "reject_penalty"):
-        at_least(f"env.{key}", getattr(env, key), 0)
-    need(env.layout in ("per_part", "joint"), "env.layout", env.layout, "must be 'per_part' or 'joint'")
-    need(env.split in ("train", "eval"), "env.split", env.split, "must be 'train' or 'eval'")
-    need(env.cache_mode in get_args(CacheMode), "env.cache_mode", env.cache_mode,
-         f"must be one of {', '.join(get_args(CacheMode))}")
-    need(number(env.sandbox_timeout_s) and env.sandbox_timeout_s > 0, "env.sandbox_timeout_s",
-         env.sandbox_timeout_s, "must be a number > 0")
-    at_least("env.sandbox_memory_mb", env.sandbox_memory_mb, 32)
-    at_least("env.embedder.dim", env.embedder.dim, 1)
-    need(env.llm.kind in ("scripted", "openai", "transformers"), "env.llm.kind", env.llm.kind,
-         "must be 'scripted', 'openai' or 'transformers'")
-    need(number(env.llm.timeout_s) and env.llm.timeout_s > 0, "env.llm.timeout_s", env.llm.timeout_s,
-         "must be a number > 0")
-    at_least("env.llm.max_retries", env.llm.max_retries, 0)
-    need(env.llm.deadline_s is None or number(env.llm.deadline_s) and env.llm.deadline_s > 0, "env.llm.deadline_s",
-         env.llm.deadline_s, "must be a number > 0 (or null: timeout_s * (max_retries + 1))")
-    need(bool(dqn.net_arch) and all(isinstance(n, int) and n >= 1 for n in dqn.net_arch), "dqn.net_arch",
-         dqn.net_arch, "must be a non-empty list of layer sizes >= 1")
-    need(number(dqn.learning_rate) and dqn.learning_rate > 0, "dqn.learning_rate", dqn.learning_rate,
-         "must be a number > 0")
-    at_least("dqn.batch_size", dqn.batch_size, 1)
-    at_least("dqn.buffer_size", dqn.buffer_size, max(1, dqn.batch_size if number(dqn.batch_size) else 1))
-    at_least("dqn.learning_starts", dqn.learning_starts, 0)
-    within("dqn.gamma", dqn.gamma, 0, 1)
-    at_least("dqn.train_freq", dqn.train_freq, 1)
-    need(dqn.gradient_steps == -1 or number(dqn.gradient_steps) and dqn.gradient_steps >= 1, "dqn.gradient_steps",
-         dqn.gradient_steps, "must be >= 1 (or -1: as many as environment steps)")
-    at_least("dqn.target_update_interval", dqn.target_update_interval, 1)
-    within("dqn.exploration_initial_eps", dqn.exploration_initial_eps, 0, 1)
-    within("dqn.exploration_final_eps", dqn.exploration_final_eps, 0, 1)
-    need(number(dqn.exploration_fraction) and 0 < dqn.exploration_fraction <= 1, "dqn.exploration_fraction",
-         dqn.exploration_fraction, "must be in (0, 1]")
-    need(dqn.exploration_schedule in ("linear", "hydra_step"), "dqn.exploration_schedule", dqn.exploration_schedule,
-         "must be 'linear' or 'hydra_step'")
-    within("dqn.exploration_decay", dqn.exploration_decay, 0, 1)
-    at_least("dqn.exploration_decay_every", dqn.exploration_decay_every, 1)
-    need(dqn.action_selection in ("argmax_q", "eq2"), "dqn.action_selection", dqn.action_selection,
-         "must be 'argmax_q' or 'eq2'")
-    need(dqn.action_selection != "eq2" or config.environment == "hydra", "dqn.action_selection", dqn.action_selection,
-         "eq2 weights the planner's N sample probabilities: only the hydra environment has them")
-    need(dqn.action_selection != "eq2" or env.layout == "per_part" or env.probability_features,
-         "dqn.action_selection", dqn.action_selection,
-         "eq2 reads the planner probabilities from the observation: use env.layout per_part, or set "
-         "env.probability_features true with the joint layout")
-    need(number(dqn.max_grad_norm) and dqn.max_grad_norm > 0, "dqn.max_grad_norm", dqn.max_grad_norm,
-         "must be a number > 0")
-    at_least("train.total_timesteps", train.total_timesteps, 1)
-    at_least("train.n_envs", train.n_envs, 1)
-    need(train.vec_env in ("dummy", "subproc"), "train.vec_env", train.vec_env, "must be 'dummy' or 'subproc'")
+    """The agent's and the loop's values, and the environment's (its config checks itself)."""
+    dqn, train = config.dqn, config.train
+    found = Problems()
+    found.one_of("environment", config.environment, tuple(SECTIONS))
+    if config.environment in SECTIONS:
+        section, env = config.env_section(), config.env_config()
+        found.messages += env.problems(section)
+        reason = env.selection_problem(dqn.action_selection, section)
+        found.need(not reason, "dqn.action_selection", dqn.action_selection, reason)
+    d = Problems("dqn")
+    d.need(bool(dqn.net_arch) and all(isinstance(n, int) and n >= 1 for n in dqn.net_arch), "net_arch",
+           dqn.net_arch, "must be a non-empty list of layer sizes >= 1")
+    d.positive("learning_rate", dqn.learning_rate)
+    d.at_least("batch_size", dqn.batch_size, 1)
+    d.at_least("buffer_size", dqn.buffer_size, max(1, dqn.batch_size if is_number(dqn.batch_size) else 1))
+    d.at_least("learning_starts", dqn.learning_starts, 0)
+    d.within("gamma", dqn.gamma, 0, 1)
+    d.at_least("train_freq", dqn.train_freq, 1)
+    d.need(dqn.gradient_steps == -1 or is_number(dqn.gradient_steps) and dqn.gradient_steps >= 1, "gradient_steps",
+           dqn.gradient_steps, "must be >= 1 (or -1: as many as environment steps)")
+    d.at_least("target_update_interval", dqn.target_update_interval, 1)
+    d.within("exploration_initial_eps", dqn.exploration_initial_eps, 0, 1)
+    d.within("exploration_final_eps", dqn.exploration_final_eps, 0, 1)
+    d.need(is_number(dqn.exploration_fraction) and 0 < dqn.exploration_fraction <= 1, "exploration_fraction",
+           dqn.exploration_fraction, "must be in (0, 1]")
+    d.one_of("exploration_schedule", dqn.exploration_schedule, get_args(ExplorationSchedule))
+    d.within("exploration_decay", dqn.exploration_decay, 0, 1)
+    d.at_least("exploration_decay_every", dqn.exploration_decay_every, 1)
+    d.one_of("action_selection", dqn.action_selection, RULES)
+    d.positive("max_grad_norm", dqn.max_grad_norm)
+    t = Problems("train")
+    t.at_least("total_timesteps", train.total_timesteps, 1)
+    t.at_least("n_envs", train.n_envs, 1)
+    t.one_of("vec_env", train.vec_env, ("dummy", "subproc"))
     for key in ("eval_every", "checkpoint_every"):
-        at_least(f"train.{key}", getattr(train, key), 0)
-    at_least("train.eval_episodes", train.eval_episodes, 1)
-    need(bool(train.output_dir), "train.output_dir", train.output_dir, "must name a directory")
+        t.at_least(key, getattr(train, key), 0)
+    t.at_least("eval_episodes", train.eval_episodes, 1)
+    t.need(bool(train.output_dir), "output_dir", train.output_dir, "must name a directory")
     unknown = [f for f in train.log_formats if f not in LOG_FORMATS]
-    need(not unknown, "train.log_formats", train.log_formats, f"formats must be among {', '.join(LOG_FORMATS)}")
-    within("train.target_accuracy", train.target_accuracy, 0, 1)
-    return problems
-
-
-def _seeking_problems(section: str, env: InformationSeekingConfig | AgentDispatchConfig) -> list[str]:
-    """The AVIS / HAMMR environment's values, and whether it can be built (graph files, agents, controllers)."""
-    from clova_train.envs import make_env
-    from clova_train.envs.avis.world import SEEKING_KINDS
-
-    problems = []
-    unknown = [k for k in env.kinds if k not in SEEKING_KINDS]
-    if unknown or not env.kinds:
-        problems.append(f"{section}.kinds = {env.kinds!r}: each must be one of {', '.join(SEEKING_KINDS)}")
-    if not isinstance(env.answer_reward, (int, float)) or not math.isfinite(env.answer_reward):
-        problems.append(f"{section}.answer_reward = {env.answer_reward!r}: must be a finite number")
-    for key in ("infeasible_penalty", "step_cost", "call_cost", "llm_call_cost"):
-        value = getattr(env, key, 0.0)
-        if not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
-            problems.append(f"{section}.{key} = {value!r}: must be a number >= 0")
-    for key in ("max_depth", "max_llm_calls", "max_iterations"):
-        value = getattr(env, key, 1)
-        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-            problems.append(f"{section}.{key} = {value!r}: must be an integer >= 1")
-    names = [agent.name for agent in env.agents]  # AgentSpecs (the config's __post_init__ made them so)
-    duplicated = sorted({n for n in names if names.count(n) > 1})
-    if duplicated:
-        problems.append(f"{section}.agents: the name {duplicated[0]!r} is used twice")
-    if problems:
-        return problems
-    try:
-        built = make_env(replace(env, cache_path=None))  # built to check it; nothing written
-        try:
-            built.agents.prepare_all()  # every agent's graph, tools and controller zip
-        finally:
-            built.close()
-    except (ClovaTrainError, ValueError, TypeError) as err:
-        problems.append(f"{section}: {err}")
-    for agent in env.agents:
-        if agent.policy == "controller" and not Path(agent.controller).is_file():
-            problems.append(f"{section}.agents[{agent.name}].controller = {agent.controller!r}: no such file")
-        if agent.environment == "hydra" and agent.policy == "scripted":
-            problems.append(f"{section}.agents[{agent.name}].policy = 'scripted': a hydra agent takes planner or "
-                            "controller")
-        if agent.policy == "scripted" and not agent.path:
-            problems.append(f"{section}.agents[{agent.name}].path: a scripted agent needs its tool path")
-    return problems
+    t.need(not unknown, "log_formats", train.log_formats, f"formats must be among {', '.join(LOG_FORMATS)}")
+    t.within("target_accuracy", train.target_accuracy, 0, 1)
+    return [*found.messages, *d.messages, *t.messages]
 
 
 def validate(config: ControllerConfig) -> None:
@@ -319,7 +239,8 @@ def build_model(config: ControllerConfig, env: Any) -> Any:
         target_update_interval=d.target_update_interval, exploration_initial_eps=d.exploration_initial_eps,
         exploration_final_eps=d.exploration_final_eps, exploration_fraction=d.exploration_fraction,
         max_grad_norm=d.max_grad_norm, policy_kwargs={"net_arch": list(d.net_arch)}, seed=config.train.seed,
-        device=d.device, verbose=0, action_selection=d.action_selection, num_samples=config.env.num_samples,
+        device=d.device, verbose=0, action_selection=d.action_selection,
+        num_samples=config.env_config().observation_tail().probabilities,
         exploration_schedule=d.exploration_schedule, exploration_decay=d.exploration_decay,
         exploration_decay_every=d.exploration_decay_every,
         mask_size=int(env.action_space.n) if config.masks_actions() else 0,
@@ -337,7 +258,8 @@ def load_controller(path: str | Path, config: ControllerConfig, env: Any = None,
     # fields come in through the allowlist (custom_objects), so SB3 unpickles nothing.
     return HydraDQN.load(path, env=env, device=device, custom_objects=zip_custom_objects(path),
                          action_selection=d.action_selection,
-                         num_samples=config.env.num_samples, exploration_schedule_kind=d.exploration_schedule,
+                         num_samples=config.env_config().observation_tail().probabilities,
+                         exploration_schedule_kind=d.exploration_schedule,
                          exploration_decay=d.exploration_decay, exploration_decay_every=d.exploration_decay_every)
 
 

@@ -23,13 +23,7 @@ from clova_train.core.manifest import staged_directory, write_manifest
 from clova_train.controller.trainer import ControllerConfig
 from clova_train.envs import make_env
 from clova_train.core.errors import ExportError
-
-
-MASKED_RULE = "argmax over the feasible actions: those whose entry in the observation's action_mask part is 1"
-ACTION_RULES = {
-    "argmax_q": "argmax",
-    "eq2": "argmax(q * [p_1, ..., p_N, mean(p)]) with p_i the last N observation entries (HYDRA Eq. 2)",
-}
+from clova_train.envs.common.selection import ACTION_RULES, MASKED_RULE
 
 
 def export_controller(checkpoint: str | Path, output: str | Path, config: ControllerConfig) -> Path:

@@ -20,7 +20,7 @@ interface. ``describe()`` / ``from_description()`` make a tool rebuildable from 
 
 from __future__ import annotations
 
-import importlib
+import importlib.util
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from typing import Any, ClassVar, Protocol
@@ -222,14 +222,9 @@ class PromptTool(nn.Module, ABC):
         return torch.device("cpu")
 
 
-# The tools this package ships (each module imported only when a description names its tool).
-BUILTIN_TOOLS = (
-    "clova_train.tools.clip.PromptedClip",
-    "clova_train.tools.blip_vqa.BlipVqa",
-    "clova_train.tools.owlvit_loc.OwlVitLoc",
-    "clova_train.tools.maskformer_seg.MaskFormerSeg",
-    "clova_train.tools.sd_inpaint_replace.InpaintTextualInversion",
-)
+# The tools this package ships are the PromptTool subclasses of modules directly inside this package (each module is
+# imported only when a description names one of its classes); nothing outside it is imported by name.
+TOOLS_PACKAGE = __name__.rpartition(".")[0]
 ENTRY_POINT_GROUP = "clova_train.prompt_tools"
 
 
@@ -242,8 +237,9 @@ def registered_tool(class_path: str) -> type[PromptTool] | None:
     :class:`PromptTool` already imported by the program (a user's own tool, imported by its config), or one an
     installed package declares under the ``clova_train.prompt_tools`` entry point group. Nothing else is
     imported: a file that names a module never gets it run."""
-    if class_path in BUILTIN_TOOLS:
-        importlib.import_module(class_path.rpartition(".")[0])
+    shipped = _shipped_module(class_path)
+    if shipped is not None:
+        importlib.import_module(shipped)
     known = {class_path_of(cls): cls for cls in _subclasses(PromptTool)}
     if class_path in known:
         return known[class_path]
@@ -253,6 +249,15 @@ def registered_tool(class_path: str) -> type[PromptTool] | None:
         if entry.value.replace(":", ".") == class_path:
             return entry.load()
     return None
+
+
+def _shipped_module(class_path: str) -> str | None:
+    """The module of ``class_path`` when it is one of this package's tool modules (``clova_train.tools.<name>``)."""
+    module = class_path.rpartition(".")[0]
+    package, _, name = module.rpartition(".")
+    if package != TOOLS_PACKAGE or not name.isidentifier():
+        return None
+    return module if importlib.util.find_spec(module) is not None else None
 
 
 def _subclasses(cls: type) -> list[type]:
@@ -271,7 +276,7 @@ def tool_class(description: dict[str, Any]) -> type[PromptTool]:
     tool_cls = registered_tool(class_path)
     if tool_cls is None:
         raise ModelError(
-            f"tool class {class_path!r} is not a registered prompt tool (this package's: {', '.join(BUILTIN_TOOLS)}); "
+            f"tool class {class_path!r} is not a registered prompt tool (this package's live in {TOOLS_PACKAGE}); "
             f"a tool of your own is found once your program has imported it, or when its package declares it under "
             f"the {ENTRY_POINT_GROUP!r} entry point group (a file never gets a module imported)"
         )

@@ -26,22 +26,30 @@ planner's suggestion one-hot, action mask]``; the mask is last (``describe()`` s
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Literal
 
 import gymnasium as gym
 import numpy as np
 
 from clova_train.agents.backends import ChatBackend, EmbeddingBackend
+from clova_train.agents.config import EmbedderConfig, LLMConfig
 from clova_train.agents.llm_cache import CacheMode, CachedChat, CallCache
-from clova_train.envs.hammr.agents import AGENT_PREFIX, AgentSpec, AgentTools, BudgetedChat, BudgetSpent, CallBudget
-from clova_train.envs.hydra.reasoning_loop import EmbedderConfig, LLMConfig
-from clova_train.envs.common.scripted import ScriptedReasoningLLM
-from clova_train.envs.avis.scripted import ScriptedSeekingLLM
+from clova_train.core.checks import Problems
+from clova_train.core.errors import ClovaTrainError
+from clova_train.envs.avis.agents import (
+    AGENT_PREFIX, AgentSpec, AgentTools, as_specs, policy_problems, spec_problems,
+)
 from clova_train.envs.avis.parts import (
     Example, MemoryEntry, SeekingPlanner, SeekingReasoner, WorkingMemory, clip_output,
 )
+from clova_train.envs.avis.scripted import ScriptedSeekingLLM
 from clova_train.envs.avis.world import GOOD_PATHS, SEEKING_KINDS, SeekingTools, check_kinds, task_from_options
+from clova_train.envs.common.budget import BudgetedChat, BudgetSpent, CallBudget
+from clova_train.envs.common.config import coerce_models, observation_embedder, shared_problems
+from clova_train.envs.common.scripted import ScriptedReasoningLLM
+from clova_train.envs.common.selection import ObservationTail, observation_with_mask
 from clova_train.envs.common.transition_graph import TransitionGraph, load_graph, restrict
 from clova_train.envs.common.world import Task, normalise_answer
 
@@ -60,8 +68,23 @@ def default_examples(kinds: tuple[str, ...] = SEEKING_KINDS) -> list[dict[str, A
     return [{"question": DEFAULT_EXAMPLE_QUESTIONS[k], "path": list(GOOD_PATHS[k])} for k in kinds]
 
 
+class MaskedObservation:
+    """What the AVIS and HAMMR configs say of their observation: it ends with the action mask and holds no planner
+    probabilities, so only ``argmax_q`` (over the feasible actions) reads it."""
+
+    def observation_tail(self) -> ObservationTail:
+        """The observation ends with the action mask; it has no planner probabilities."""
+        return ObservationTail(mask=True)
+
+    def selection_problem(self, rule: str, prefix: str = "") -> str:
+        """Why the greedy ``rule`` cannot read this environment's observation ("" when it can)."""
+        if rule == "eq2":
+            return "eq2 weights the planner's N sample probabilities: only the hydra environment has them"
+        return ""
+
+
 @dataclass
-class InformationSeekingConfig:
+class InformationSeekingConfig(MaskedObservation):
     """The AVIS environment.
 
     Args:
@@ -79,7 +102,7 @@ class InformationSeekingConfig:
         context_examples: ``scripted`` LLM only: how many of the last in-context examples it reads.
         split: ``train`` draws tasks with id % 5 != 0, ``eval`` the held-out rest.
         llm: planner/reasoner LLM (``scripted``: the offline world's).
-        embedder: observation embedder.
+        embedder: observation embedder (default: 64-d hashing).
         cache_path: SQLite file recording every LLM call; none: no cache.
         cache_mode: ``record``, ``replay`` (a miss is an error) or ``off``.
     """
@@ -98,18 +121,52 @@ class InformationSeekingConfig:
     context_examples: int = 2
     split: Literal["train", "eval"] = "train"
     llm: LLMConfig = field(default_factory=LLMConfig)
-    embedder: EmbedderConfig = field(default_factory=EmbedderConfig)
+    embedder: EmbedderConfig = field(default_factory=observation_embedder)
     cache_path: str | None = None
     cache_mode: CacheMode = "record"
 
     def __post_init__(self) -> None:
         coerce_parts(self)
 
+    def problems(self, prefix: str = "") -> list[str]:
+        """Every bad value, and whether the environment builds (graph, tools, agents and their controllers), as
+        ``<prefix>.<field> = <value>: <rule>`` (``prefix``: where this section sits)."""
+        return seeking_problems(self, prefix, InformationSeekingEnv, costs=("infeasible_penalty", "step_cost"),
+                                counts=("max_depth", "max_llm_calls", "max_iterations"))
+
+
+def seeking_problems(config: Any, prefix: str, environment: Callable[[Any], Any], costs: tuple[str, ...],
+                     counts: tuple[str, ...]) -> list[str]:
+    """The checks the AVIS and HAMMR configs share: question kinds, rewards (``costs``: fields >= 0), limits
+    (``counts``: integers >= 1), the models, the agents; then, if those are sound, the ``environment`` is built
+    from the config (and every agent's graph, tools and controller zip with it), nothing written."""
+    found = Problems(prefix)
+    unknown = [k for k in config.kinds if k not in SEEKING_KINDS]
+    found.need(not unknown and bool(config.kinds), "kinds", config.kinds,
+               f"each must be one of {', '.join(SEEKING_KINDS)}")
+    found.finite("answer_reward", config.answer_reward)
+    for key in costs:
+        found.at_least(key, getattr(config, key), 0)
+    for key in counts:
+        found.integer_at_least(key, getattr(config, key), 1)
+    problems = [*found.messages, *shared_problems(config, prefix), *spec_problems(config.agents, found.key("agents"))]
+    if problems:
+        return problems
+    try:
+        built = environment(replace(config, cache_path=None))
+        try:
+            built.agents.prepare_all()
+        finally:
+            built.close()
+    except (ClovaTrainError, ValueError, TypeError) as err:
+        problems.append(f"{prefix}: {err}" if prefix else str(err))
+    return [*problems, *policy_problems(config.agents, found.key("agents"))]
+
 
 def build_chat(llm: LLMConfig, context_examples: int, cache_path: str | None,
                cache_mode: CacheMode) -> tuple[BudgetedChat, CallCache | None]:
     """The seeking worlds' chat stack: backend (the scripted one offline) -> call cache -> budget."""
-    backend: ChatBackend = ScriptedSeekingLLM(context_examples) if llm.kind == "scripted" else llm.build()
+    backend = llm.build(scripted=lambda: ScriptedSeekingLLM(context_examples))
     cache = CallCache(cache_path, cache_mode) if cache_path else None
     return BudgetedChat(CachedChat(backend, cache) if cache is not None else backend), cache
 
@@ -125,10 +182,7 @@ def hydra_chat_for(llm: LLMConfig, chat: BudgetedChat, cache: CallCache | None) 
 
 def coerce_parts(config: Any) -> None:
     """Nested parts of an AVIS or HAMMR config given as plain dicts (YAML, ``gymnasium.make`` kwargs) made typed."""
-    if isinstance(config.llm, dict):
-        config.llm = LLMConfig(**config.llm)
-    if isinstance(config.embedder, dict):
-        config.embedder = EmbedderConfig(**config.embedder)
+    coerce_models(config)
     config.agents = as_specs(config.agents)
 
 
@@ -139,10 +193,6 @@ def part_offsets(parts: list[tuple[str, int]]) -> dict[str, list[int]]:
         offsets[name] = [start, start + size]
         start += size
     return offsets
-
-
-def as_specs(agents: list[Any]) -> list[AgentSpec]:
-    return [a if isinstance(a, AgentSpec) else AgentSpec(**a) for a in agents]
 
 
 def examples_of(raw: list[dict[str, Any]], kinds: tuple[str, ...]) -> tuple[Example, ...]:
@@ -192,7 +242,7 @@ class InformationSeekingEnv(gym.Env):
         self.embedder = embedder or config.embedder.build()
         self.planner = SeekingPlanner(llm, examples_of(config.examples, self.kinds))
         self.reasoner = SeekingReasoner(llm)
-        self.agents = AgentTools(self.specs, llm, self.embedder, depth, hydra_chat)
+        self.agents = AgentTools(self.specs, llm, self.embedder, depth, hydra_chat, seeking_env=agent_env)
         self.states = (self.graph.start, *self.graph.actions)
         n, d = len(self.graph.actions), self.embedder.dim
         self.dim = 2 * d + len(self.states) + 3 * n
@@ -247,8 +297,7 @@ class InformationSeekingEnv(gym.Env):
         suggested = np.zeros(n, dtype=np.float32)
         if self.suggestion[0]:
             suggested[self.suggested_index()] = 1.0
-        parts = [question, memory, state, excluded, suggested, self.action_masks().astype(np.float32)]
-        return np.clip(np.concatenate(parts).astype(np.float32), -1.0, 1.0)
+        return observation_with_mask([question, memory, state, excluded, suggested], self.action_masks())
 
     def step(self, action: int) -> tuple[np.ndarray, float, bool, bool, dict]:
         if self.task is None:
@@ -361,3 +410,12 @@ class InformationSeekingEnv(gym.Env):
         return {"planner's own choice (AVIS without a trained controller)": lambda obs, env: env.suggested_index(),
                 "random feasible action": random_feasible,
                 "oracle (the good path of the question's kind; a ceiling)": oracle}
+
+
+def agent_env(spec: AgentSpec, tools: AgentTools) -> InformationSeekingEnv:
+    """The environment of the ``avis`` agent ``spec`` that ``tools`` runs: its graph, tools and examples, one level
+    below ``tools``' owner, sharing its chat, embedder and budget, and able to call every agent ``tools`` knows."""
+    config = InformationSeekingConfig(graph=spec.graph, tools=list(spec.tools), examples=list(spec.examples),
+                                      max_iterations=spec.max_iterations, agents=list(tools.specs.values()))
+    return InformationSeekingEnv(config, llm=tools.chat, embedder=tools.embedder, depth=tools.depth + 1,
+                                 hydra_chat=tools.hydra_chat)

@@ -26,14 +26,18 @@ import gymnasium as gym
 import numpy as np
 
 from clova_train.agents.backends import EmbeddingBackend
+from clova_train.agents.config import EmbedderConfig, LLMConfig
 from clova_train.agents.llm_cache import CacheMode, CallCache
-from clova_train.envs.hammr.agents import AgentSpec, AgentTools, BudgetedChat, BudgetSpent, CallBudget
+from clova_train.envs.avis.agents import AgentSpec, AgentTools
 from clova_train.envs.avis.information_seeking import (
-    build_chat, coerce_parts, default_examples, hydra_chat_for, part_offsets,
+    MaskedObservation, agent_env, build_chat, coerce_parts, default_examples, hydra_chat_for, part_offsets,
+    seeking_problems,
 )
-from clova_train.envs.hydra.reasoning_loop import EmbedderConfig, LLMConfig
 from clova_train.envs.avis.parts import Dispatcher, MemoryEntry, WorkingMemory
 from clova_train.envs.avis.world import SEEKING_KINDS, check_kinds, task_from_options
+from clova_train.envs.common.budget import BudgetedChat, BudgetSpent, CallBudget
+from clova_train.envs.common.config import observation_embedder
+from clova_train.envs.common.selection import observation_with_mask
 from clova_train.envs.common.world import Task, normalise_answer
 
 
@@ -58,7 +62,7 @@ def default_agents() -> list[AgentSpec]:
 
 
 @dataclass
-class AgentDispatchConfig:
+class AgentDispatchConfig(MaskedObservation):
     """The HAMMR dispatcher environment.
 
     Args:
@@ -74,7 +78,7 @@ class AgentDispatchConfig:
         context_examples: ``scripted`` LLM only: how many of the last in-context examples its planner reads.
         split: ``train`` draws tasks with id % 5 != 0, ``eval`` the held-out rest.
         llm: the LLM of the dispatcher and of every agent.
-        embedder: observation embedder.
+        embedder: observation embedder (default: 64-d hashing).
         cache_path: SQLite file recording every LLM call, nested ones included; none: no cache.
         cache_mode: ``record``, ``replay`` (a miss is an error) or ``off``.
     """
@@ -90,12 +94,19 @@ class AgentDispatchConfig:
     context_examples: int = 2
     split: Literal["train", "eval"] = "train"
     llm: LLMConfig = field(default_factory=LLMConfig)
-    embedder: EmbedderConfig = field(default_factory=EmbedderConfig)
+    embedder: EmbedderConfig = field(default_factory=observation_embedder)
     cache_path: str | None = None
     cache_mode: CacheMode = "record"
 
     def __post_init__(self) -> None:
         coerce_parts(self)
+
+    def problems(self, prefix: str = "") -> list[str]:
+        """Every bad value, and whether the dispatcher builds (every agent's graph, tools and controller zip), as
+        ``<prefix>.<field> = <value>: <rule>`` (``prefix``: where this section sits)."""
+        return seeking_problems(self, prefix, AgentDispatchEnv,
+                                costs=("infeasible_penalty", "call_cost", "llm_call_cost"),
+                                counts=("max_depth", "max_llm_calls"))
 
 
 class AgentDispatchEnv(gym.Env):
@@ -129,7 +140,7 @@ class AgentDispatchEnv(gym.Env):
         self.llm = llm
         self.embedder = embedder or config.embedder.build()
         self.names = tuple(spec.name for spec in self.specs)
-        self.agents = AgentTools(self.specs, llm, self.embedder, depth=0, hydra_chat=hydra_chat)
+        self.agents = AgentTools(self.specs, llm, self.embedder, depth=0, hydra_chat=hydra_chat, seeking_env=agent_env)
         self.dispatcher = Dispatcher(llm, [(s.name, s.description) for s in self.specs])
         n, d = len(self.names), self.embedder.dim
         self.dim = 2 * d + 3 * n
@@ -175,8 +186,7 @@ class AgentDispatchEnv(gym.Env):
         choice = np.zeros(n, dtype=np.float32)
         if self.choice in self.names:
             choice[self.names.index(self.choice)] = 1.0
-        parts = [question, memory, called, choice, self.action_masks().astype(np.float32)]
-        return np.clip(np.concatenate(parts).astype(np.float32), -1.0, 1.0)
+        return observation_with_mask([question, memory, called, choice], self.action_masks())
 
     def step(self, action: int) -> tuple[np.ndarray, float, bool, bool, dict]:
         if self.task is None:

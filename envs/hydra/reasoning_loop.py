@@ -33,19 +33,15 @@ from typing import Any, Literal
 import gymnasium as gym
 import numpy as np
 
-from clova_train.agents.backends import (
-    ChatBackend,
-    EmbeddingBackend,
-    HashingEmbedder,
-    OpenAIChatBackend,
-    OpenAIEmbeddingBackend,
-    TransformersChatBackend,
-    TransformersEmbeddingBackend,
-)
+from clova_train.agents.backends import ChatBackend, EmbeddingBackend
+from clova_train.agents.config import EmbedderConfig, LLMConfig
 from clova_train.agents.llm_cache import CacheMode, CachedChat, CachedEmbedding, CallCache
 from clova_train.agents.sandbox import Sandbox, ToolAPI
+from clova_train.core.checks import Problems
+from clova_train.envs.common.config import coerce_models, observation_embedder, shared_problems
 from clova_train.envs.common.parts import MemoryBank, ObservationEncoder, Planner, Reasoner, Textualizer, short_repr
 from clova_train.envs.common.scripted import ScriptedReasoningLLM
+from clova_train.envs.common.selection import ObservationTail
 from clova_train.envs.common.world import COLOURS, SIZE, SceneTools, Task, make_task, normalise_answer, task_id_option
 
 MAX_ANSWER_CHARS = 200
@@ -70,67 +66,6 @@ def is_related(task: Task, answer: str) -> bool:
 
 
 @dataclass
-class LLMConfig:
-    """The LLM behind the planner and the reasoner.
-
-    Args:
-        kind: ``scripted`` (offline world), ``openai`` (any OpenAI-compatible server) or ``transformers``.
-        model: model name (openai) or directory (transformers).
-        base_url: OpenAI-compatible server URL with its API prefix.
-        api_key_env: environment variable holding the API key.
-        temperature: sampling temperature.
-        timeout_s: limit of each network operation of a request (connect, each read, each write).
-        max_retries: retries on network errors, timeouts, 408/409/429, 5xx and malformed replies.
-        deadline_s: total time of one LLM call, retries and Retry-After waits included (none:
-            ``timeout_s * (max_retries + 1)``).
-    """
-
-    kind: Literal["scripted", "openai", "transformers"] = "scripted"
-    model: str = ""
-    base_url: str = "http://localhost:8000/v1"
-    api_key_env: str = "OPENAI_API_KEY"
-    temperature: float = 0.0
-    timeout_s: float = 30.0
-    max_retries: int = 3
-    deadline_s: float | None = None
-
-    def build(self) -> ChatBackend:
-        if self.kind == "scripted":
-            return ScriptedReasoningLLM()
-        if self.kind == "openai":
-            return OpenAIChatBackend(self.base_url, self.model, self.temperature, api_key_env=self.api_key_env,
-                                     timeout_s=self.timeout_s, max_retries=self.max_retries,
-                                     deadline_s=self.deadline_s)
-        return TransformersChatBackend(self.model)
-
-
-@dataclass
-class EmbedderConfig:
-    """The text embedder of the controller's observation.
-
-    Args:
-        kind: ``hashing`` (offline), ``openai`` (HYDRA: text-embedding-3-small, 1536-d) or ``transformers``.
-        dim: vector size (hashing: chosen; openai: checked against the replies).
-        model: model name (openai) or directory (transformers).
-        base_url: OpenAI-compatible server URL with its API prefix.
-        api_key_env: environment variable holding the API key.
-    """
-
-    kind: Literal["hashing", "openai", "transformers"] = "hashing"
-    dim: int = 64
-    model: str = "text-embedding-3-small"
-    base_url: str = "https://api.openai.com/v1"
-    api_key_env: str = "OPENAI_API_KEY"
-
-    def build(self) -> EmbeddingBackend:
-        if self.kind == "hashing":
-            return HashingEmbedder(self.dim)
-        if self.kind == "openai":
-            return OpenAIEmbeddingBackend(self.base_url, self.model, self.dim, api_key_env=self.api_key_env)
-        return TransformersEmbeddingBackend(self.model)
-
-
-@dataclass
 class ReasoningLoopConfig:
     """Everything that defines the environment.
 
@@ -145,8 +80,8 @@ class ReasoningLoopConfig:
         probability_features: ``joint`` layout: append the N planner probabilities to the embedding (what HYDRA's
             Eq. 2 selection reads; the ``per_part`` layout always ends with them).
         split: ``train`` draws tasks with id % 5 != 0, ``eval`` the held-out rest.
-        llm: planner/reasoner LLM.
-        embedder: observation embedder.
+        llm: planner/reasoner LLM (``scripted``: the offline world's).
+        embedder: observation embedder (default: 64-d hashing).
         cache_path: SQLite file recording every LLM call (and embedding call if cache_embeddings); none: no cache.
         cache_mode: ``record``, ``replay`` (a miss is an error) or ``off``.
         cache_embeddings: also cache embedding calls (worth it for remote embedders, not for hashing).
@@ -164,12 +99,42 @@ class ReasoningLoopConfig:
     probability_features: bool = False
     split: Literal["train", "eval"] = "train"
     llm: LLMConfig = field(default_factory=LLMConfig)
-    embedder: EmbedderConfig = field(default_factory=EmbedderConfig)
+    embedder: EmbedderConfig = field(default_factory=observation_embedder)
     cache_path: str | None = None
     cache_mode: CacheMode = "record"
     cache_embeddings: bool = False
     sandbox_timeout_s: float = 2.0
     sandbox_memory_mb: int = 256
+
+    def __post_init__(self) -> None:
+        coerce_models(self)
+
+    def observation_tail(self) -> ObservationTail:
+        """The observation ends with the N planner probabilities (``per_part``, or ``joint`` with them); no mask."""
+        has_probabilities = self.layout == "per_part" or self.probability_features
+        return ObservationTail(probabilities=self.num_samples if has_probabilities else 0)
+
+    def selection_problem(self, rule: str, prefix: str = "") -> str:
+        """Why the greedy ``rule`` cannot read this environment's observation ("" when it can)."""
+        if rule == "eq2" and not self.observation_tail().probabilities:
+            key = Problems(prefix).key
+            return (f"eq2 reads the planner probabilities from the observation: use {key('layout')} per_part, or "
+                    f"set {key('probability_features')} true with the joint layout")
+        return ""
+
+    def problems(self, prefix: str = "") -> list[str]:
+        """Every bad value, as ``<prefix>.<field> = <value>: <rule>`` (``prefix``: where this section sits)."""
+        found = Problems(prefix)
+        for key in ("num_samples", "max_iterations"):
+            found.at_least(key, getattr(self, key), 1)
+        for key in ("r1", "alpha"):
+            found.finite(key, getattr(self, key))
+        for key in ("error_penalty", "reject_penalty"):
+            found.at_least(key, getattr(self, key), 0)
+        found.one_of("layout", self.layout, ("per_part", "joint"))
+        found.positive("sandbox_timeout_s", self.sandbox_timeout_s)
+        found.at_least("sandbox_memory_mb", self.sandbox_memory_mb, 32)
+        return [*found.messages, *shared_problems(self, prefix)]
 
 
 class ReasoningLoopEnv(gym.Env):
@@ -190,12 +155,11 @@ class ReasoningLoopEnv(gym.Env):
                  embedder: EmbeddingBackend | None = None, render_mode: str | None = None,
                  tools_factory: Callable[[Task], ToolAPI] = SceneTools) -> None:
         if isinstance(config, dict):
-            config = ReasoningLoopConfig(**{**config, "llm": LLMConfig(**config.get("llm", {})),
-                                            "embedder": EmbedderConfig(**config.get("embedder", {}))})
+            config = ReasoningLoopConfig(**config)
         self.config = config = config or ReasoningLoopConfig()
         self.render_mode = render_mode
         self.tools_factory = tools_factory
-        chat = llm or config.llm.build()
+        chat = llm or config.llm.build(scripted=ScriptedReasoningLLM)
         embed = embedder or config.embedder.build()
         self.cache: CallCache | None = None
         if config.cache_path:

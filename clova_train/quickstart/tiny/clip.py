@@ -116,3 +116,10 @@ def make_tiny_clip(
     if pretrain_steps:
         pretrain_clip(model, pretrain_steps, colours, seed=seed, confusions=confusions, confusion_rate=confusion_rate)
     return save_open_clip(model, config, directory)
+
+
+def build_quickstart_clip(directory: str | Path, seed: int = 0, pretrain_steps: int = 200) -> Path:
+    """The quickstart's tiny CLIP (``clova-train tiny-model clip``): purple and orange shapes mostly misnamed
+    (:data:`CLIP_MISCONCEPTIONS`), so its prompts have a misconception to correct."""
+    return make_tiny_clip(directory, seed=seed, pretrain_steps=pretrain_steps, confusions=CLIP_MISCONCEPTIONS,
+                          confusion_rate=CLIP_MISCONCEPTION_RATE)

@@ -214,3 +214,14 @@ def tool_corpus(seed: int = 0) -> tuple[list[str], list[str]]:
     records = [r for c in conversations for r in records_from_conversation(c)] + negatives
     prompts = [template.prompt(r["instruction"], r["input"]) for r in records]
     return [p + r["output"] for p, r in zip(prompts, records)], prompts
+
+
+def build_quickstart_llama(directory: str | Path, seed: int = 0,
+                           pretrain_steps: int = QUICKSTART_LLAMA_PRETRAIN_STEPS) -> Path:
+    """The quickstart's tiny Llama (``clova-train tiny-model llama``): tokenizer and pretraining on the synthetic
+    tool corpus, after :data:`QUICKSTART_LLAMA_COPY_STEPS` on copy documents (none when ``pretrain_steps`` is 0:
+    random weights)."""
+    texts, prompts = tool_corpus(seed)
+    return make_tiny_llama(directory, texts, prompts, pretrain_steps, seed=seed,
+                           copy_steps=QUICKSTART_LLAMA_COPY_STEPS if pretrain_steps else 0,
+                           skill_documents=QUICKSTART_LLAMA_DOCUMENTS, model_config=QUICKSTART_LLAMA_CONFIG)

@@ -1,0 +1,58 @@
+"""``clova-train serve`` in a child process on a free loopback port, for the HTTP tests."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import pytest
+
+from helpers.common import REPO
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@contextmanager
+def serving(args: list[str], env: dict[str, str] | None = None) -> Iterator[tuple[str, subprocess.Popen]]:
+    """``clova-train serve ARGS`` on 127.0.0.1 in its own process group: (base URL, process) once /health answers;
+    stopped (SIGTERM, then SIGKILL) on exit."""
+    port = free_port()
+    process = subprocess.Popen(
+        [sys.executable, "-m", "clova_train", "serve", *args, "--port", str(port)],
+        cwd=REPO, env={**os.environ, "PYTHONWARNINGS": "ignore", **(env or {})}, stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT, text=True, start_new_session=True,
+    )
+    base = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 180
+        while True:
+            if process.poll() is not None:
+                pytest.fail(f"the server exited: {process.stdout.read()[-3000:]}")
+            try:
+                with urllib.request.urlopen(base + "/health", timeout=2) as response:
+                    if response.status == 200:
+                        break
+            except OSError:
+                pass
+            if time.monotonic() > deadline:
+                pytest.fail("the server did not come up within 180 s")
+            time.sleep(0.5)
+        yield base, process
+    finally:
+        os.killpg(process.pid, signal.SIGTERM)
+        try:
+            process.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait(timeout=20)

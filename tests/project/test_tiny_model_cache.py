@@ -1,0 +1,72 @@
+"""The pretrained tiny models' test cache is keyed by a hash of their builders' code: a changed builder (or a module
+of the tiny-model packages it imports) gets a new cache entry, never an old model."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from clova_train.quickstart import registry
+from clova_train.quickstart.registry import TINY_MODELS, TinyModel
+from helpers.tiny_models import cache_name
+
+BUILDER = """
+from probe_tiny.shared import WIDTH
+
+
+def build(directory, seed=0, pretrain_steps=0):
+    return directory
+"""
+
+
+@pytest.fixture
+def probe(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[TinyModel, Path]]:
+    """A builder module in a throw-away package that the fingerprint follows (as it follows the tiny-model
+    packages), importing one shared module of the package."""
+    package = tmp_path / "probe_tiny"
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    (package / "shared.py").write_text("WIDTH = 32\n")
+    (package / "unrelated.py").write_text("DEPTH = 2\n")
+    (package / "builder.py").write_text(BUILDER)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setattr(registry, "FINGERPRINTED_PACKAGES", (*registry.FINGERPRINTED_PACKAGES, "probe_tiny"))
+    yield TinyModel("probe", "probe_tiny.builder:build", 10, "a probe"), package
+    for name in [n for n in sys.modules if n == "probe_tiny" or n.startswith("probe_tiny.")]:
+        del sys.modules[name]  # find_spec imported the package
+
+
+def test_the_fingerprint_follows_the_builder_and_the_modules_it_imports(probe: tuple[TinyModel, Path]) -> None:
+    model, package = probe
+    first = model.fingerprint()
+    assert model.fingerprint() == first
+    (package / "unrelated.py").write_text("DEPTH = 3\n")
+    assert model.fingerprint() == first, "a module the builder does not import is not part of its code"
+    (package / "shared.py").write_text("WIDTH = 64\n")
+    second = model.fingerprint()
+    assert second != first
+    (package / "builder.py").write_text(BUILDER.replace("return directory", "return str(directory)"))
+    assert model.fingerprint() not in (first, second)
+
+
+def test_the_cache_name_changes_with_the_builder_the_steps_and_the_kernels(probe: tuple[TinyModel, Path]) -> None:
+    model, package = probe
+    base = {"ATEN_CPU_CAPABILITY": "default"}
+    name = cache_name(model, base=base)
+    assert name.startswith("tiny-probe-10-") and model.fingerprint() in name
+    assert cache_name(model, 20, base=base) != name
+    assert cache_name(model, base={"ATEN_CPU_CAPABILITY": "avx512"}) != name
+    (package / "builder.py").write_text(BUILDER + "\n# another pretraining schedule\n")
+    assert cache_name(model, base=base) != name
+
+
+def test_every_registry_builder_is_fingerprinted_with_its_shared_pieces() -> None:
+    for model in TINY_MODELS.values():
+        files = {path.name for path in registry._source_closure(model.builder.partition(":")[0])}
+        assert f"{model.builder.split(':')[0].rsplit('.', 1)[-1]}.py" in files
+        assert "common.py" in files, f"{model.kind}: the shared builder pieces are part of its fingerprint"
+    maskformer = TINY_MODELS["maskformer"]
+    assert maskformer.fingerprint() != TinyModel(**{**maskformer.__dict__, "environment": {}}).fingerprint()

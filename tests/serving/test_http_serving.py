@@ -1,0 +1,164 @@
+"""``clova-train serve`` over HTTP (LitServe) on loopback: prompt-tool and OpenAI-compatible chat endpoints,
+checked against the in-process loaders, with a real HTTP client; and ``clova-train predict``."""
+
+from __future__ import annotations
+
+import json
+import urllib.error
+import urllib.request
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from clova_train.cli import main
+from clova_train.tools.serving import PromptToolServer
+from clova_train.tooluse.prompt_template import TEMPLATE_FILE, PromptTemplate
+from clova_train.tooluse.served_llm import ChatRequest, ServedToolLLM
+from helpers.serving import free_port, serving
+
+IMAGES = ["red/red_000.png", "purple/purple_001.png", "blue/blue_002.png"]
+
+
+@pytest.fixture(scope="module")
+def lora_export(tiny_llama_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """An exported adapter with seeded random LoRA weights (serving does not care how they were learned)."""
+    import torch
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    run_dir = tmp_path_factory.mktemp("lora-run")
+    torch.manual_seed(0)
+    model = get_peft_model(AutoModelForCausalLM.from_pretrained(str(tiny_llama_dir)),
+                           LoraConfig(r=4, target_modules=["q_proj", "v_proj"], init_lora_weights=False, task_type="CAUSAL_LM"))
+    model.save_pretrained(str(run_dir / "adapter"))
+    AutoTokenizer.from_pretrained(str(tiny_llama_dir)).save_pretrained(str(run_dir / "adapter"))
+    (run_dir / "adapter" / TEMPLATE_FILE).write_text(json.dumps(PromptTemplate().to_dict()))
+    out = run_dir.parent / f"{run_dir.name}-export"
+    assert main(["export", str(run_dir), "-o", str(out), "--merged"]) == 0
+    return out
+
+
+def post(url: str, body: object, timeout: float = 60) -> tuple[int, dict]:
+    request = urllib.request.Request(url, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(request, timeout=timeout) as response:
+            return response.status, json.loads(response.read())
+    except urllib.error.HTTPError as err:
+        return err.code, json.loads(err.read() or b"{}")
+
+
+@pytest.fixture(scope="module")
+def server(clip_export: Path, lora_export: Path):
+    with serving([str(clip_export), str(lora_export), "--max-batch-size", "4", "--batch-timeout", "0.2"]) as (base, _):
+        yield base
+
+
+def test_classify_and_select_match_the_in_process_loader(server: str, clip_export: Path, concept_root: Path) -> None:
+    local = PromptToolServer.from_export(clip_export)
+    images = [str(concept_root / p) for p in IMAGES]
+    for request in ({"images": images, "labels": ["red", "purple", "blue", "green"]}, {"images": images, "concept": "purple"}):
+        status, reply = post(server + "/v1/clip", request)
+        assert status == 200, reply
+        expected = local.serve(request)
+        assert reply.keys() == expected.keys()
+        assert reply.get("labels") == expected.get("labels") and reply.get("index") == expected.get("index")
+        np.testing.assert_allclose(reply["scores"], expected["scores"], atol=1e-5)
+
+
+@pytest.mark.parametrize("body, message", [
+    ({"images": ["/nonexistent.png"], "labels": ["red"]}, "image '/nonexistent.png' cannot be used"),
+    ({"images": [], "labels": ["red"]}, "'images'"),
+    ({"images": ["x.png"]}, "needs 'labels'"),
+    (["not", "an", "object"], "JSON object"),
+])
+def test_bad_prompt_tool_requests_get_400_naming_the_field(server: str, body: object, message: str) -> None:
+    status, reply = post(server + "/v1/clip", body)
+    assert status == 400 and message in reply["error"]["message"], reply  # OpenAI's error shape
+
+
+def test_chat_completions_match_the_in_process_model(server: str, lora_export: Path) -> None:
+    llm = ServedToolLLM.from_export(lora_export)
+    conversations = [[{"role": "user", "content": f"Describe image/{k}.png"}] for k in range(4)]
+    expected = [r.text for r in llm.chat_batch([ChatRequest(m, max_tokens=12) for m in conversations])]
+
+    def ask(messages: list) -> tuple[int, dict]:
+        return post(server + "/v1/chat/completions", {"model": "tool-llm", "messages": messages, "max_tokens": 12, "temperature": 0})
+
+    with ThreadPoolExecutor(4) as pool:  # concurrent requests: batched by the server
+        results = list(pool.map(ask, conversations))
+    for (status, reply), text in zip(results, expected):
+        assert status == 200, reply
+        assert reply["object"] == "chat.completion"
+        assert reply["choices"][0]["message"] == {"role": "assistant", "content": text, **{
+            k: v for k, v in reply["choices"][0]["message"].items() if k not in ("role", "content")}}
+        assert reply["usage"]["completion_tokens"] <= 12 and reply["usage"]["prompt_tokens"] > 0
+
+
+@pytest.mark.parametrize("messages, message", [
+    ([], "non-empty list"),
+    ([{"role": "user", "content": "hi"}, {"role": "assistant", "content": "x"}], "last message must be the user's"),
+    ([{"role": "tool", "content": "hi"}], "messages[0]"),
+])
+def test_bad_chat_requests_get_400(server: str, messages: list, message: str) -> None:
+    status, reply = post(server + "/v1/chat/completions", {"model": "m", "messages": messages})
+    assert status in (400, 422) and message in json.dumps(reply), reply
+
+
+def test_serve_refuses_a_missing_export_before_listening(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    assert main(["serve", str(tmp_path / "missing"), "--port", str(free_port())]) == 2
+    assert "export directory not found" in capsys.readouterr().err
+
+
+def test_predict_over_a_folder_and_a_jsonl(clip_export: Path, concept_root: Path, tmp_path: Path) -> None:
+    local = PromptToolServer.from_export(clip_export)
+    out = tmp_path / "preds.jsonl"
+    assert main(["predict", str(clip_export), "--inputs", str(concept_root / "red"), "-o", str(out),
+                 "--field", 'labels=["red", "purple", "green"]']) == 0
+    lines = [json.loads(line) for line in out.read_text().splitlines()]
+    images = sorted((concept_root / "red").glob("*.png"))
+    assert [line["input"]["images"] for line in lines] == [[str(p)] for p in images]
+    for line in lines:
+        alone = local.serve(line["input"])
+        assert line["output"]["labels"] == alone["labels"]
+        np.testing.assert_allclose(line["output"]["scores"], alone["scores"], atol=1e-5)
+
+    requests = tmp_path / "requests.jsonl"
+    (tmp_path / "imgs").mkdir()
+    (tmp_path / "imgs" / "a.png").write_bytes((concept_root / IMAGES[1]).read_bytes())
+    requests.write_text(json.dumps({"images": ["imgs/a.png"], "concept": "purple"}) + "\n"
+                        + json.dumps({"images": ["imgs/missing.png"], "concept": "purple"}) + "\n")
+    assert main(["predict", str(clip_export), "--inputs", str(requests), "-o", str(out)]) == 0
+    first, second = [json.loads(line) for line in out.read_text().splitlines()]
+    alone = local.serve({"images": [str(tmp_path / "imgs" / "a.png")], "concept": "purple"})
+    assert first["output"]["index"] == alone["index"]
+    np.testing.assert_allclose(first["output"]["scores"], alone["scores"], atol=1e-5)
+    assert "image not found" in second["error"] and "missing.png" in second["error"]
+
+
+@pytest.mark.parametrize("name", ["/etc/passwd", "../outside.png", "a/../../b.png", "", 3])
+def test_clients_cannot_choose_where_the_server_writes(tmp_path: Path, name: object) -> None:
+    from fastapi import HTTPException
+
+    from clova_train.serving.http import served_output_path
+
+    with pytest.raises(HTTPException) as caught:
+        served_output_path(tmp_path, name)
+    assert caught.value.status_code == 400 and "output" in caught.value.detail
+
+
+def test_relative_outputs_land_under_the_output_dir(tmp_path: Path) -> None:
+    from clova_train.serving.http import served_output_path
+
+    assert served_output_path(tmp_path, "sub/out.png") == tmp_path.resolve() / "sub" / "out.png"
+
+
+@pytest.mark.parametrize("line, message", [("{oops", "line 2 is not valid JSON"), ('["a"]', "line 2 must be a JSON object")])
+def test_predict_names_the_jsonl_line_that_is_not_a_request(clip_export: Path, tmp_path: Path, line: str, message: str,
+                                                            capsys: pytest.CaptureFixture) -> None:
+    requests = tmp_path / "requests.jsonl"
+    requests.write_text(json.dumps({"images": ["a.png"], "concept": "red"}) + "\n" + line + "\n")
+    assert main(["predict", str(clip_export), "--inputs", str(requests), "-o", str(tmp_path / "out.jsonl")]) == 2
+    assert f"requests.jsonl {message}" in capsys.readouterr().err
+    assert not (tmp_path / "out.jsonl").exists()

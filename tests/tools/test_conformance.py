@@ -1,0 +1,83 @@
+"""One conformance suite for every prompt tool of the registry (``clova_train.quickstart.registry.TOOLS``).
+
+Each recipe is checked the same way, so a new registry entry is covered by adding it:
+
+1. its configs exist and name its tool class and one of its datamodules (the registry cannot drift from them);
+2. its tool, built from its quickstart config on its tiny model (random weights), keeps the prompt-tool contract
+   (``check_tool``) on instances from its synthetic datamodule;
+3. a two-instance, two-step fit writes a run that exports, and the export loads in
+   :class:`~clova_train.tools.serving.PromptToolServer` and answers a served query.
+
+The checks are plain functions of a recipe (and what was built from it): ``test_adding_a_tool.py`` runs them on a
+toy tool registered at run time. The one per-tool piece is the served query (:data:`SERVED_QUERIES`): requests are
+the tool's own JSON, which no interface describes; a tool without an entry is served a guess (its image field and
+a concept) and, if that fails, the failure says where to add its query.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from clova_train.core.errors import DataError
+from clova_train.quickstart.registry import TOOLS, ToolRecipe
+from helpers.conformance import (
+    check_recipe_configs,
+    BuiltTool,
+    build_recipe,
+    check_contract,
+    fit_briefly,
+    check_export_serves,
+    SERVED_QUERIES,
+    served_query,
+)
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
+
+# ---------------------------------------------------------------------- the suite
+RECIPES = [pytest.param(recipe, id=name) for name, recipe in TOOLS.items()]
+
+
+@pytest.mark.parametrize("recipe", RECIPES)
+def test_configs_name_the_recipes_classes(recipe: ToolRecipe) -> None:
+    check_recipe_configs(recipe)
+
+
+@pytest.fixture(scope="module")
+def built_tools(tiny_models: Callable[[str], Path],
+                tmp_path_factory: pytest.TempPathFactory) -> Callable[[ToolRecipe], BuiltTool]:
+    """Each recipe built once per module (its contract and its fit test share the tool and the data)."""
+    cache: dict[str, BuiltTool] = {}
+
+    def build(recipe: ToolRecipe) -> BuiltTool:
+        if recipe.name not in cache:
+            cache[recipe.name] = build_recipe(recipe, tiny_models(recipe.tiny_model),
+                                              tmp_path_factory.mktemp(f"{recipe.name}-data"))
+        return cache[recipe.name]
+
+    return build
+
+
+@pytest.mark.parametrize("recipe", RECIPES)
+def test_tool_keeps_the_prompt_tool_contract(recipe: ToolRecipe,
+                                             built_tools: Callable[[ToolRecipe], BuiltTool]) -> None:
+    report = check_contract(built_tools(recipe))
+    assert report["tool"] == recipe.tool_class().name
+
+
+@pytest.mark.parametrize("recipe", RECIPES)
+def test_a_short_fit_exports_and_serves(recipe: ToolRecipe, built_tools: Callable[[ToolRecipe], BuiltTool],
+                                        tmp_path: Path) -> None:
+    built = built_tools(recipe)
+    run_dir = fit_briefly(built, tmp_path / "run")
+    request = served_query(built, tmp_path)
+    try:
+        check_export_serves(built, run_dir, tmp_path / "export", request)
+    except DataError as err:
+        if recipe.name in SERVED_QUERIES:
+            raise
+        pytest.fail(f"the guessed request {request} does not fit the {recipe.name!r} tool ({err}); add its request to "
+                    f"SERVED_QUERIES in tests/helpers/conformance.py")
