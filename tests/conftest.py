@@ -189,24 +189,46 @@ def pretrained_sd_dir(pretrained_models: dict[str, Path]) -> Path:
     return pretrained_models["sd-inpaint"]
 
 
-# Random-weight registry models (seconds to build: for the tools' contracts and plumbing). Built in this process:
-# a registry model's environment matters only to its pretraining.
+# Random-weight registry models (seconds to build: for the tools' contracts and plumbing), each built once per
+# session. Built in this process: a registry model's environment matters only to its pretraining.
+class TinyModels:
+    """The tiny model of each kind, with random weights (``pretrain_steps=0``), built on first use under ``root``.
+
+    The conformance tests check plumbing and contracts, not learning, so the seconds-long random-weight builds do
+    (the pretrained models of the learning tests take minutes)."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.built: dict[str, Path] = {}
+
+    def __call__(self, kind: str) -> Path:
+        """The directory of ``kind``'s model (a kind of :data:`~clova_train.quickstart.registry.TINY_MODELS`)."""
+        if kind not in self.built:
+            self.built[kind] = tiny_model(kind).build(self.root / kind, seed=0, pretrain_steps=0)
+        return self.built[kind]
+
+
 @pytest.fixture(scope="session")
-def tiny_sd_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+def tiny_models(tmp_path_factory: pytest.TempPathFactory) -> TinyModels:
+    return TinyModels(tmp_path_factory.mktemp("tiny-models"))
+
+
+@pytest.fixture(scope="session")
+def tiny_sd_dir(tiny_models: TinyModels) -> Path:
     """A random-weight tiny inpainting pipeline."""
-    return tiny_model("sd-inpaint").build(tmp_path_factory.mktemp("tiny-sd"), pretrain_steps=0)
+    return tiny_models("sd-inpaint")
 
 
 @pytest.fixture(scope="session")
-def tiny_owlvit_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+def tiny_owlvit_dir(tiny_models: TinyModels) -> Path:
     """A random-weight tiny OWL-ViT."""
-    return tiny_model("owlvit").build(tmp_path_factory.mktemp("tiny-owlvit"), seed=0, pretrain_steps=0)
+    return tiny_models("owlvit")
 
 
 @pytest.fixture(scope="session")
-def tiny_maskformer_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+def tiny_maskformer_dir(tiny_models: TinyModels) -> Path:
     """A random-weight tiny MaskFormer."""
-    return tiny_model("maskformer").build(tmp_path_factory.mktemp("tiny-maskformer"), seed=0, pretrain_steps=0)
+    return tiny_models("maskformer")
 
 
 @pytest.fixture(scope="session")

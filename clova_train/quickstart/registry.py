@@ -68,7 +68,10 @@ class TinyModel:
 
 
 def _module_file(module: str) -> Path | None:
-    spec = importlib.util.find_spec(module)
+    try:
+        spec = importlib.util.find_spec(module)
+    except ModuleNotFoundError:  # ``package.name`` where name is a function or class, not a module
+        return None
     return Path(spec.origin) if spec is not None and spec.origin and spec.origin.endswith(".py") else None
 
 
@@ -88,8 +91,11 @@ def _source_closure(module: str) -> set[Path]:
             continue
         files.add(path)
         for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
-            imported = [node.module] if isinstance(node, ast.ImportFrom) and node.module and not node.level else (
-                [alias.name for alias in node.names] if isinstance(node, ast.Import) else [])
+            if isinstance(node, ast.ImportFrom) and node.module and not node.level:
+                # ``from package import module`` imports the module too: try each name as a submodule
+                imported = [node.module, *(f"{node.module}.{alias.name}" for alias in node.names)]
+            else:
+                imported = [alias.name for alias in node.names] if isinstance(node, ast.Import) else []
             pending += [m for m in imported if m.startswith(FINGERPRINTED_PACKAGES)]
     return files
 
@@ -185,17 +191,19 @@ TOOLS: dict[str, ToolRecipe] = {
 
 
 def register_tool(recipe: ToolRecipe, tiny_model: TinyModel | None = None) -> None:
-    """Add a recipe (and its tiny model) at run time, as a plug-in package or a test does; a name already taken by
-    another recipe is refused."""
-    for table, entry, key in ((TOOLS, recipe, recipe.name), (TINY_MODELS, tiny_model, getattr(tiny_model, "kind", None))):
-        if entry is None:
-            continue
-        if key in table and table[key] != entry:
-            raise ClovaTrainError(f"a recipe named {key!r} is already registered")
-        table[key] = entry  # type: ignore[assignment]
-    if recipe.tiny_model not in TINY_MODELS:
+    """Add a recipe (and its tiny model) at run time, as a plug-in package or a test does. A name already taken by
+    another entry, or a recipe naming an unknown tiny model, is refused with neither table changed."""
+    if recipe.name in TOOLS and TOOLS[recipe.name] != recipe:
+        raise ClovaTrainError(f"a recipe named {recipe.name!r} is already registered")
+    if tiny_model is not None and tiny_model.kind in TINY_MODELS and TINY_MODELS[tiny_model.kind] != tiny_model:
+        raise ClovaTrainError(f"a tiny model named {tiny_model.kind!r} is already registered")
+    known = set(TINY_MODELS) | ({tiny_model.kind} if tiny_model is not None else set())
+    if recipe.tiny_model not in known:
         raise ClovaTrainError(f"tool recipe {recipe.name!r} names tiny model {recipe.tiny_model!r}, which is not registered "
-                          f"(known: {', '.join(sorted(TINY_MODELS))})")
+                              f"(known: {', '.join(sorted(known))})")
+    if tiny_model is not None:
+        TINY_MODELS[tiny_model.kind] = tiny_model
+    TOOLS[recipe.name] = recipe
 
 
 def tool_recipe(name: str) -> ToolRecipe:

@@ -52,6 +52,27 @@ def test_the_fingerprint_follows_the_builder_and_the_modules_it_imports(probe: t
     assert model.fingerprint() not in (first, second)
 
 
+def test_the_fingerprint_follows_a_module_imported_from_its_package(probe: tuple[TinyModel, Path]) -> None:
+    """``from package import module`` (as the tiny Llama imports its skill documents) brings the module's code in."""
+    model, package = probe
+    (package / "builder.py").write_text(BUILDER.replace("from probe_tiny.shared import WIDTH",
+                                                        "from probe_tiny import shared, unrelated as other"))
+    first = model.fingerprint()
+    (package / "unrelated.py").write_text("DEPTH = 3\n")
+    assert model.fingerprint() != first
+
+
+def test_a_refused_registration_changes_neither_table() -> None:
+    tools, models = dict(registry.TOOLS), dict(registry.TINY_MODELS)
+    recipe = registry.ToolRecipe("probe-tool", "PROBE", "x.Tool", "x.Data", "x.Synthetic", "probe", "q.yaml", "p.yaml")
+    clash = TinyModel("clip", "elsewhere:build", 1, "another clip")
+    with pytest.raises(registry.ClovaTrainError, match="a tiny model named 'clip' is already registered"):
+        registry.register_tool(recipe, clash)
+    with pytest.raises(registry.ClovaTrainError, match="names tiny model 'probe', which is not registered"):
+        registry.register_tool(recipe)
+    assert registry.TOOLS == tools and registry.TINY_MODELS == models
+
+
 def test_the_cache_name_changes_with_the_builder_the_steps_and_the_kernels(probe: tuple[TinyModel, Path]) -> None:
     model, package = probe
     base = {"ATEN_CPU_CAPABILITY": "default"}

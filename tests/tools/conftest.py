@@ -1,36 +1,13 @@
-"""Fixtures of the prompt-tool conformance tests: the registry's tiny models built once per session, and a registry
-that a test may add to and gets back unchanged."""
+"""Fixtures of the prompt-tool conformance tests: torch on one thread, and a registry that a test may add to and gets
+back unchanged (the random-weight tiny models are the root conftest's ``tiny_models``)."""
 
 from __future__ import annotations
 
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 
 from clova_train.quickstart import registry
-
-
-class TinyModels:
-    """The tiny model of each kind, with random weights (``pretrain_steps=0``), built on first use under ``root``.
-
-    The conformance tests check plumbing and contracts, not learning, so the seconds-long random-weight builds do
-    (the pretrained models of the learning tests take minutes)."""
-
-    def __init__(self, root: Path) -> None:
-        self.root = root
-        self.built: dict[str, Path] = {}
-
-    def __call__(self, kind: str) -> Path:
-        """The directory of ``kind``'s model (a kind of :data:`~clova_train.quickstart.registry.TINY_MODELS`)."""
-        if kind not in self.built:
-            self.built[kind] = registry.tiny_model(kind).build(self.root / kind, seed=0, pretrain_steps=0)
-        return self.built[kind]
-
-
-@pytest.fixture(scope="session")
-def tiny_models(tmp_path_factory: pytest.TempPathFactory) -> TinyModels:
-    return TinyModels(tmp_path_factory.mktemp("tiny-models"))
 
 
 @pytest.fixture
