@@ -11,29 +11,17 @@ import shutil
 import threading
 from pathlib import Path
 
-# ATen's portable (non-vectorised) kernels, set before torch is imported (here and in every subprocess a test
-# starts). The tiny models are pretrained and tuned for minutes, and rounding differs between ATen's SSE, AVX2
-# and AVX-512 kernels; over hundreds of steps that gives another model. Seen on an AVX-512 host: an OWL-ViT
-# that never learned the LOC tests' concept, a BLIP whose prompts no longer changed its answers. The learning
-# tests were calibrated on hosts without AVX; with these kernels an AVX-512 host passes them too.
-# oneDNN chooses its own kernels from the CPU; on a host with AMX its bf16 attention kernels ask ATen for VNNI
-# packing, which ATen's portable kernels refuse ("pack_vnni2 is only supported when avx512 is supported": the bf16
-# paper configs fail), so oneDNN is capped below AMX (a cap: no change on hosts without AMX).
-PORTABLE_KERNELS = {"ATEN_CPU_CAPABILITY": "default", "ONEDNN_MAX_CPU_ISA": "AVX512_CORE_FP16"}
-for _name, _value in PORTABLE_KERNELS.items():
-    os.environ.setdefault(_name, _value)
+import pytest
+import torch
+from filelock import FileLock
 
-import pytest  # noqa: E402
-import torch  # noqa: E402
-from filelock import FileLock  # noqa: E402
+from clova_train.cli import main
+from clova_train.quickstart.registry import tiny_model
+from clova_train.quickstart.tiny.clip import make_tiny_clip
+from clova_train.synthetic.shapes import write_concept_folders
+from helpers.tiny_models import build_environment, cache_name
 
-from clova_train.cli import main  # noqa: E402
-from clova_train.quickstart.registry import tiny_model  # noqa: E402
-from clova_train.quickstart.tiny.clip import make_tiny_clip  # noqa: E402
-from clova_train.synthetic.shapes import write_concept_folders  # noqa: E402
-from helpers.tiny_models import build_environment, cache_name  # noqa: E402
-
-from helpers.common import REPO, fit_args, run_fit  # noqa: E402
+from helpers.common import REPO, fit_args, run_fit
 
 if os.environ.get("PYTEST_XDIST_WORKER"):
     # `make test` runs one pytest-xdist worker per core; with torch's default of one thread per core each,
@@ -234,12 +222,7 @@ def tiny_maskformer_dir(tiny_models: TinyModels) -> Path:
 @pytest.fixture(scope="session")
 def tiny_blip_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The registry's tiny BLIP (the VQA quickstart's), pretrained in this process."""
-    from clova_train.quickstart.tiny.common import torch_threads
-
-    # The model these tests were checked against is pretrained on two threads (as on a 2-core machine): its
-    # arithmetic depends on the thread count, and a one-thread build answers "what colour" with shape names.
-    with torch_threads(2):
-        return tiny_model("blip").build(tmp_path_factory.mktemp("tiny-blip"), seed=0, pretrain_steps=300)
+    return tiny_model("blip").build(tmp_path_factory.mktemp("tiny-blip"), seed=0, pretrain_steps=300)
 
 
 # The data that several test modules (and the shipped configs' multi-device runs) use.

@@ -9,7 +9,6 @@ import pytest
 import torch
 import yaml
 
-from clova_train.cli import main
 from helpers.common import REPO, fit_args, run_cli_subprocess, run_fit
 
 CONFIGS = sorted((REPO / "configs").rglob("*.yaml"))

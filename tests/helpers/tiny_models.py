@@ -14,8 +14,8 @@ from collections.abc import Mapping
 
 from clova_train.quickstart.registry import TinyModel
 
-# The variables that choose the math kernels a build runs on (see PORTABLE_KERNELS in tests/conftest.py); a model
-# pretrained for minutes comes out differently on other kernels.
+# The variables that choose the math kernels a build runs on (the Makefile's demos set them; the tests run on the
+# host's own kernels): a model pretrained for minutes comes out differently on other kernels.
 KERNEL_VARIABLES = ("ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA", "MKL_CBWR")
 
 

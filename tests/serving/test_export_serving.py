@@ -13,7 +13,7 @@ from clova_train.tools.images import list_images, load_image
 from clova_train.core.errors import ExportError
 from clova_train.core.pool import PromptPool
 from clova_train.tools.serving import PromptToolServer
-from helpers.common import fit_args, run_cli_subprocess, run_fit
+from helpers.common import fit_args, run_fit
 
 
 @pytest.fixture(scope="module")

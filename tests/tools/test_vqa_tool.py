@@ -69,9 +69,10 @@ def test_zero_prompt_is_exactly_the_unmodified_tool(tool: BlipVqa, vqa_root: Pat
     torch.testing.assert_close(plain, zero, atol=1e-5, rtol=0)
 
 
-def tune(tool: BlipVqa, instances: list[VqaInstance], steps: int, lr: float = 0.03) -> tuple[torch.Tensor, list[float]]:
+def tune(tool: BlipVqa, instances: list[VqaInstance], steps: int, lr: float = 0.03,
+         seed: int = 0) -> tuple[torch.Tensor, list[float]]:
     ctx = tool.prepare(instances)
-    start = torch.rand(len(instances), *tool.prompt_shape, generator=torch.Generator().manual_seed(0)) * 2 - 1
+    start = torch.rand(len(instances), *tool.prompt_shape, generator=torch.Generator().manual_seed(seed)) * 2 - 1
     prompts = (start * tool.init_scale()).requires_grad_()
     optimizer = torch.optim.Adam([prompts], lr=lr)
     history = []
@@ -93,9 +94,12 @@ def test_tuning_lowers_the_loss_and_flips_the_gate(tool: BlipVqa, vqa_root: Path
     for scale in (tool.init_scale(), 0.3, 1.0):  # control: random prompts of the same structure do not pass
         random = (torch.rand(2, *tool.prompt_shape, generator=generator) * 2 - 1) * scale
         assert not any(r.passed for r in tool.gate(ctx, random))
-    prompts, history = tune(tool, orange, 40)
-    assert history[-1] < 0.2 * history[0]
-    assert all(r.passed for r in tool.gate(ctx, prompts))
+    passed = 0
+    for seed in range(3):  # 6 tunings: 2 instances x 3 prompt seeds
+        prompts, history = tune(tool, orange, 40, seed=seed)
+        assert history[-1] < 0.2 * history[0]
+        passed += sum(r.passed for r in tool.gate(ctx, prompts))
+    assert passed >= 5, f"{passed} of 6 tuned prompts passed"
 
 
 def test_gate_rejects_a_wrong_inferred_answer(tool: BlipVqa, vqa_root: Path) -> None:
@@ -130,11 +134,8 @@ def test_greedy_and_teacher_forced_gates_agree(tool: BlipVqa, vqa_root: Path) ->
 # ---------------------------------------------------------------------- runs, export, serving
 @pytest.fixture(scope="module")
 def vqa_reference_run(tiny_blip_dir: Path, vqa_root: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from clova_train.quickstart.tiny.common import torch_threads
-
     run_dir = tmp_path_factory.mktemp("vqa-reference")
-    with torch_threads(2):  # as the model itself (tiny_blip_dir): the tests were calibrated on two threads
-        assert run_fit(*vqa_fit_args(tiny_blip_dir, vqa_root / "train.jsonl", run_dir)) == 0
+    assert run_fit(*vqa_fit_args(tiny_blip_dir, vqa_root / "train.jsonl", run_dir)) == 0
     return run_dir
 
 
