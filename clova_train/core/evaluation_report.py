@@ -4,8 +4,8 @@
 tool, with the pool, and with controls of the same pool structure (the zero-prompt pool: same entries,
 features and retrieval, every prompt zero; the ungated pool: every tuned prompt, rejected ones included).
 This module turns those per-sample values into a table per concept: the mean of each column with a 95%
-Wilson interval (the values are 0/1 outcomes), and the paired difference pool - zero-prompt with a normal
-95% interval over the per-sample differences (the same samples under both, so their noise mostly cancels).
+Wilson interval (the values are 0/1 outcomes), and the paired difference pool - zero-prompt with Newcombe's
+paired score interval (the same samples under both, so their noise mostly cancels; see :func:`paired_difference`).
 """
 
 from __future__ import annotations
@@ -32,15 +32,49 @@ def wilson_interval(successes: float, n: int, z: float = Z_95) -> tuple[float, f
 
 
 def paired_difference(a: list[float], b: list[float], z: float = Z_95) -> tuple[float, float, float]:
-    """Mean of ``a - b`` over paired samples and its normal-approximation interval."""
+    """Mean of ``a - b`` over paired samples and its 95% interval.
+
+    0/1 outcomes (every value 0 or 1) get Newcombe's hybrid score interval for paired proportions (Newcombe 1998,
+    method 10: Wilson intervals of both proportions combined with the pairs' correlation), which stays inside
+    [-1, 1] however few the samples; other values get Student's t interval over the per-sample differences.
+    """
     n = len(a)
     if n == 0:
         return 0.0, 0.0, 0.0
     diffs = [x - y for x, y in zip(a, b)]
     mean = sum(diffs) / n
-    variance = sum((d - mean) ** 2 for d in diffs) / (n - 1) if n > 1 else 0.0
-    half = z * math.sqrt(variance / n)
+    if all(v in (0.0, 1.0) for v in (*a, *b)):
+        return (mean, *_newcombe_paired_interval(a, b, z))
+    if n == 1:
+        return mean, mean, mean
+    from scipy import stats
+
+    variance = sum((d - mean) ** 2 for d in diffs) / (n - 1)
+    half = stats.t.ppf(1 - (1 - _coverage(z)) / 2, n - 1) * math.sqrt(variance / n)
     return mean, mean - half, mean + half
+
+
+def _coverage(z: float) -> float:
+    from scipy import stats
+
+    return 2 * stats.norm.cdf(z) - 1
+
+
+def _newcombe_paired_interval(a: list[float], b: list[float], z: float) -> tuple[float, float]:
+    n = len(a)
+    both = sum(1 for x, y in zip(a, b) if x and y)
+    only_a = sum(1 for x, y in zip(a, b) if x and not y)
+    only_b = sum(1 for x, y in zip(a, b) if y and not x)
+    neither = n - both - only_a - only_b
+    p1, p2 = (both + only_a) / n, (both + only_b) / n
+    l1, u1 = wilson_interval(both + only_a, n, z)
+    l2, u2 = wilson_interval(both + only_b, n, z)
+    margins = (both + only_a) * (only_b + neither) * (both + only_b) * (only_a + neither)
+    phi = (both * neither - only_a * only_b) / math.sqrt(margins) if margins else 0.0
+    below = math.sqrt(max(0.0, (p1 - l1) ** 2 - 2 * phi * (p1 - l1) * (u2 - p2) + (u2 - p2) ** 2))
+    above = math.sqrt(max(0.0, (u1 - p1) ** 2 - 2 * phi * (u1 - p1) * (p2 - l2) + (p2 - l2) ** 2))
+    difference = p1 - p2
+    return max(-1.0, difference - below), min(1.0, difference + above)  # the clamps only absorb rounding
 
 
 @dataclass

@@ -14,11 +14,30 @@ def test_wilson_interval_matches_hand_worked_values(successes: int, n: int, low:
     assert wilson_interval(0, 0) == (0.0, 1.0)
 
 
-def test_paired_difference_interval() -> None:
+def test_paired_difference_of_outcomes_is_newcombes_interval() -> None:
+    # Newcombe (1998) method 10 by hand: 1 pair both right, 2 only a, 1 neither (n = 4); Wilson (0.3006, 0.9544) for
+    # 3/4 and (0.0456, 0.6994) for 1/4, phi = 1/3: mean 0.5, [0.5 - 0.5189, 0.5 + 0.2361]. The normal interval that
+    # this replaced gave [-0.066, +1.066] here.
     mean, low, high = paired_difference([1, 1, 1, 0], [0, 1, 0, 0])
-    # differences 1, 0, 1, 0: mean 0.5, sample sd 0.5774, half width 1.96 * 0.5774 / 2
-    assert mean == 0.5 and high - mean == pytest.approx(1.959964 * 0.57735 / 2, rel=1e-4) and mean - low == high - mean
+    assert mean == 0.5 and (low, high) == pytest.approx((-0.0189, 0.7361), abs=1e-4)
     assert paired_difference([], []) == (0.0, 0.0, 0.0)
+
+
+def test_paired_outcome_intervals_stay_in_range_and_hold_their_estimate() -> None:
+    import itertools
+
+    for n in range(1, 6):  # every pair of 0/1 vectors of up to 5 samples
+        for a in itertools.product((0, 1), repeat=n):
+            for b in itertools.product((0, 1), repeat=n):
+                mean, low, high = paired_difference(list(a), list(b))
+                assert -1.0 <= low <= mean <= high <= 1.0, (a, b, low, high)
+
+
+def test_paired_difference_of_scores_is_students_t_interval() -> None:
+    mean, low, high = paired_difference([0.5, 0.7, 0.9, 0.6], [0.5, 0.5, 0.5, 0.5])
+    # differences 0, 0.2, 0.4, 0.1: mean 0.175, sd 0.17078, t(0.975, 3 df) = 3.18245
+    assert mean == pytest.approx(0.175) and high - mean == pytest.approx(3.18245 * 0.17078 / 2, rel=1e-4)
+    assert mean - low == pytest.approx(high - mean)
 
 
 def test_samples_repeated_by_a_padding_sampler_count_once() -> None:
