@@ -104,7 +104,7 @@ def other_selection(env: ReasoningLoopEnv, model: Any, episodes: int, seed: int)
     if rule is None or not env.config.observation_tail().probabilities:
         return {}
     other = "argmax_q" if rule == "eq2" else "eq2"
-    label = "Eq. 2 (Q x planner probability)" if other == "eq2" else "argmax Q"
+    label = "Eq. 2 (softmax(Q) x planner probability)" if other == "eq2" else "argmax Q"
     return {f"trained controller, {label} selection": run_episodes(env, model_policy(model, other), episodes, seed)}
 
 

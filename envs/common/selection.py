@@ -8,10 +8,13 @@ stack (:data:`ACTION_RULES`, :data:`MASKED_RULE`).
 Rules (``ActionSelection``):
 
 * ``argmax_q``: ``argmax_a Q(s, a)``.
-* ``eq2``: HYDRA Eq. 2, ``argmax_i F_C(s)_i * P_P(d_i)``: the controller's output for sample i weighted by the
-  planner's probability of that sample. The action space is N+1: the last action (reject all samples and
-  re-plan) has no planner probability and is weighted by the mean of the N probabilities (``1 / N`` when they
-  sum to one; the planner's scores are per-sample confidences, not a distribution).
+* ``eq2``: HYDRA Eq. 2, ``argmax_i F_C(s)_i * P_P(d_i)`` over the N samples, where ``F_C`` is the controller's
+  output passed through a softmax over its N+1 actions (the paper's controller is "a trainable MLP layer followed
+  by a softmax function with an output size of N+1", HYDRA Sec. 3), so that a negative Q-value cannot flip the
+  product's order. Eq. 2 ranges over the samples only; the (N+1)-th action, reject all samples and re-plan, is
+  taken when it is the controller's own top choice ("if the RL agent considers them invalid, a request is sent
+  to the planner to regenerate new instruction samples", same section). The softmax is monotone, so the reject
+  decision is the argmax of the Q-values.
 
 Where they read (:class:`ObservationTail`, which each environment config gives for its observation):
 
@@ -44,7 +47,8 @@ MASKED_Q = -1e9  # finite: a terminal transition multiplies the target by 0, and
 MASKED_RULE = "argmax over the feasible actions: those whose entry in the observation's action_mask part is 1"
 ACTION_RULES = {
     "argmax_q": "argmax",
-    "eq2": "argmax(q * [p_1, ..., p_N, mean(p)]) with p_i the last N observation entries (HYDRA Eq. 2)",
+    "eq2": "N (reject) if argmax(q) == N, else argmax_i(softmax(q)_i * p_i) over i < N, with p_i the last N "
+           "observation entries (HYDRA Eq. 2)",
 }
 
 
@@ -77,13 +81,14 @@ def probability_part(observations: Any, num_samples: int) -> Any:
     return observations[:, -num_samples:]
 
 
-def eq2_weights(probabilities: torch.Tensor) -> torch.Tensor:
-    """``[B, N]`` planner probabilities -> ``[B, N + 1]`` weights of the N samples and of the reject action (their
-    mean)."""
+def eq2_actions(q_values: torch.Tensor, probabilities: torch.Tensor) -> torch.Tensor:
+    """HYDRA Eq. 2 (module docstring): ``[B, N + 1]`` Q-values and ``[B, N]`` planner probabilities -> actions ``[B]``."""
     import torch
 
-    reject = probabilities.mean(dim=1, keepdim=True)
-    return torch.cat([probabilities, reject], dim=1)
+    reject = q_values.shape[1] - 1
+    weighted = torch.softmax(q_values, dim=1)[:, :reject] * probabilities
+    return torch.where(q_values.argmax(dim=1) == reject, torch.full_like(weighted[:, 0], reject, dtype=torch.long),
+                       weighted.argmax(dim=1))
 
 
 def mask_q_values(q_values: torch.Tensor, observations: torch.Tensor, mask_size: int) -> torch.Tensor:
@@ -103,7 +108,7 @@ def select_actions(q_values: torch.Tensor, observations: torch.Tensor, rule: Act
     q_values = mask_q_values(q_values, observations, mask_size)
     if rule == "argmax_q":
         return q_values.argmax(dim=1)
-    return (q_values * eq2_weights(probability_part(observations, num_samples).to(q_values))).argmax(dim=1)
+    return eq2_actions(q_values, probability_part(observations, num_samples).to(q_values))
 
 
 def random_feasible(observations: np.ndarray, mask_size: int, rng: np.random.Generator) -> np.ndarray:

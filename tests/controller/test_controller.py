@@ -288,15 +288,18 @@ def test_bad_controller_configs_give_one_clear_message(override: str, message: s
 
 
 # ------------------------------------------------------------------ HYDRA Eq. 2 selection and step-wise exploration
-def test_eq2_weights_q_values_by_planner_probability() -> None:
+def test_eq2_weighs_the_softmax_of_the_q_values_by_planner_probability() -> None:
     from clova_train.envs.common.selection import select_actions
 
-    probabilities = [0.5, 0.2, 0.1, 0.1, 0.1]
-    observations = torch.tensor([[9.0, 9.0, *probabilities], [9.0, 9.0, *probabilities]])
-    q = torch.tensor([[1.0, 2.0, 3.0, 0.5, 1.0, 0.0],     # Eq. 2: [.5, .4, .3, .05, .1, 0] -> sample 0
-                      [1.0, 2.0, 3.0, 0.5, 1.0, 10.0]])   # reject weighted by the mean, 0.2: [.., 2.0] -> 5
-    assert select_actions(q, observations, "eq2", 5).tolist() == [0, 5]
-    assert select_actions(q, observations, "argmax_q", 5).tolist() == [2, 5]
+    observations = torch.tensor([[9.0, 9.0, 0.5, 0.2, 0.1, 0.1, 0.1],
+                                 [9.0, 9.0, 0.1, 0.5, 0.1, 0.1, 0.3],
+                                 [9.0, 9.0, 0.5, 0.2, 0.1, 0.1, 0.1]])
+    q = torch.tensor([[1.0, 1.2, -3.0, -3.0, -3.0, 0.0],     # softmax x p: 2.72 * .5 > 3.32 * .2 -> sample 0
+                      [-1.0, -2.0, -3.0, -3.0, -3.0, -5.0],  # negative Q: e^-1 * .1 < e^-2 * .5 -> sample 1 (raw
+                      #                                        Q x p would pick sample 0, the least negative product)
+                      [1.0, 2.0, 3.0, 0.5, 1.0, 10.0]])      # reject is the controller's top choice -> re-plan
+    assert select_actions(q, observations, "eq2", 5).tolist() == [0, 1, 5]
+    assert select_actions(q, observations, "argmax_q", 5).tolist() == [1, 0, 5]
 
 
 @pytest.mark.parametrize("steps, epsilon", [(0, 0.2), (199, 0.2), (200, 0.18), (999, 0.12), (1800, 0.02), (9000, 0.02)])

@@ -1,0 +1,101 @@
+"""HYDRA Eq. 2 against argmax-Q, over seeds: the quickstart controller trained with each greedy rule, each Q-network
+evaluated under both rules, beside the rules without training, on the same 200 held-out tasks.
+
+Eq. 2 is ``argmax_i softmax(Q)_i * P_P(d_i)`` over the N samples, re-planning when the reject action is the
+controller's top choice (:mod:`clova_train.envs.common.selection` gives the paper's words). Each training seed is
+one ``clova-train controller fit`` of ``configs/quickstart/controller_dqn.yaml`` (30,000 steps) with
+``--train.seed`` and ``--dqn.action_selection``; its ``evaluation.json`` holds the trained controller under its own
+rule, the same Q-network under the other rule and every rule without training. Reported: the mean over seeds with
+a 95% Student t interval from the seed-to-seed variation, and the paired difference Eq. 2 - argmax per seed
+(scipy).
+
+    python benchmarks/controller_selection.py [--seeds 0 1 2 3 4] [--runs-dir DIR] [--no-record]
+
+``--runs-dir`` keeps the runs (a rerun reuses every finished one); the default is a temporary directory.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+from scipy import stats
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from results_file import machine, publish  # noqa: E402
+
+REPO = Path(__file__).resolve().parent.parent
+CONFIG = REPO / "configs/quickstart/controller_dqn.yaml"
+RULES = ("argmax_q", "eq2")
+OWN = "trained controller"
+PLANNER = "planner top-probability (HYDRA without RL)"
+UNTRAINED = (PLANNER, "planner lowest-probability", "random sample", "best fixed sample slot (5 of 5)")
+
+
+def run(rule: str, seed: int, runs: Path) -> dict[str, dict]:
+    """The evaluation of the quickstart controller trained with ``rule`` from ``seed`` (trained if not there yet)."""
+    out = runs / f"{rule}-{seed}"
+    if not (out / "evaluation.json").is_file():
+        command = [sys.executable, "-m", "clova_train", "controller", "fit", "--config", str(CONFIG),
+                   f"--train.seed={seed}", f"--dqn.action_selection={rule}", f"--train.output_dir={out}",
+                   f"--env.cache_path={out}.sqlite", "--train.progress_bar=false"]
+        result = subprocess.run(command, capture_output=True, text=True, cwd=REPO)
+        if result.returncode != 0:
+            raise SystemExit(f"controller fit ({rule}, seed {seed}) failed:\n{result.stderr[-2000:]}")
+    return json.loads((out / "evaluation.json").read_text())
+
+
+def other_rule_row(evaluation: dict[str, dict]) -> str:
+    (name,) = [k for k in evaluation if k.startswith(OWN + ",")]
+    return name
+
+
+def interval(values: list[float]) -> str:
+    mean = sum(values) / len(values)
+    if len(values) < 2:
+        return f"{mean:.3f}"
+    low, high = stats.t.interval(0.95, len(values) - 1, loc=mean, scale=stats.sem(values)) if len(set(values)) > 1 \
+        else (mean, mean)
+    return f"{mean:.3f} [{low:.3f}, {high:.3f}]"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2, 3, 4], help="training seeds")
+    parser.add_argument("--runs-dir", type=Path, default=None, help="where the runs are kept (default: temporary)")
+    parser.add_argument("--no-record", action="store_true", help="print the table without appending it")
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory() as tmp:
+        runs = args.runs_dir or Path(tmp)
+        runs.mkdir(parents=True, exist_ok=True)
+        results = {rule: [run(rule, seed, runs) for seed in args.seeds] for rule in RULES}
+    policies: dict[str, list[float]] = {}
+    for rule in RULES:
+        other = "eq2" if rule == "argmax_q" else "argmax_q"
+        policies[f"trained with {rule}, selected by {rule}"] = [r[OWN]["accuracy"] for r in results[rule]]
+        policies[f"trained with {rule}, selected by {other}"] = [r[other_rule_row(r)]["accuracy"] for r in results[rule]]
+    for name in UNTRAINED:
+        policies[name] = [r[name]["accuracy"] for r in results["argmax_q"]]
+    rows = [f"| {name} | {interval(values)} | {', '.join(f'{v:.3f}' for v in values)} |"
+            for name, values in policies.items()]
+    for rule in RULES:
+        other = "eq2" if rule == "argmax_q" else "argmax_q"
+        eq2 = policies[f"trained with {rule}, selected by eq2"]
+        argmax = policies[f"trained with {rule}, selected by argmax_q"]
+        differences = [a - b for a, b in zip(eq2, argmax)]
+        rows.append(f"| paired difference Eq. 2 - argmax (trained with {rule}) | {interval(differences)} | "
+                    f"{', '.join(f'{d:+.3f}' for d in differences)} |")
+    publish("controller_selection", "Controller action selection: HYDRA Eq. 2 against argmax-Q",
+            f"cpu: {machine()}",
+            f"Held-out accuracy on 200 tasks, `configs/quickstart/controller_dqn.yaml` (30,000 steps), seeds "
+            f"{', '.join(map(str, args.seeds))}; mean [95% t interval over seeds]. Command: "
+            f"`python benchmarks/controller_selection.py --seeds {' '.join(map(str, args.seeds))}`",
+            ["policy", "accuracy", "per seed"], rows, record=not args.no_record)
+
+
+if __name__ == "__main__":
+    main()
