@@ -83,7 +83,6 @@ def main() -> None:
     rows = [f"| {name} | {interval(values)} | {', '.join(f'{v:.3f}' for v in values)} |"
             for name, values in policies.items()]
     for rule in RULES:
-        other = "eq2" if rule == "argmax_q" else "argmax_q"
         eq2 = policies[f"trained with {rule}, selected by eq2"]
         argmax = policies[f"trained with {rule}, selected by argmax_q"]
         differences = [a - b for a, b in zip(eq2, argmax)]

@@ -254,18 +254,16 @@ def coco_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def loc_scenes(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from clova_train.synthetic.grounding import write_coco_scenes
+    from helpers.grounding import scene_sets
 
-    return write_coco_scenes(tmp_path_factory.mktemp("loc-scenes"), ["purple circle", "orange square"], 16,
-                             distractor_colours=["red", "green", "blue", "yellow"], objects_per_image=2, seed=1)
+    return scene_sets(tmp_path_factory.mktemp("loc-scenes"), ["purple circle", "orange square"], seeds=(1,))[0]
 
 
 @pytest.fixture(scope="module")
 def seg_scenes(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from clova_train.synthetic.grounding import write_coco_scenes
+    from helpers.grounding import scene_sets
 
-    return write_coco_scenes(tmp_path_factory.mktemp("seg-scenes"), ["purple circle", "red circle"], 16,
-                             distractor_colours=["red", "green", "blue", "yellow"], objects_per_image=2, seed=1)
+    return scene_sets(tmp_path_factory.mktemp("seg-scenes"), ["purple circle", "red circle"], seeds=(1,))[0]
 
 
 @pytest.fixture(scope="session")

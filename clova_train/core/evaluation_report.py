@@ -50,14 +50,8 @@ def paired_difference(a: list[float], b: list[float], z: float = Z_95) -> tuple[
     from scipy import stats
 
     variance = sum((d - mean) ** 2 for d in diffs) / (n - 1)
-    half = stats.t.ppf(1 - (1 - _coverage(z)) / 2, n - 1) * math.sqrt(variance / n)
+    half = stats.t.ppf(stats.norm.cdf(z), n - 1) * math.sqrt(variance / n)  # the t quantile of z's coverage
     return mean, mean - half, mean + half
-
-
-def _coverage(z: float) -> float:
-    from scipy import stats
-
-    return 2 * stats.norm.cdf(z) - 1
 
 
 def _newcombe_paired_interval(a: list[float], b: list[float], z: float) -> tuple[float, float]:

@@ -44,22 +44,14 @@ def tune(tool: PromptTool, instances: list[GroundingInstance], steps: int = 100,
     return ctx, first, last, prompts.detach()
 
 
-def random_control(prompts: torch.Tensor, seed: int = 0) -> torch.Tensor:
-    """Random prompts of the tuned prompts' shape and norms (what a learned prompt must beat)."""
-    from clova_train.core.pool import random_prompts_like
-
-    return random_prompts_like(prompts, torch.Generator().manual_seed(seed))
-
-
 @dataclass
 class Outcomes:
-    """What tuning did, summed over every (scene set, prompt seed) run: gate passes of the unprompted tool, of the
-    tuned prompts and (averaged over 3 draws) of random prompts of the tuned prompts' norms; training losses."""
+    """What tuning did, summed over every (scene set, prompt seed) run: gate passes of the unprompted tool and of the
+    tuned prompts; training losses."""
 
     tunings: int = 0
     before: int = 0
     after: int = 0
-    control: float = 0.0
     first_loss: float = 0.0
     last_loss: float = 0.0
     loss_fell: int = 0
@@ -69,7 +61,6 @@ class Outcomes:
         with torch.no_grad():
             self.before += sum(r.passed for r in tool.gate(ctx, torch.zeros_like(prompts)))
             self.after += sum(r.passed for r in tool.gate(ctx, prompts))
-            self.control += sum(sum(r.passed for r in tool.gate(ctx, random_control(prompts, s))) for s in range(3)) / 3
         self.tunings += len(instances)
         self.first_loss += float(first.sum())
         self.last_loss += float(last.sum())
@@ -108,15 +99,15 @@ def random_prompt_server(tool: PromptTool, instances: list[GroundingInstance]) -
 
 def serve_accepted_in_fresh_process(tool: PromptTool, instances: list[GroundingInstance], scenes: Path,
                                     export: Path) -> tuple[dict, dict]:
-    """Tune, export the accepted prompts (pool + tool.json), serve one held-out image in a fresh process
-    that must not import Lightning; returns (served reply, the unprompted tool's reply)."""
+    """Tune, export the accepted prompts (every tuned one if none passed; pool + tool.json), serve one held-out image
+    in a fresh process that must not import Lightning; returns (served reply, the unprompted tool's reply)."""
     from clova_train.core.pool import PromptPool
     from clova_train.tools.base import NoPrompt
 
     ctx, _, _, prompts = tune(tool, instances)
     with torch.no_grad():
         passed = [i for i, result in enumerate(tool.gate(ctx, prompts)) if result.passed]
-    # the check is the export path, not the gate (the learning tests are): every tuned prompt if none passed
+    # the check is the export path, not the gate (the learning tests are)
     passed = passed or list(range(len(instances)))
     pool = PromptPool(tool.pool_spec())
     pool.add(instances[0].concept, ctx.features[passed], prompts[passed], [instances[i].instance_id for i in passed])

@@ -57,7 +57,8 @@ def test_the_gate_rejects_a_prompt_tuned_on_another_objects_box(tool: OwlVitLoc,
 
 
 def test_an_exported_pool_changes_detections_in_a_fresh_process_without_lightning(
-        tool: OwlVitLoc, loc_scenes: Path, tmp_path: Path) -> None:
-    served, plain = serve_accepted_in_fresh_process(tool, instances_of(loc_scenes, "purple circle"), loc_scenes,
+        tool: OwlVitLoc, two_scene_sets: list[Path], tmp_path: Path) -> None:
+    scenes = two_scene_sets[0]
+    served, plain = serve_accepted_in_fresh_process(tool, instances_of(scenes, "purple circle"), scenes,
                                                     tmp_path / "export")
     assert served["prompted"] is True and plain["prompted"] is False and served != plain

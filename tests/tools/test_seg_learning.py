@@ -52,8 +52,9 @@ def test_the_gate_rejects_prompts_that_fit_only_their_own_image(tool: MaskFormer
 
 
 def test_an_exported_pool_changes_the_masks_in_a_fresh_process_without_lightning(
-        tool: MaskFormerSeg, seg_scenes: Path, tmp_path: Path) -> None:
-    served, plain = serve_accepted_in_fresh_process(tool, instances_of(seg_scenes, "red circle"), seg_scenes,
+        tool: MaskFormerSeg, two_scene_sets: list[Path], tmp_path: Path) -> None:
+    scenes = two_scene_sets[0]
+    served, plain = serve_accepted_in_fresh_process(tool, instances_of(scenes, "red circle"), scenes,
                                                     tmp_path / "export")
     assert served["prompted"] is True and plain["prompted"] is False
     assert served["segments"] != plain["segments"]
