@@ -20,13 +20,10 @@ import argparse
 import json
 import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
-from scipy import stats
-
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from results_file import machine, publish  # noqa: E402
+from results_file import add_seeded_run_arguments, machine, publish, runs_directory, seed_interval  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
 CONFIG = REPO / "configs/quickstart/controller_dqn.yaml"
@@ -54,24 +51,11 @@ def other_rule_row(evaluation: dict[str, dict]) -> str:
     return name
 
 
-def interval(values: list[float]) -> str:
-    mean = sum(values) / len(values)
-    if len(values) < 2:
-        return f"{mean:.3f}"
-    low, high = stats.t.interval(0.95, len(values) - 1, loc=mean, scale=stats.sem(values)) if len(set(values)) > 1 \
-        else (mean, mean)
-    return f"{mean:.3f} [{low:.3f}, {high:.3f}]"
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2, 3, 4], help="training seeds")
-    parser.add_argument("--runs-dir", type=Path, default=None, help="where the runs are kept (default: temporary)")
-    parser.add_argument("--no-record", action="store_true", help="print the table without appending it")
+    add_seeded_run_arguments(parser)
     args = parser.parse_args()
-    with tempfile.TemporaryDirectory() as tmp:
-        runs = args.runs_dir or Path(tmp)
-        runs.mkdir(parents=True, exist_ok=True)
+    with runs_directory(args.runs_dir) as runs:
         results = {rule: [run(rule, seed, runs) for seed in args.seeds] for rule in RULES}
     policies: dict[str, list[float]] = {}
     for rule in RULES:
@@ -80,13 +64,13 @@ def main() -> None:
         policies[f"trained with {rule}, selected by {other}"] = [r[other_rule_row(r)]["accuracy"] for r in results[rule]]
     for name in UNTRAINED:
         policies[name] = [r[name]["accuracy"] for r in results["argmax_q"]]
-    rows = [f"| {name} | {interval(values)} | {', '.join(f'{v:.3f}' for v in values)} |"
+    rows = [f"| {name} | {seed_interval(values)} | {', '.join(f'{v:.3f}' for v in values)} |"
             for name, values in policies.items()]
     for rule in RULES:
         eq2 = policies[f"trained with {rule}, selected by eq2"]
         argmax = policies[f"trained with {rule}, selected by argmax_q"]
         differences = [a - b for a, b in zip(eq2, argmax)]
-        rows.append(f"| paired difference Eq. 2 - argmax (trained with {rule}) | {interval(differences)} | "
+        rows.append(f"| paired difference Eq. 2 - argmax (trained with {rule}) | {seed_interval(differences, signed=True)} | "
                     f"{', '.join(f'{d:+.3f}' for d in differences)} |")
     publish("controller_selection", "Controller action selection: HYDRA Eq. 2 against argmax-Q",
             f"cpu: {machine()}",

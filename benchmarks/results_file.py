@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+import argparse
 import os
 import platform
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from datetime import datetime, timezone
 from pathlib import Path
 
 import torch
+from scipy import stats
 
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
 
@@ -52,3 +57,36 @@ def publish(name: str, title: str, heading: str, description: str, columns: list
     if record:
         append_result(name, title, table)
     return table
+
+
+def seed_interval(values: list[float], signed: bool = False) -> str:
+    """``mean [low, high]``: the mean of per-seed values with a 95% Student t interval from their spread (scipy);
+    ``signed`` prints a + on positive numbers (differences)."""
+    form = "{:+.3f}" if signed else "{:.3f}"
+    mean = sum(values) / len(values)
+    if len(values) < 2:
+        return form.format(mean)
+    if len(set(values)) == 1:
+        low = high = mean
+    else:
+        low, high = stats.t.interval(0.95, len(values) - 1, loc=mean, scale=stats.sem(values))
+    return f"{form.format(mean)} [{form.format(low)}, {form.format(high)}]"
+
+
+def add_seeded_run_arguments(parser: argparse.ArgumentParser, seeds_help: str = "training seeds") -> None:
+    """``--seeds`` (default 0-4), ``--runs-dir`` and ``--no-record``, shared by the benchmarks that run over seeds."""
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2, 3, 4], help=seeds_help)
+    parser.add_argument("--runs-dir", type=Path, default=None,
+                        help="where the runs are kept; a rerun reuses every finished one (default: temporary)")
+    parser.add_argument("--no-record", action="store_true", help="print the tables without appending them")
+
+
+@contextmanager
+def runs_directory(path: Path | None) -> Iterator[Path]:
+    """``path`` (created), or a temporary directory removed afterwards."""
+    if path is not None:
+        path.mkdir(parents=True, exist_ok=True)
+        yield path
+        return
+    with tempfile.TemporaryDirectory() as tmp:
+        yield Path(tmp)

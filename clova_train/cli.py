@@ -311,7 +311,7 @@ def run_controller(args: Sequence[str]) -> None:
     subcommands = parser.add_subcommands(dest="command")
     for name, help_text in (
         ("fit", "train (or resume from <output_dir>/checkpoints) and evaluate on held-out tasks"),
-        ("evaluate", "compare a trained controller with the planner's top sample and a random one"),
+        ("evaluate", "compare a trained controller with every rule without training and the controls fitted on logs"),
         ("export", "write the SB3 zip, a TorchScript Q-network and controller.json"),
     ):
         sub = ArgumentParser(description=help_text, parser_mode=safe_config_mode())

@@ -55,7 +55,7 @@ from clova_train.tools.serving import POOL_FILE, TOOL_FILE, PromptToolServer
 CHECKPOINT_KEY = "clova_train.prompt_tuning"
 SUMMARY_FILE = "summary.json"
 EVALUATION_DIR = "evaluation"
-CONTROLS = ("zero_prompt", "ungated")
+CONTROLS = ("zero_prompt", "random_prompt", "ungated")
 POOL_SUFFIX = "_pool"
 
 
@@ -91,8 +91,10 @@ class PromptTuning(LightningModule):
             into the pool (the gate still runs and its verdicts are recorded): the paper's "w/o validation"
             ablation, for measuring what the gate is worth.
         evaluation_controls: what ``validate`` / ``test`` score beside the unmodified tool and the pool, on the
-            same samples: ``zero_prompt`` (the pool's entries with every prompt zero: what the prompted
-            forward does without anything learned) and ``ungated`` (every tuned prompt, rejected ones included,
+            same samples: ``zero_prompt`` (the pool's entries with every prompt zero: every shipped tool then
+            serves exactly as the unmodified tool, so it checks the serving path), ``random_prompt`` (every prompt
+            replaced by a random one of its norm: the same retrieval, decision rule and perturbation size with
+            nothing learned) and ``ungated`` (every tuned prompt, rejected ones included,
             as if there were no validation gate; needs ``keep_rejected_prompts``). Tools that name each
             sample's concept also get a per-concept table with 95% intervals in ``<run>/evaluation/``.
     """
@@ -108,7 +110,7 @@ class PromptTuning(LightningModule):
         seed: int = 0,
         keep_rejected_prompts: bool = False,
         validation_gate: bool = True,
-        evaluation_controls: list[Literal["zero_prompt", "ungated"]] = ["zero_prompt", "ungated"],  # noqa: B006
+        evaluation_controls: list[Literal["zero_prompt", "random_prompt", "ungated"]] = ["zero_prompt", "ungated"],  # noqa: B006
     ) -> None:
         super().__init__()
         if not isinstance(tool, PromptTool):
@@ -453,7 +455,10 @@ class PromptTuning(LightningModule):
         self._server = PromptToolServer(self.tool, pool)
         self._controls = {}
         for control in self.evaluation_controls:
-            control_pool_ = control_pool(pool, "zero") if control == "zero_prompt" else self.ungated_pool()
+            if control == "ungated":
+                control_pool_ = self.ungated_pool()
+            else:
+                control_pool_ = control_pool(pool, "zero" if control == "zero_prompt" else "random", self.seed)
             if control_pool_ is None:
                 if not self.keep_rejected_prompts and self.records and not self.trainer.sanity_checking:
                     rank_zero_info("ungated control skipped: the run kept no rejected prompts "

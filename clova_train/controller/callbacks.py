@@ -27,7 +27,7 @@ from clova_train.core.atomic import write_atomic, write_json_atomic
 from clova_train.core.errors import DataError
 from clova_train.core.safe_files import read_json_object
 from clova_train.controller.evaluation import (
-    baselines, make_env_fn, model_policy, other_selection, run_episodes, short_name, summary,
+    baselines, fitted_baselines, make_env_fn, model_policy, other_selection, run_episodes, short_name, summary,
 )
 from clova_train.envs import EnvConfig
 
@@ -145,13 +145,17 @@ class HeldOutEvalCallback(EvalCallback):
         random_seed: seed of the random-choice baseline.
         target_accuracy: accuracy whose first crossing is recorded with wall time and steps (0: none).
         started: ``time.perf_counter()`` at the start of the run.
+        control_steps: logged steps of training tasks for the fitted controls (0: none).
+        hidden: the MLP control's hidden layers.
     """
 
     def __init__(self, env_config: EnvConfig, run_dir: Path, eval_freq: int, episodes: int, seed: int,
-                 random_seed: int, target_accuracy: float = 0.0, started: float | None = None) -> None:
+                 random_seed: int, target_accuracy: float = 0.0, started: float | None = None,
+                 control_steps: int = 0, hidden: list[int] | None = None) -> None:
         super().__init__(DummyVecEnv([make_env_fn(env_config, "eval")]), n_eval_episodes=episodes,
                          eval_freq=eval_freq, log_path=str(run_dir), best_model_save_path=str(run_dir), verbose=0)
         self.run_dir, self.seed, self.random_seed = run_dir, seed, random_seed
+        self.env_config, self.control_steps, self.hidden = env_config, control_steps, hidden or [256]
         self.target_accuracy = target_accuracy
         self.started = time.perf_counter() if started is None else started
         self.evaluations_accuracy: list[float] = []
@@ -186,8 +190,11 @@ class HeldOutEvalCallback(EvalCallback):
 
     def _baselines(self) -> dict[str, dict[str, Any]]:
         if self.baseline_results is None:  # they do not learn: once per run is enough
-            self.baseline_results = baselines(self.eval_env.envs[0], self.n_eval_episodes, self.seed,
-                                              self.random_seed)
+            env = self.eval_env.envs[0]
+            self.baseline_results = {
+                **baselines(env, self.n_eval_episodes, self.seed, self.random_seed),
+                **fitted_baselines(self.env_config, env, self.n_eval_episodes, self.seed, self.control_steps,
+                                   self.random_seed, self.hidden)}
         return self.baseline_results
 
     def evaluate_now(self) -> dict[str, Any]:

@@ -2,7 +2,9 @@
 
 The rules (:func:`baselines`): the planner's highest-probability sample (HYDRA without RL), its lowest, a
 random sample, the best fixed sample slot (each slot tried, the best one kept: an upper bound for that rule),
-and, in the offline world, an oracle that knows which instruction kinds are right (a ceiling, not a rule).
+and, in the offline world, an oracle that knows which instruction kinds are right (a ceiling, not a rule). Beside
+them, :func:`fitted_baselines` gives the controls that read what the controller reads and learn from logged play of
+training tasks (:mod:`clova_train.controller.fitted_controls`: a question rule, logistic regression, an MLP).
 
 ``run_episodes`` plays ``policy`` on held-out tasks ``seed .. seed + episodes - 1`` (the same tasks for every
 policy and every evaluation), and returns the means and the per-episode values that SB3's ``evaluations.npz``
@@ -17,6 +19,7 @@ from typing import Any
 
 import numpy as np
 
+from clova_train.controller.fitted_controls import fitted_controls
 from clova_train.envs import EnvConfig, ReasoningLoopEnv, make_env
 from clova_train.envs.common.scripted import GOOD, ScriptedReasoningLLM
 
@@ -128,32 +131,53 @@ def baselines(env: Any, episodes: int, seed: int, random_seed: int) -> dict[str,
     return results
 
 
+def fitted_baselines(env_config: EnvConfig, eval_env: Any, episodes: int, seed: int, steps: int, fit_seed: int,
+                     hidden: list[int]) -> dict[str, dict[str, Any]]:
+    """The fitted controls (question rule, logistic regression, MLP ``hidden``) learned from ``steps`` logged steps of
+    training tasks (seeded by ``fit_seed``), played on the held-out tasks of ``eval_env``; nothing when ``steps`` is 0."""
+    if steps <= 0:
+        return {}
+    train_env = make_env_fn(env_config, "train")()
+    try:
+        controls = fitted_controls(train_env, steps, fit_seed, hidden)
+    finally:
+        train_env.close()
+    return {name: run_episodes(eval_env, policy, episodes, seed) for name, policy in controls.items()}
+
+
 def short_name(name: str) -> str:
     """The metric key of a rule of :func:`baselines` (``eval/baseline_<key>_accuracy`` in the training logs)."""
     for prefix, key in (("planner top", "planner_top"), ("planner lowest", "planner_lowest"), ("random", "random"),
                         ("best fixed", "best_fixed_slot"), ("oracle", "oracle"), ("planner's own", "planner_own"),
-                        ("LLM dispatcher", "llm_dispatcher")):
+                        ("LLM dispatcher", "llm_dispatcher"),
+                        ("question rule", "question_rule"), ("logistic regression", "logistic_regression"),
+                        ("MLP", "mlp")):
         if name.startswith(prefix):
             return key
     return "_".join(name.split()[:3]).lower()
 
 
-def best_rule(results: dict[str, dict[str, Any]]) -> tuple[str, float]:
-    """The rule without training (oracle excluded) with the highest accuracy among ``results``."""
-    rules = {name: r["accuracy"] for name, r in results.items()
-             if not name.startswith(("trained controller", "oracle"))}
+FITTED_PREFIXES = ("question rule", "logistic regression", "MLP")  # the rows of :func:`fitted_baselines`
+
+
+def best_rule(results: dict[str, dict[str, Any]], include_fitted: bool = True) -> tuple[str, float]:
+    """The control (oracle excluded) with the highest accuracy among ``results``: a rule without training or, with
+    ``include_fitted``, a fitted control."""
+    excluded = ("trained controller", "oracle") + (() if include_fitted else FITTED_PREFIXES)
+    rules = {name: r["accuracy"] for name, r in results.items() if not name.startswith(excluded)}
     name = max(rules, key=rules.__getitem__)
     return name, rules[name]
 
 
-def compare(env_config: EnvConfig, model: Any, episodes: int, seed: int,
-            random_seed: int) -> dict[str, dict[str, float]]:
-    """The controller (under both selection rules when it has them) and every rule of :func:`baselines` on the same
-    held-out tasks."""
+def compare(env_config: EnvConfig, model: Any, episodes: int, seed: int, random_seed: int, control_steps: int = 0,
+            hidden: list[int] | None = None) -> dict[str, dict[str, float]]:
+    """The controller (under both selection rules when it has them), every rule of :func:`baselines` and the fitted
+    controls (``control_steps`` logged steps, seeded by ``random_seed``; MLP ``hidden``) on the same held-out tasks."""
     env = make_env_fn(env_config, "eval")()
     try:
         results = {"trained controller": run_episodes(env, model_policy(model), episodes, seed),
-                   **other_selection(env, model, episodes, seed), **baselines(env, episodes, seed, random_seed)}
+                   **other_selection(env, model, episodes, seed), **baselines(env, episodes, seed, random_seed),
+                   **fitted_baselines(env_config, env, episodes, seed, control_steps, random_seed, hidden or [256])}
     finally:
         env.close()
     return {name: summary(result) for name, result in results.items()}

@@ -108,6 +108,10 @@ class TrainConfig:
         log_formats: SB3 logger outputs (``csv``, ``tensorboard``, ``json``, ``log``; ``stdout`` prints every table).
         target_accuracy: evaluation accuracy whose first crossing is recorded (wall time and steps).
         progress_bar: show SB3's progress bar (steps, elapsed, remaining) while training.
+        control_steps: environment steps of random play on training tasks logged for the fitted controls reported
+            beside the controller (a question rule, logistic regression and an MLP of ``dqn.net_arch``, see
+            ``clova_train.controller.fitted_controls``); null: ``total_timesteps``, the controller's own budget;
+            0: none.
     """
 
     total_timesteps: int = 20_000
@@ -122,6 +126,11 @@ class TrainConfig:
     log_formats: list[str] = field(default_factory=lambda: ["csv", "tensorboard"])
     target_accuracy: float = 0.0
     progress_bar: bool = True
+    control_steps: int | None = None
+
+    def resolved_control_steps(self) -> int:
+        """``control_steps``, with null read as ``total_timesteps``."""
+        return self.total_timesteps if self.control_steps is None else self.control_steps
 
 
 @dataclass
@@ -202,6 +211,8 @@ def _problems(config: ControllerConfig) -> list[str]:
     unknown = [f for f in train.log_formats if f not in LOG_FORMATS]
     t.need(not unknown, "log_formats", train.log_formats, f"formats must be among {', '.join(LOG_FORMATS)}")
     t.within("target_accuracy", train.target_accuracy, 0, 1)
+    if train.control_steps is not None:
+        t.at_least("control_steps", train.control_steps, 0)
     return [*found.messages, *d.messages, *t.messages]
 
 
@@ -214,9 +225,9 @@ def validate(config: ControllerConfig) -> None:
 
 # ---------------------------------------------------------------------------------------------- evaluation
 def evaluate(config: ControllerConfig, model: Any, episodes: int | None = None) -> dict[str, dict[str, float]]:
-    """The controller, the planner's top sample and a random sample on the same held-out tasks."""
+    """The controller, every rule without training and the fitted controls on the same held-out tasks."""
     return compare(config.env_config(), model, episodes or config.train.eval_episodes, config.train.eval_seed,
-                   config.train.seed)
+                   config.train.seed, config.train.resolved_control_steps(), list(config.dqn.net_arch))
 
 
 # ---------------------------------------------------------------------------------------------- fit
@@ -350,7 +361,8 @@ def fit(config: ControllerConfig, extra_callbacks: list | None = None,
         checkpoint = AtomicCheckpointCallback(_calls(config.train.checkpoint_every, n_envs), str(checkpoints))
         held_out = HeldOutEvalCallback(config.env_config(), run_dir, _calls(config.train.eval_every, n_envs),
                                        config.train.eval_episodes, config.train.eval_seed, config.train.seed,
-                                       config.train.target_accuracy, started)
+                                       config.train.target_accuracy, started,
+                                       config.train.resolved_control_steps(), list(config.dqn.net_arch))
         for callback in (checkpoint, held_out):  # also used below when ``learn`` has nothing left to run
             callback.init_callback(model)
         remaining = config.train.total_timesteps - model.num_timesteps

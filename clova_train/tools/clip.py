@@ -163,8 +163,8 @@ class PromptedClip(PromptTool):
         text_template: text prompt of a concept; ``{}`` is the concept with underscores as spaces.
         gate_negatives: the gate also requires held-out negatives not to be classified as the concept.
         gate_decision: how the gate classifies a held-out image: ``prompted`` (the argmax of the prompted
-            forward), ``serving`` (the concept's score from the prompted forward, every other label's from the
-            unprompted one, as CLASSIFY serves a pool), or ``both`` (an image must be right by both rules).
+            forward), ``serving`` (the rule CLASSIFY serves a pool with, see ``classify_margin``), or ``both`` (an
+            image must be right by both rules).
         gate_criterion: ``all_correct`` (the paper's: every held-out image right with the prompt) or
             ``fewer_errors`` (the prompt makes fewer held-out errors than the unprompted tool, by each rule of
             ``gate_decision``): with several held-out positives a single-image prompt rarely gets all of them
@@ -172,6 +172,13 @@ class PromptedClip(PromptTool):
         top_k: serving ensembles the ``top_k`` stored prompts of the label most similar to the query image
             (``null``: all of them). CLOVA (supp. 9.4) ensembles "the prompts corresponding to data with high
             similarities" without a number; 10 is the number it gives for SEG, the other per-concept tool.
+        classify_margin: how CLASSIFY decides with a pool. The unmodified forward gives every label a probability;
+            a label with prompts is predicted instead of the unmodified argmax only where the forward with its own
+            prompts ranks it first among all labels *and* gives it a probability above the unmodified forward's top
+            probability plus this margin. So a label without prompts is judged by the same forward as in the
+            unmodified tool, a zero prompt changes nothing (the forward is the unmodified one), and a prompt
+            changes a prediction only by winning the whole prompted classification. A larger margin keeps more of
+            the unmodified tool's predictions (fewer false switches to a prompted label, fewer true ones).
     """
 
     name: ClassVar[str] = "clip"
@@ -192,8 +199,13 @@ class PromptedClip(PromptTool):
         top_k: int | None = 10,
         gate_decision: Literal["both", "serving", "prompted"] = "both",
         gate_criterion: Literal["all_correct", "fewer_errors"] = "all_correct",
+        classify_margin: float = 0.0,
     ) -> None:
         super().__init__()
+        if not isinstance(classify_margin, (int, float)) or isinstance(classify_margin, bool) \
+                or not 0.0 <= classify_margin < 1.0:
+            raise ModelError(f"classify_margin must be a number in [0, 1), got {classify_margin!r}")
+        self.classify_margin = float(classify_margin)
         if gate_decision not in ("both", "serving", "prompted"):
             raise ModelError(f"gate_decision must be 'both', 'serving' or 'prompted', got {gate_decision!r}")
         if gate_criterion not in ("all_correct", "fewer_errors"):
@@ -251,6 +263,7 @@ class PromptedClip(PromptTool):
             "num_prompt_tokens": self.num_prompt_tokens, "prompt_depth": self.prompt_depth,
             "text_template": self.text_template, "gate_negatives": self.gate_negatives, "top_k": self.top_k,
             "gate_decision": self.gate_decision, "gate_criterion": self.gate_criterion,
+            "classify_margin": self.classify_margin,
         }
 
     @property
@@ -407,12 +420,22 @@ class PromptedClip(PromptTool):
         if self.gate_decision in ("prompted", "both"):
             rules["prompted"] = prompted.argmax(-1)
         if self.gate_decision in ("serving", "both"):
-            scores = ctx.val_unprompted.clone()
-            concept = torch.tensor([ctx.names.index(c) for c in ctx.concepts], device=scores.device)[ctx.val_owner]
-            rows = torch.arange(len(concept), device=scores.device)
-            scores[rows, concept] = prompted.softmax(-1)[rows, concept].to(scores.dtype)
-            rules["serving"] = scores.argmax(-1)
+            unprompted = ctx.val_unprompted
+            concept = torch.tensor([ctx.names.index(c) for c in ctx.concepts], device=unprompted.device)[ctx.val_owner]
+            wins = self.prompted_label_wins(prompted.softmax(-1).to(unprompted.dtype), concept, unprompted)
+            rules["serving"] = torch.where(wins, concept, unprompted.argmax(-1))
         return rules
+
+    def prompted_label_wins(self, prompted: torch.Tensor, label: torch.Tensor, unprompted: torch.Tensor,
+                            margin: float | None = None) -> torch.Tensor:
+        """Booleans ``[N]``: where the forward with ``label``'s prompts (probabilities ``prompted``, ``[N, L]``)
+        takes the prediction from the unmodified forward (probabilities ``unprompted``): ``label`` (an index, or
+        ``[N]``) ranks first in it and beats the unmodified top probability by ``margin`` (default:
+        ``classify_margin``)."""
+        margin = self.classify_margin if margin is None else margin
+        label = torch.as_tensor(label, device=prompted.device).expand(len(prompted))
+        own = prompted.gather(1, label[:, None])[:, 0]
+        return (prompted.argmax(-1) == label) & (own > unprompted.max(-1).values + margin)
 
     def gate(self, ctx: ClipChunk, prompts: torch.Tensor) -> list[GateResult]:
         rules = self.gate_predictions(ctx, prompts)
@@ -453,21 +476,16 @@ class PromptedClip(PromptTool):
     def score(self, lookup: PromptLookup, images: torch.Tensor, labels: Sequence[str]) -> tuple[torch.Tensor, torch.Tensor]:
         """CLASSIFY scores with the pool and the unmodified tool's logits, both ``[N, len(labels)]``.
 
-        The unprompted forward runs once: it gives the retrieval features, the unmodified logits, and the
-        scores of labels without prompts.
+        The unprompted forward runs once: it gives the retrieval features, the unmodified logits and every label's
+        score; a label with prompts gets the probability of the forward with its prompts where that forward takes
+        the prediction (``classify_margin``), so the scores' argmax is the served label.
         """
+        from clova_train.tools.clip_margin import classify_forwards, served_scores
+
         if not labels:
             raise ValueError("classify needs at least one label")
-        tokens = self.embed_patches(images)
-        text = self.text_features(list(labels))
-        base = self.encode_tokens(tokens, None)
-        base_logits = self.logit_scale * base @ text.T
-        scores = torch.empty(len(images), len(labels), device=tokens.device)
-        for k, label in enumerate(labels):
-            prompts = lookup.prompts_for(label, base)
-            logits = base_logits if prompts is None else self.logit_scale * self.encode_tokens(tokens, prompts) @ text.T
-            scores[:, k] = logits.softmax(-1)[:, k]
-        return scores, base_logits
+        forwards = classify_forwards(lookup, images, labels, tool=self)
+        return served_scores(self, forwards, self.classify_margin), forwards.unprompted_logits
 
     def classify(self, lookup: PromptLookup, images: torch.Tensor, labels: Sequence[str]) -> tuple[list[str], torch.Tensor]:
         """Label each of ``images`` (``[N, 3, H, W]`` in [0, 1]) with one of ``labels``; also the scores."""

@@ -99,7 +99,8 @@ class InformationSeekingConfig(MaskedObservation):
         agents: agents callable as tools (``agent:<name>`` actions of the graph, HAMMR).
         max_depth: deepest nesting of agent calls.
         max_llm_calls: LLM calls per episode, nested agent calls included.
-        context_examples: ``scripted`` LLM only: how many of the last in-context examples it reads.
+        context_examples: ``scripted`` LLM only: how many of the last in-context examples it reads (null: all, as
+            an LLM given them; a number is an ablation that handicaps the untrained planner).
         split: ``train`` draws tasks with id % 5 != 0, ``eval`` the held-out rest.
         llm: planner/reasoner LLM (``scripted``: the offline world's).
         embedder: observation embedder (default: 64-d hashing).
@@ -118,7 +119,7 @@ class InformationSeekingConfig(MaskedObservation):
     agents: list[AgentSpec] = field(default_factory=list)
     max_depth: int = 2
     max_llm_calls: int = 200
-    context_examples: int = 2
+    context_examples: int | None = None
     split: Literal["train", "eval"] = "train"
     llm: LLMConfig = field(default_factory=LLMConfig)
     embedder: EmbedderConfig = field(default_factory=observation_embedder)
@@ -163,7 +164,7 @@ def seeking_problems(config: Any, prefix: str, environment: Callable[[Any], Any]
     return [*problems, *policy_problems(config.agents, found.key("agents"))]
 
 
-def build_chat(llm: LLMConfig, context_examples: int, cache_path: str | None,
+def build_chat(llm: LLMConfig, context_examples: int | None, cache_path: str | None,
                cache_mode: CacheMode) -> tuple[BudgetedChat, CallCache | None]:
     """The seeking worlds' chat stack: backend (the scripted one offline) -> call cache -> budget."""
     backend = llm.build(scripted=lambda: ScriptedSeekingLLM(context_examples))

@@ -120,18 +120,25 @@ class SeekingReasoner:
 
 
 class Dispatcher:
-    """HAMMR's question dispatcher: the LLM names the agent to call from their descriptions.
+    """HAMMR's question dispatcher: the LLM names the agent to call from their descriptions and example questions.
 
     Args:
         backend: chat backend.
         agents: (name, description) of every agent, in order.
+        examples: per agent name, the example questions its prompt shows (HAMMR refines the dispatcher's prompt
+            on validation questions of each type; here, each agent's own in-context examples).
     """
 
-    def __init__(self, backend: ChatBackend, agents: list[tuple[str, str]]) -> None:
-        self.backend, self.agents = backend, agents
+    def __init__(self, backend: ChatBackend, agents: list[tuple[str, str]],
+                 examples: dict[str, list[str]] | None = None) -> None:
+        self.backend, self.agents, self.examples = backend, agents, examples or {}
+
+    def _line(self, name: str, description: str) -> str:
+        examples = " | ".join(" ".join(q.split()) for q in self.examples.get(name, []))
+        return f"- {name}: {description}" + (f" Examples: {examples}" if examples else "")
 
     def prompt(self, question: str, memory: WorkingMemory) -> str:
-        listed = "\n".join(f"- {name}: {description}" for name, description in self.agents)
+        listed = "\n".join(self._line(name, description) for name, description in self.agents)
         return (f"Choose the agent that should answer the question.\nQuestion: {question}\n\nAgents:\n{listed}\n\n"
                 f"Earlier calls:\n{memory.text()}\n\nReply as:\nAgent: <name>")
 

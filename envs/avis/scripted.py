@@ -8,14 +8,17 @@ the prompt):
   in-context examples (``Q: <question> -> tool, tool, ...``), follows the example most like the question
   (word overlap) past the steps already informative, and writes the tool's query from the memory (the
   selected object for a crop tool, the guild name for a web search, a sub-question for an agent).
-  It reads only the last ``context_examples`` examples of its prompt, a small model's limited attention over a
-  long prompt (what HAMMR saw in its generic agent): when none of those is like the question it asks the
-  question directly (``vqa``), the shortcut that answers existence questions and guesses the rest.
+  By default it reads every example of its prompt, as an LLM given them does; ``context_examples=k`` makes it
+  read only the last k, a small model's limited attention over a long prompt (an ablation: it handicaps the
+  untrained planner, so a learner's gain over it measures the handicap). When none of the examples it reads is
+  like the question it asks the question directly (``vqa``), the shortcut that answers existence questions and
+  guesses the rest.
 * **reasoner**: labels a tool output ``informative``, ``uninformative`` or ``answer`` (with the answer), as the
   output and the question's kind allow (AVIS's reasoner).
-* **dispatcher** (HAMMR): picks the agent whose description shares the most content words with the question
-  (ties: the first listed). Reasonable, not perfect: a question about a guild's founding year shares as many
-  words with "which guild has ... as its emblem" as with "the year a guild was founded".
+* **dispatcher** (HAMMR's prompted dispatcher, whose prompt the paper refines on a few dozen validation
+  questions per type): picks the agent with an example question most like the question (word overlap, as the
+  planner), and when no agent's example is alike, the agent whose description shares the most content words
+  with the question (ties: the first listed).
 """
 
 from __future__ import annotations
@@ -37,6 +40,12 @@ def words(text: str, content_only: bool = False) -> set[str]:
     return found - STOPWORDS if content_only else found
 
 
+def similarity(question: str, example: str) -> float:
+    """Word overlap (Jaccard) of two questions."""
+    asked, other = words(question), words(example)
+    return len(asked & other) / max(1, len(asked | other))
+
+
 def _section(prompt: str, name: str) -> list[str]:
     match = re.search(rf"^{name}:\n(.*?)(?:\n\n|\Z)", prompt, flags=re.MULTILINE | re.DOTALL)
     return [line.strip() for line in match.group(1).splitlines() if line.strip()] if match else []
@@ -46,10 +55,10 @@ class ScriptedSeekingLLM(ChatBackend):
     """Planner, reasoner and dispatcher replies for the information-seeking world (see the module docstring).
 
     Args:
-        context_examples: how many in-context examples (the last ones of the prompt) the planner reads.
+        context_examples: how many in-context examples (the last ones of the prompt) the planner reads; None: all.
     """
 
-    def __init__(self, context_examples: int = 2) -> None:
+    def __init__(self, context_examples: int | None = None) -> None:
         self.context_examples = context_examples
         self.calls = 0
 
@@ -77,14 +86,16 @@ class ScriptedSeekingLLM(ChatBackend):
         return f"Action: {action}\nQuery: {self._query(action, question, memory)}"
 
     def _next_action(self, question: str, feasible: list[str], done: list[str], examples: list[str]) -> str:
-        visible = examples[-self.context_examples:] if self.context_examples > 0 else []
-        asked = words(question)
+        if self.context_examples is None:
+            visible = examples
+        else:
+            visible = examples[-self.context_examples:] if self.context_examples > 0 else []
         best, best_score = None, 0.0
         for line in visible:
             if not line.startswith("Q:") or "->" not in line:
                 continue
             example, path = line[2:].split("->", 1)
-            score = len(asked & words(example)) / max(1, len(asked | words(example)))
+            score = similarity(question, example)
             if score > best_score:
                 best, best_score = [p.strip() for p in path.split(",") if p.strip()], score
         if best is None or best_score < SIMILAR:
@@ -158,11 +169,18 @@ class ScriptedSeekingLLM(ChatBackend):
 
     # ------------------------------------------------------------------ dispatcher
     def _dispatch(self, prompt: str) -> str:
-        asked = words(prompt_field(prompt, "Question"), content_only=True)
-        best, best_score = "", -1
+        question = prompt_field(prompt, "Question")
+        asked = words(question, content_only=True)
+        by_example, example_score = "", 0.0
+        by_description, description_score = "", -1
         for line in _section(prompt, "Agents"):
-            name, _, description = line.lstrip("- ").partition(":")
+            name, _, rest = line.lstrip("- ").partition(":")
+            description, _, examples = rest.partition(" Examples: ")
+            for example in (e.strip() for e in examples.split(" | ") if e.strip()):
+                score = similarity(question, example)
+                if score > example_score:
+                    by_example, example_score = name.strip(), score
             score = len(asked & words(description, content_only=True))
-            if score > best_score:
-                best, best_score = name.strip(), score
-        return f"Agent: {best}"
+            if score > description_score:
+                by_description, description_score = name.strip(), score
+        return f"Agent: {by_example if example_score >= SIMILAR else by_description}"

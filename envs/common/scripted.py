@@ -17,7 +17,8 @@ What makes choosing well learnable, and why no rule over the planner's probabili
   embeds; nothing else (no hidden flag) marks it.
 * The probabilities are informative but miscalibrated in a way that depends on the question and the memory:
   the N confidences are drawn from one range, and the good instruction (present in about 95% of lists) takes
-  the rank that :data:`GOOD_RANK` gives its step: the highest for a count, the lowest for an existence
+  the rank that the world gives its step (:class:`~clova_train.envs.common.reasoning_world.ReasoningWorld`:
+  ranges, chances and ranks are the world file's; in the default ``shapes`` world, :data:`GOOD_RANK`): the highest for a count, the lowest for an existence
   question, the second highest for a colour, the lowest for a comparison's first count and the highest once
   the memory holds that count. The lines are then listed in random order. Planner argmax, argmin, any
   fixed rank and any fixed slot are each right on one or two step kinds; a controller that reads the
@@ -36,6 +37,7 @@ from typing import Any
 import numpy as np
 
 from clova_train.agents.backends import ChatBackend, Message
+from clova_train.envs.common.reasoning_world import RANDOM_RANK, ReasoningWorld
 
 GOOD = "good"
 # kind -> paraphrases; {c}/{s} is the (first) group, {c2}/{s2} the second.
@@ -106,11 +108,11 @@ STEP_KINDS: dict[str, dict[str, tuple[str, ...]]] = {
         ),
     },
 }
-# rank of the good instruction among the N confidences (0: highest, -1: lowest), by step
-GOOD_RANK: dict[str, int] = {"count": 0, "exists": -1, "colour": 1, "compare-1": -1, "compare-2": 0}
-CONFIDENCE_RANGE = (0.3, 0.95)
-HAS_GOOD_PROBABILITY = 0.95
-MALFORMED_PROBABILITY = 0.05  # a reply with one line too few or too many, as real LLMs sometimes write
+# The default (``shapes``) world's planner: rank of the good instruction among the N confidences (0: highest,
+# -1: lowest) by step, the confidences' range, and the chance of a good instruction in a list.
+GOOD_RANK: dict[str, int | str] = ReasoningWorld().good_rank
+CONFIDENCE_RANGE = ReasoningWorld().confidence
+HAS_GOOD_PROBABILITY = ReasoningWorld().has_good[0]
 
 _QUESTION_PATTERNS = (
     ("count", re.compile(r"How many (?P<c>\w+) (?P<s>\w+?)s are there\?")),
@@ -175,14 +177,17 @@ class ScriptedReasoningLLM(ChatBackend):
     """Planner and coder replies for the offline world (see the module docstring for what it simulates).
 
     Args:
-        has_good_probability: chance that a list of samples holds a good instruction.
-        malformed_probability: chance that a planner reply has one line too few or too many.
+        world: the world (default: ``shapes``); its planner section decides the replies.
+        has_good_probability: overrides the world's chance that a list of samples holds a good instruction.
+        malformed_probability: overrides the world's chance that a reply has one line too few or too many.
     """
 
-    def __init__(self, has_good_probability: float = HAS_GOOD_PROBABILITY,
-                 malformed_probability: float = MALFORMED_PROBABILITY) -> None:
-        self.has_good_probability = has_good_probability
-        self.malformed_probability = malformed_probability
+    def __init__(self, world: ReasoningWorld | None = None, has_good_probability: float | None = None,
+                 malformed_probability: float | None = None) -> None:
+        self.world = world or ReasoningWorld()
+        self.has_good = (has_good_probability,) if has_good_probability is not None else self.world.has_good
+        self.malformed_probability = (self.world.malformed if malformed_probability is None
+                                      else malformed_probability)
         self.calls = 0
         self._instructions: list[tuple[re.Pattern[str], str, str]] = [
             (_template_regex(t), step, kind)
@@ -190,8 +195,8 @@ class ScriptedReasoningLLM(ChatBackend):
         ] + [(_template_regex(t), "", kind) for kind, texts in BAD_KINDS.items() for t in texts]
 
     def identity(self) -> dict[str, Any]:
-        return {"kind": "scripted-reasoning", "has_good": self.has_good_probability,
-                "malformed": self.malformed_probability}
+        return {"kind": "scripted-reasoning", "has_good": list(self.has_good),
+                "malformed": self.malformed_probability, "world": self.world.identity()}
 
     def chat(self, messages: list[Message]) -> str:
         self.calls += 1
@@ -212,11 +217,15 @@ class ScriptedReasoningLLM(ChatBackend):
         step = qtype if qtype != "compare" else ("compare-2" if "count_a = " in prompt.split("Memory:")[-1] else "compare-1")
         kinds = STEP_KINDS[step]
         bad = [k for k in kinds if k != GOOD] + list(BAD_KINDS)
-        low, high = (round(100 * x) for x in CONFIDENCE_RANGE)  # distinct at the 2 decimals the reply shows
-        confidences = np.sort(rng.choice(np.arange(low, high + 1), size=n, replace=False))[::-1] / 100
+        low, high = (round(100 * x) for x in self.world.confidence)  # distinct at the 2 decimals the reply shows
+        values = np.arange(low, high + 1)
+        confidences = np.sort(rng.choice(values, size=n, replace=n > len(values)))[::-1] / 100
         ranked = [bad[int(rng.integers(len(bad)))] for _ in range(n)]
-        if rng.random() < self.has_good_probability:
-            ranked[GOOD_RANK[step] % n] = GOOD
+        attempt_text = prompt_field(prompt, "Attempt")
+        attempt = int(attempt_text) if attempt_text.isdigit() else 0
+        if rng.random() < self.has_good[min(attempt, len(self.has_good) - 1)]:
+            rank = self.world.good_rank[step]
+            ranked[(int(rng.integers(n)) if rank == RANDOM_RANK else int(rank)) % n] = GOOD
         lines = []
         for rank in rng.permutation(n):  # listed in random order
             texts = kinds.get(ranked[rank]) or BAD_KINDS[ranked[rank]]

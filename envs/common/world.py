@@ -13,7 +13,7 @@ Ids with ``task_id % 5 == 0`` are held out for evaluation; training draws the ot
 
 :class:`SceneTools` answers the sandbox's tool calls from the scene's annotations (an oracle for ``find``,
 ``exists``, ``verify_property``, ``compute_depth``; ``simple_query`` and ``llm_query`` are weak guessers,
-right about a third of the time, as a stand-in for asking a model to answer a whole question at once).
+right about a third of the time by default, as a stand-in for asking a model to answer a whole question at once).
 A real deployment plugs in model-backed tools with the same methods (see ``clova_train.agents.sandbox.ToolAPI``).
 """
 
@@ -88,8 +88,9 @@ def _count(objects: tuple[SceneObject, ...], colour: str, shape: str) -> int:
     return sum(o.colour == colour and o.shape == shape for o in objects)
 
 
-def make_task(task_id: int) -> Task:
-    """The task with this id (same id, same task, on every machine)."""
+def make_task(task_id: int, kinds: dict[str, float] | None = None) -> Task:
+    """The task with this id (same id, same task, on every machine), its question drawn from ``kinds`` (question
+    type -> weight; default: the four types alike)."""
     rng = np.random.default_rng(task_id)
     objects = []
     for _ in range(int(rng.integers(3, 8))):
@@ -98,7 +99,12 @@ def make_task(task_id: int) -> Task:
         objects.append(SceneObject(str(rng.choice(COLOURS)), str(rng.choice(SHAPES)),
                                    (left, lower, left + side, lower + side), round(float(rng.uniform(1, 10)), 2)))
     objects_t = tuple(objects)
-    kind = QUESTION_TYPES[int(rng.integers(len(QUESTION_TYPES)))]
+    if kinds is None or (list(kinds) == list(QUESTION_TYPES) and len(set(kinds.values())) == 1):
+        kind = QUESTION_TYPES[int(rng.integers(len(QUESTION_TYPES)))]
+    else:
+        names = [k for k in QUESTION_TYPES if kinds.get(k, 0) > 0]
+        weights = np.array([kinds[k] for k in names], dtype=float)
+        kind = names[int(rng.choice(len(names), p=weights / weights.sum()))]
     present = [(o.colour, o.shape) for o in objects_t]
 
     def group() -> tuple[str, str]:  # half the time a group in the scene, else any
@@ -140,10 +146,16 @@ def _inside(box: tuple[int, int, int, int], patch: PatchRef) -> bool:
 
 
 class SceneTools:
-    """Tool API over the annotations of one task's scene (see module docstring)."""
+    """Tool API over the annotations of one task's scene (see module docstring).
 
-    def __init__(self, task: Task) -> None:
+    Args:
+        task: the task whose scene the tools read.
+        guess_right_one_in: ``simple_query`` / ``llm_query`` give the gold answer for one question in this many.
+    """
+
+    def __init__(self, task: Task, guess_right_one_in: int = 3) -> None:
         self.task = task
+        self.guess_right_one_in = guess_right_one_in
 
     def _matching(self, patch: PatchRef, object_name: str) -> list[SceneObject]:
         match = _NAME.match(object_name.strip().lower())
@@ -169,7 +181,7 @@ class SceneTools:
 
     def _guess(self, question: str) -> str:
         h = zlib.crc32(f"{self.task.task_id}:{question}".encode())
-        if h % 3 == 0:
+        if h % self.guess_right_one_in == 0:
             return self.task.answer
         options = {"count": [str(n) for n in range(5)], "exists": ["yes", "no"], "compare": ["yes", "no"],
                    "colour": list(COLOURS)}[self.task.question_type]

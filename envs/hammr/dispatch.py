@@ -75,7 +75,8 @@ class AgentDispatchConfig(MaskedObservation):
         infeasible_penalty: subtracted for calling an agent that already failed this episode.
         max_depth: deepest nesting of agent calls (the dispatcher's calls are depth 1).
         max_llm_calls: LLM calls per episode, nested calls included.
-        context_examples: ``scripted`` LLM only: how many of the last in-context examples its planner reads.
+        context_examples: ``scripted`` LLM only: how many of the last in-context examples its planner reads (null:
+            all, as an LLM given them; a number is an ablation that handicaps the untrained planner).
         split: ``train`` draws tasks with id % 5 != 0, ``eval`` the held-out rest.
         llm: the LLM of the dispatcher and of every agent.
         embedder: observation embedder (default: 64-d hashing).
@@ -91,7 +92,7 @@ class AgentDispatchConfig(MaskedObservation):
     infeasible_penalty: float = 2.0
     max_depth: int = 2
     max_llm_calls: int = 200
-    context_examples: int = 2
+    context_examples: int | None = None
     split: Literal["train", "eval"] = "train"
     llm: LLMConfig = field(default_factory=LLMConfig)
     embedder: EmbedderConfig = field(default_factory=observation_embedder)
@@ -141,7 +142,8 @@ class AgentDispatchEnv(gym.Env):
         self.embedder = embedder or config.embedder.build()
         self.names = tuple(spec.name for spec in self.specs)
         self.agents = AgentTools(self.specs, llm, self.embedder, depth=0, hydra_chat=hydra_chat, seeking_env=agent_env)
-        self.dispatcher = Dispatcher(llm, [(s.name, s.description) for s in self.specs])
+        self.dispatcher = Dispatcher(llm, [(s.name, s.description) for s in self.specs],
+                                     {s.name: [str(e.get("question", "")) for e in s.examples] for s in self.specs})
         n, d = len(self.names), self.embedder.dim
         self.dim = 2 * d + 3 * n
         self.action_space = gym.spaces.Discrete(n)

@@ -40,11 +40,14 @@ from clova_train.agents.sandbox import Sandbox, ToolAPI
 from clova_train.core.checks import Problems
 from clova_train.envs.common.config import coerce_models, observation_embedder, shared_problems
 from clova_train.envs.common.parts import MemoryBank, ObservationEncoder, Planner, Reasoner, Textualizer, short_repr
+from clova_train.core.errors import DataError
+from clova_train.envs.common.reasoning_world import ReasoningWorld, load_world
 from clova_train.envs.common.scripted import ScriptedReasoningLLM
 from clova_train.envs.common.selection import ObservationTail
 from clova_train.envs.common.world import COLOURS, SIZE, SceneTools, Task, make_task, normalise_answer, task_id_option
 
 MAX_ANSWER_CHARS = 200
+PAPER_REWARDS = {"r1": 100.0, "alpha": 100.0, "error_penalty": 10.0, "reject_penalty": 0.0}  # HYDRA Sec. 4 (r1, alpha)
 Outcome = Literal["continue", "related", "unrelated", "truncated"]
 
 
@@ -72,10 +75,14 @@ class ReasoningLoopConfig:
     Args:
         num_samples: N, instruction samples per planner call (actions 0..N-1 pick one, N rejects all).
         max_iterations: steps before the episode is truncated.
-        r1: Eq. 3's R^1 (paper: 100).
-        alpha: Eq. 3's alpha (paper: 100).
-        error_penalty: subtracted on a step whose code failed or broke a sandbox rule.
-        reject_penalty: subtracted on a reject (cost of a re-plan; 0 is Eq. 3 as published).
+        world: the offline world (``scripted`` LLM and scene tools): a shipped preset (``shapes``,
+            ``shapes-replan``) or a YAML/JSON world file (``clova_train.envs.common.reasoning_world`` documents it:
+            question kinds, how the planner misleads, tool behaviour, default rewards).
+        r1: Eq. 3's R^1 (paper: 100); null: the world's (paper value unless the world file sets one).
+        alpha: Eq. 3's alpha (paper: 100); null: the world's.
+        error_penalty: subtracted on a step whose code failed or broke a sandbox rule (default 10); null: the
+            world's.
+        reject_penalty: subtracted on a reject (cost of a re-plan; 0 is Eq. 3 as published); null: the world's.
         layout: observation layout, ``per_part`` or ``joint`` (see ObservationEncoder).
         probability_features: ``joint`` layout: append the N planner probabilities to the embedding (what HYDRA's
             Eq. 2 selection reads; the ``per_part`` layout always ends with them).
@@ -91,10 +98,11 @@ class ReasoningLoopConfig:
 
     num_samples: int = 5
     max_iterations: int = 5
-    r1: float = 100.0
-    alpha: float = 100.0
-    error_penalty: float = 10.0
-    reject_penalty: float = 0.0
+    world: str = "shapes"
+    r1: float | None = None
+    alpha: float | None = None
+    error_penalty: float | None = None
+    reject_penalty: float | None = None
     layout: Literal["per_part", "joint"] = "per_part"
     probability_features: bool = False
     split: Literal["train", "eval"] = "train"
@@ -108,6 +116,18 @@ class ReasoningLoopConfig:
 
     def __post_init__(self) -> None:
         coerce_models(self)
+        if isinstance(self.world, str):  # a bad file is reported by ``problems``
+            try:
+                world = load_world(self.world)
+            except DataError:
+                world = None
+            for key, paper in PAPER_REWARDS.items():
+                if getattr(self, key) is None:
+                    setattr(self, key, world.rewards.get(key, paper) if world else paper)
+
+    def load_world(self) -> ReasoningWorld:
+        """The world this config names (a :class:`DataError` naming the file when it cannot be read)."""
+        return load_world(self.world)
 
     def observation_tail(self) -> ObservationTail:
         """The observation ends with the N planner probabilities (``per_part``, or ``joint`` with them); no mask."""
@@ -132,6 +152,10 @@ class ReasoningLoopConfig:
         for key in ("error_penalty", "reject_penalty"):
             found.at_least(key, getattr(self, key), 0)
         found.one_of("layout", self.layout, ("per_part", "joint"))
+        try:
+            self.load_world()
+        except DataError as err:
+            found.add(f"{found.key('world')}: {err}")
         found.positive("sandbox_timeout_s", self.sandbox_timeout_s)
         found.at_least("sandbox_memory_mb", self.sandbox_memory_mb, 32)
         return [*found.messages, *shared_problems(self, prefix)]
@@ -145,21 +169,22 @@ class ReasoningLoopEnv(gym.Env):
         llm: a chat backend to use instead of ``config.llm`` (still cached if ``cache_path`` is set).
         embedder: an embedding backend to use instead of ``config.embedder``.
         render_mode: ``ansi`` returns the observation text from ``render()``.
-        tools_factory: builds the tool API for a task (default: :class:`SceneTools`, the annotation oracle);
-            plug in model-backed tools (e.g. prompt-tuned CLIP for ``verify_property``) here.
+        tools_factory: builds the tool API for a task (default: :class:`SceneTools`, the annotation oracle, with
+            the world's guessers); plug in model-backed tools (e.g. prompt-tuned CLIP for ``verify_property``) here.
     """
 
     metadata = {"render_modes": ["ansi"]}
 
     def __init__(self, config: ReasoningLoopConfig | dict | None = None, llm: ChatBackend | None = None,
                  embedder: EmbeddingBackend | None = None, render_mode: str | None = None,
-                 tools_factory: Callable[[Task], ToolAPI] = SceneTools) -> None:
+                 tools_factory: Callable[[Task], ToolAPI] | None = None) -> None:
         if isinstance(config, dict):
             config = ReasoningLoopConfig(**config)
         self.config = config = config or ReasoningLoopConfig()
+        self.world = world = config.load_world()
         self.render_mode = render_mode
-        self.tools_factory = tools_factory
-        chat = llm or config.llm.build(scripted=ScriptedReasoningLLM)
+        self.tools_factory = tools_factory or (lambda task: SceneTools(task, world.guess_right_one_in))
+        chat = llm or config.llm.build(scripted=lambda: ScriptedReasoningLLM(world))
         embed = embedder or config.embedder.build()
         self.cache: CallCache | None = None
         if config.cache_path:
@@ -184,7 +209,7 @@ class ReasoningLoopEnv(gym.Env):
         if isinstance(options.get("task"), Task):  # a task given whole (an agent calling this one as a tool)
             self.task = options["task"]
         else:
-            self.task = make_task(task_id_option(options, self.np_random, self.config.split))
+            self.task = make_task(task_id_option(options, self.np_random, self.config.split), self.world.questions)
         self.tools = self.tools_factory(self.task)
         self.iteration, self.attempt, self.rejects = 0, 0, 0
         self.memory = MemoryBank()
@@ -280,5 +305,6 @@ class ReasoningLoopEnv(gym.Env):
             "actions": {str(i): f"run sample {i + 1}" for i in range(self.config.num_samples)}
             | {str(self.config.num_samples): "reject all samples and re-plan"},
             "embedder": self.embedder.identity(),
+            "world": self.world.as_dict(),
             "config": asdict(self.config),
         }

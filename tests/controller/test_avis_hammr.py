@@ -210,7 +210,42 @@ def test_the_trained_policy_is_not_needed_for_the_good_path_oracle() -> None:
         assert info["correct"], (env.task.question, info["path"])
 
 
+def _own_choice_accuracy(env, name: str, tasks: range) -> float:
+    policy = env.reference_policies(0)[name]
+    correct = []
+    for task_id in tasks:
+        obs, _ = env.reset(options={"task_id": task_id})
+        done, info = False, {}
+        while not done:
+            obs, _, terminated, truncated, info = env.step(policy(obs, env))
+            done = terminated or truncated
+        correct.append(info["correct"])
+    return float(np.mean(correct))
+
+
+def test_the_untrained_planner_reads_every_example_and_the_cut_off_is_an_explicit_ablation() -> None:
+    """The papers' untrained baselines see all their in-context examples; ``context_examples: 2`` (the planner reads
+    only its last two) handicaps them, and a learner's gain over that measures the handicap."""
+    own = "planner's own choice (AVIS without a trained controller)"
+    full = InformationSeekingEnv(InformationSeekingConfig(split="eval"))
+    cut = InformationSeekingEnv(InformationSeekingConfig(split="eval", context_examples=2))
+    assert full.config.context_examples is None
+    assert _own_choice_accuracy(full, own, range(0, 200, 5)) == 1.0
+    assert _own_choice_accuracy(cut, own, range(0, 200, 5)) < 0.9
+
+
 # ------------------------------------------------------------------------------------------ HAMMR
+def test_the_prompted_dispatcher_sees_each_agent_description_and_example_questions() -> None:
+    env = _hammr()
+    env.reset(options={"task_id": task_of_kind("fact")})
+    prompt = env.dispatcher.prompt(env.task.question, env.memory)
+    assert "- entity: Knows which guild an emblem belongs to. Examples: Which guild has the leftmost" in prompt
+    # routed by the most alike example: every kind reaches its specialist at the first call
+    for kind in ("count", "exists", "colour", "entity", "fact"):
+        env.reset(options={"task_id": task_of_kind(kind)})
+        assert env.names[env.suggested_index()] == {"count": "counter", "exists": "existence"}.get(kind, kind)
+
+
 def test_the_dispatcher_calls_a_specialist_that_calls_another_agent() -> None:
     env = _hammr()
     env.reset(options={"task_id": task_of_kind("fact")})
@@ -327,8 +362,11 @@ def test_controller_cli_fits_avis_exports_and_the_export_serves_as_an_agent(tmp_
                                 timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
     results = json.loads((run / "evaluation.json").read_text())
-    ours, planner = results["trained controller"], results["planner's own choice (AVIS without a trained controller)"]
-    assert ours["accuracy"] >= planner["accuracy"] + 0.1 and ours["rejects"] == 0.0, results
+    # the planner reading all its examples is already right on this world (README, AVIS): the controller learns to
+    # match it, and never picks an action the graph forbids
+    ours = results["trained controller"]
+    assert ours["accuracy"] >= 0.9 and ours["rejects"] == 0.0, results
+    assert results["planner's own choice (AVIS without a trained controller)"]["accuracy"] >= 0.95, results
     result = run_cli_subprocess(["controller", "export", "--config", config, *common, f"--output={tmp_path / 'export'}"])
     assert result.returncode == 0, result.stderr[-3000:]
     description = json.loads((tmp_path / "export" / "controller.json").read_text())

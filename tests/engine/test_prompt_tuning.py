@@ -163,7 +163,8 @@ def test_validate_and_test_report_accuracy_with_and_without_pool(
 
     assert run_fit(*fit_args(tiny_clip_dir, concept_root, tmp_path, "--model.init_args.steps=30")) == 0
     test_root = write_concept_folders(tmp_path / "test", ["red", "green", "blue", "purple"], 3, 32, seed=99)
-    module = PromptTuning(PromptedClip(f"local-dir:{tiny_clip_dir}", None, num_prompt_tokens=4))
+    module = PromptTuning(PromptedClip(f"local-dir:{tiny_clip_dir}", None, num_prompt_tokens=4),
+                          evaluation_controls=["zero_prompt", "random_prompt", "ungated"])
     dm = ConceptFolderDataModule(str(concept_root), image_size=32, val_per_concept=2, test_root=str(test_root))
     trainer = Trainer(accelerator="cpu", logger=False, enable_progress_bar=False, default_root_dir=str(tmp_path))
     (val,) = trainer.validate(module, dm)
@@ -188,6 +189,10 @@ def test_validate_and_test_report_accuracy_with_and_without_pool(
         zero_predicted, _ = zero.classify(images, names)
         zero_correct = [p == c for p, (_, c) in zip(zero_predicted, files)]
         assert metrics[f"{stage}/accuracy_zero_prompt"] == pytest.approx(sum(zero_correct) / len(files))
+        assert zero_predicted == [names[i] for i in base.tolist()]  # a zero prompt is the unmodified tool
+        random_predicted, _ = PromptToolServer(server.tool, control_pool(server.pool, "random", 0)).classify(images, names)
+        random_correct = sum(p == c for p, (_, c) in zip(random_predicted, files)) / len(files)
+        assert metrics[f"{stage}/accuracy_random_prompt"] == pytest.approx(random_correct)
         assert f"{stage}/accuracy_ungated" not in metrics  # no rejected prompts kept: nothing to score
         # the per-concept report: every image once, per-concept means that add up to the logged ones
         report = json.loads((tmp_path / "evaluation" / f"{'validate' if stage == 'val' else 'test'}.json").read_text())

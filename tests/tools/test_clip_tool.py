@@ -144,33 +144,75 @@ def test_images_are_resized_and_centre_cropped_as_open_clip_does(tmp_path: Path)
 
 
 def test_gate_rules_have_known_answers(tiny_clip_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """One orange instance; held out: an orange positive and a purple negative. With its prompt the purple
-    image's prompted argmax stays purple (0.50 vs orange 0.45), but orange's prompted 0.45 beats every
-    unprompted score (0.35, 0.35, 0.30): at serving the prompt takes the image, so the serving rule (and
-    ``both``) reject it, the prompted rule alone does not. ``gate_decision`` must be a known rule."""
+    """One orange instance; held out: two orange positives and a purple negative. With its prompt the purple
+    image's prompted argmax is orange (0.50 vs purple 0.45), an error of the prompted rule; at serving the
+    unmodified forward is surer of purple (0.60) than the prompt is of orange, so the served label stays purple.
+    The first orange image is right by both rules; the second is orange by the prompted argmax (0.40) but the
+    unmodified forward's top probability (yellow, 0.55) is higher, so serving keeps yellow: an error of the serving
+    rule only. ``both`` collects both rules' errors; a margin makes the serving rule stricter."""
     from clova_train.tools.clip import ClipChunk
 
-    names = ["blue", "purple", "orange"]
-    prompted = torch.tensor([[0.10, 0.10, 0.80], [0.05, 0.50, 0.45]]).log()
-    unprompted = torch.tensor([[0.10, 0.10, 0.80], [0.35, 0.35, 0.30]]).log()
+    names = ["blue", "purple", "orange", "yellow"]
+    prompted = torch.tensor([[0.05, 0.05, 0.85, 0.05], [0.05, 0.45, 0.50, 0.00], [0.30, 0.00, 0.40, 0.30]]).log()
+    unprompted = torch.tensor([[0.10, 0.10, 0.70, 0.10], [0.20, 0.60, 0.20, 0.00], [0.05, 0.00, 0.40, 0.55]])
     ctx = ClipChunk(
         tokens=torch.zeros(1), images=torch.zeros(1), owner=torch.zeros(1, dtype=torch.long),
         labels=torch.zeros(1, dtype=torch.long), first_image=torch.zeros(1, dtype=torch.long),
-        candidates=torch.ones(1, 3, dtype=torch.bool), text=torch.eye(3), names=names, concepts=["orange"],
-        val_tokens=torch.zeros(2), val_owner=torch.zeros(2, dtype=torch.long), val_labels=torch.tensor([2, 1]),
-        val_files=["orange_000.png", "purple_000.png"], val_unprompted=unprompted.softmax(-1),
+        candidates=torch.ones(1, 4, dtype=torch.bool), text=torch.eye(4), names=names, concepts=["orange"],
+        val_tokens=torch.zeros(3), val_owner=torch.zeros(3, dtype=torch.long), val_labels=torch.tensor([2, 1, 2]),
+        val_files=["orange_000.png", "purple_000.png", "orange_001.png"], val_unprompted=unprompted,
     )
     results = {}
-    for rule in ("prompted", "serving", "both"):
-        clip = PromptedClip(f"local-dir:{tiny_clip_dir}", None, 4, 2, gate_decision=rule)
+    for rule, margin in (("prompted", 0.0), ("serving", 0.0), ("both", 0.0), ("serving", 0.2)):
+        clip = PromptedClip(f"local-dir:{tiny_clip_dir}", None, 4, 2, gate_decision=rule, classify_margin=margin)
         monkeypatch.setattr(clip, "_logits", lambda *args: prompted)
         (result,) = clip.gate(ctx, torch.zeros(1, *clip.prompt_shape))
-        results[rule] = [r.detail for r in result.rejections]
-    assert results["prompted"] == []
-    assert results["serving"] == ["purple_000.png (purple) classified as 'orange' (serving)"]
-    assert results["both"] == results["serving"]
+        results[rule, margin] = [r.detail for r in result.rejections]
+    assert results["prompted", 0.0] == ["purple_000.png (purple) classified as 'orange' (prompted)"]
+    assert results["serving", 0.0] == ["orange_001.png classified as 'yellow' (serving)"]
+    assert results["both", 0.0] == [*results["prompted", 0.0], *results["serving", 0.0]]
+    # 0.85 is not above 0.70 + 0.2: with the margin the first orange image keeps its unmodified label, orange
+    assert results["serving", 0.2] == results["serving", 0.0]
     with pytest.raises(ModelError, match="gate_decision must be 'both', 'serving' or 'prompted', got 'vote'"):
         PromptedClip(f"local-dir:{tiny_clip_dir}", None, 4, 2, gate_decision="vote")
+    with pytest.raises(ModelError, match=r"classify_margin must be a number in \[0, 1\), got 1.5"):
+        PromptedClip(f"local-dir:{tiny_clip_dir}", None, 4, 2, classify_margin=1.5)
+
+
+def test_classify_decides_with_one_forward_per_image_and_a_zero_prompt_changes_nothing(
+        tiny_clip_dir: Path, concept_root: Path) -> None:
+    """CLASSIFY's decision: a label with prompts takes an image only where the forward with its prompts ranks it
+    first and beats the unmodified top probability (plus the margin); labels without prompts keep the unmodified
+    forward's verdict. So a pool of zero prompts is exactly the unmodified tool, and a prompt that lifts its own
+    label's probability without winning its forward takes nothing."""
+    from clova_train.core.pool import PromptPool
+    from clova_train.tools.images import list_images, load_image
+    from clova_train.tools.serving import PromptToolServer
+
+    clip = PromptedClip(f"local-dir:{tiny_clip_dir}", None, 4, 2)
+    names = sorted(p.name for p in concept_root.iterdir() if p.is_dir())
+    images = torch.stack([load_image(f, 32) for c in names for f in list_images(concept_root / c)[:3]])
+    pool = PromptPool(clip.pool_spec())
+    with torch.no_grad():
+        features = clip.encode_tokens(clip.embed_patches(images[:2]), None)
+    pool.add(names[0], features, torch.zeros(2, *clip.prompt_shape), ["a", "b"])
+    zero = PromptToolServer(clip, pool)
+    with torch.no_grad():
+        scores, base_logits = zero.score(images, names)
+    torch.testing.assert_close(scores, base_logits.softmax(-1))
+    # a strong random prompt: wherever the label takes an image, its forward ranked it first above the unmodified top
+    torch.manual_seed(0)
+    strong = PromptPool(clip.pool_spec())
+    strong.add(names[0], features, torch.randn(2, *clip.prompt_shape) * 3, ["a", "b"])
+    server = PromptToolServer(clip, strong)
+    with torch.no_grad():
+        scores, base_logits = server.score(images, names)
+        base = base_logits.softmax(-1)
+        prompted = (clip.logit_scale * clip.encode_tokens(clip.embed_patches(images), server.prompts_for(
+            names[0], clip.encode_tokens(clip.embed_patches(images), None))) @ clip.text_features(names).T).softmax(-1)
+    taken = scores.argmax(-1) != base.argmax(-1)
+    assert bool(((prompted.argmax(-1) == 0) & (prompted[:, 0] > base.max(-1).values))[taken].all())
+    torch.testing.assert_close(scores[:, 1:], base[:, 1:])  # labels without prompts: the unmodified scores
 
 
 def test_fewer_errors_gate_compares_with_the_unprompted_tool(tiny_clip_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -209,3 +251,35 @@ def test_fewer_errors_gate_compares_with_the_unprompted_tool(tiny_clip_dir: Path
     assert details[1].startswith("2 held-out errors with the prompt, 2 without (serving)")
     with pytest.raises(ModelError, match="gate_criterion must be 'all_correct' or 'fewer_errors', got 'vote'"):
         PromptedClip(f"local-dir:{tiny_clip_dir}", None, 4, 2, gate_criterion="vote")
+
+
+def test_choose_margin_keeps_labels_without_prompts_within_the_tolerance(tiny_clip_dir: Path, concept_root: Path) -> None:
+    from clova_train.core.pool import PromptPool
+    from clova_train.tools.clip_margin import MARGINS, choose_margin, classify_forwards, decide, per_label_accuracy
+    from clova_train.tools.images import list_images, load_image
+    from clova_train.tools.serving import PromptToolServer
+
+    clip = PromptedClip(f"local-dir:{tiny_clip_dir}", None, 4, 2)
+    names = sorted(p.name for p in concept_root.iterdir() if p.is_dir())
+    files = [(f, k) for k, c in enumerate(names) for f in list_images(concept_root / c)]
+    images, truth = torch.stack([load_image(f, 32) for f, _ in files]), torch.tensor([k for _, k in files])
+    pool = PromptPool(clip.pool_spec())
+    with torch.no_grad():
+        features = clip.encode_tokens(clip.embed_patches(images[:2]), None)
+    torch.manual_seed(1)
+    pool.add(names[0], features, torch.randn(2, *clip.prompt_shape) * 3, ["a", "b"])  # a prompt that takes images
+    server = PromptToolServer(clip, pool)
+    margin, table = choose_margin(server, images, truth, names)
+    assert margin in MARGINS and set(table) == {"unmodified", *MARGINS}
+    for name in names[1:]:  # the labels without prompts
+        assert table[margin][name] >= table["unmodified"][name] - 0.02
+    # decide() is what the served scores give, at any margin
+    clip.classify_margin = margin
+    with torch.no_grad():
+        served, _ = server.score(images, names)
+        forwards = classify_forwards(server, images, names)
+    assert torch.equal(served.argmax(-1), decide(clip, forwards, margin))
+    assert per_label_accuracy(decide(clip, forwards, margin), truth, names) == table[margin]
+    # with no tolerance to keep, the most accurate margin wins
+    loose, table = choose_margin(server, images, truth, names, tolerance=1.0)
+    assert table[loose]["all"] == max(table[m]["all"] for m in MARGINS)

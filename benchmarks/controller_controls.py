@@ -1,0 +1,140 @@
+"""Each trained controller against the controls a sceptic would pick, over seeds, in worlds it was and was not
+tuned on.
+
+For every (environment, world, seed), one ``clova-train controller fit`` of the environment's quickstart config
+(``--train.seed``; nothing else changed, so the DQN's settings are the ones chosen on the ``shapes`` world) writes
+``evaluation.json``: on the same held-out tasks, the trained controller, the rules without training (HYDRA: the
+planner's top, lowest and random sample, the best fixed slot; AVIS: the planner LLM's own choice with every in-context
+example in view, a random feasible tool; HAMMR: the prompted LLM dispatcher, which sees each agent's description
+and example questions, a random agent, each agent always, the flat ``generic`` agent with every tool and example
+among them), the oracle (a ceiling), and the controls fitted on as many logged steps of random play on training
+tasks as the DQN trains for (``clova_train.controller.fitted_controls``: a question rule, logistic regression, an MLP
+of the DQN's width). Reported per policy: the mean held-out accuracy over seeds with a 95% Student t interval from
+the seed-to-seed variation, and the paired difference DQN - control per seed, with its t interval (scipy).
+
+HYDRA worlds: ``quickstart`` (the shipped ``shapes`` world with the quickstart's rewards, re-plans cost 30: where the
+DQN's settings were chosen), every world named with ``--worlds`` with that world file's own rewards (default:
+``shapes-replan``, where a re-plan pays off a step later), and ``--random-worlds K`` worlds drawn by
+:func:`random_world` (question mix, where the planner puts its good sample per step, how often a list holds one,
+confidence range, rewards), written to world files that the CLI reads like any user's; nobody tuned anything on
+them.
+
+    python benchmarks/controller_controls.py [--environments hydra avis hammr] [--worlds shapes shapes-replan]
+        [--random-worlds 2] [--seeds 0 1 2 3 4] [--runs-dir DIR] [--no-record]
+
+``--runs-dir`` keeps the runs (a rerun reuses every finished one); the default is a temporary directory.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import yaml
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from results_file import add_seeded_run_arguments, machine, publish, runs_directory, seed_interval  # noqa: E402
+
+from clova_train.controller.evaluation import FITTED_PREFIXES  # noqa: E402
+
+REPO = Path(__file__).resolve().parent.parent
+CONFIGS = {"hydra": "controller_dqn.yaml", "avis": "controller_avis.yaml", "hammr": "controller_hammr.yaml"}
+SECTIONS = {"hydra": "env", "avis": "avis", "hammr": "hammr"}
+OWN = "trained controller"
+STEPS = ("count", "exists", "colour", "compare-1", "compare-2")
+
+
+def random_world(seed: int) -> dict:
+    """A HYDRA world file's content drawn from ``seed`` (the benchmark's held-out worlds)."""
+    rng = np.random.default_rng(seed)
+    low = round(float(rng.uniform(0.05, 0.5)), 2)
+    first = round(float(rng.uniform(0.2, 1.0)), 2)
+    return {
+        "name": f"random-{seed}",
+        "questions": {kind: int(rng.integers(0, 4)) or 1 for kind in ("count", "exists", "colour", "compare")},
+        "planner": {"confidence": [low, round(float(rng.uniform(low + 0.2, 1.0)), 2)],
+                    "has_good": [first, round(float(rng.uniform(first, 1.0)), 2)],
+                    "good_rank": {step: ("random" if rng.random() < 0.2 else int(rng.integers(-2, 3)))
+                                  for step in STEPS},
+                    "malformed": round(float(rng.uniform(0, 0.1)), 2)},
+        "tools": {"guess_right_one_in": int(rng.integers(2, 5))},
+        "rewards": {"r1": 100, "alpha": 100, "error_penalty": 10, "reject_penalty": int(rng.integers(0, 31))},
+    }
+
+
+def run(environment: str, world: str | None, seed: int, runs: Path) -> dict[str, dict]:
+    """The evaluation of one controller fit (trained if not there yet)."""
+    out = runs / f"{environment}-{Path(world).stem if world else 'quickstart'}-{seed}"
+    if not (out / "evaluation.json").is_file():
+        section = SECTIONS[environment]
+        command = [sys.executable, "-m", "clova_train", "controller", "fit", "--config",
+                   str(REPO / "configs/quickstart" / CONFIGS[environment]), f"--train.seed={seed}",
+                   f"--train.output_dir={out}", f"--{section}.cache_path=null", "--train.progress_bar=false",
+                   "--train.eval_every=0", "--train.log_formats=[csv]", "--force"]
+        if world is not None:  # the world's own rewards, not the quickstart's
+            command += [f"--env.world={world}", "--env.reject_penalty=null"]
+        result = subprocess.run(command, capture_output=True, text=True, cwd=REPO,
+                                env={**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")})
+        if result.returncode != 0:
+            raise SystemExit(f"controller fit ({environment}, {world}, seed {seed}) failed:\n{result.stderr[-2000:]}")
+    return json.loads((out / "evaluation.json").read_text())
+
+
+def table(environment: str, world: str | None, seeds: list[int], runs: Path, record: bool,
+          drawn: int | None = None) -> None:
+    """One environment and world over ``seeds``: print (and with ``record`` append) its table; ``drawn``: the seed of
+    a world drawn by :func:`random_world`."""
+    evaluations = [run(environment, world, seed, runs) for seed in seeds]
+    shared = [name for name in evaluations[0] if all(name in e for e in evaluations)]
+    fitted = [n for n in shared if n.startswith(FITTED_PREFIXES)]
+    oracle = [n for n in shared if n.startswith("oracle")]
+    names = [OWN, *(n for n in shared if n not in (OWN, *fitted, *oracle)), *fitted, *oracle]
+    ours = [e[OWN]["accuracy"] for e in evaluations]
+    rows = []
+    for name in names:
+        values = [e[name]["accuracy"] for e in evaluations]
+        difference = "-" if name == OWN else seed_interval([a - b for a, b in zip(ours, values)], signed=True)
+        rows.append(f"| {name} | {seed_interval(values)} | {difference} | {', '.join(f'{v:.3f}' for v in values)} |")
+    label = f"{environment}, {'the quickstart' if world is None else 'world ' + Path(world).stem}"
+    shown = f"<runs-dir>/random-{drawn}.yaml (random_world({drawn}))" if drawn else world
+    setting = "" if world is None else f" with `--env.world={shown} --env.reject_penalty=null` (the world file's rewards)"
+    option = (f" --worlds --random-worlds {drawn}" if drawn else "" if world is None
+              else f" --worlds {world} --random-worlds 0")
+    publish("controller_controls", "Controllers against the controls: rules, fitted learners, seeds, worlds",
+            f"{label}, cpu: {machine()}",
+            f"Held-out accuracy ({evaluations[0][OWN]['episodes']:.0f} tasks), `configs/quickstart/"
+            f"{CONFIGS[environment]}`{setting}, seeds "
+            f"{', '.join(map(str, seeds))}: mean [95% t interval over seeds]; DQN - control: paired per seed. "
+            f"Command: `python benchmarks/controller_controls.py --environments {environment}"
+            f"{option} --seeds {' '.join(map(str, seeds))}`",
+            ["policy", "accuracy", "DQN - policy", "per seed"], rows, record)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--environments", nargs="+", default=["hydra", "avis", "hammr"], choices=list(CONFIGS))
+    parser.add_argument("--worlds", nargs="*", default=["shapes-replan"],
+                        help="HYDRA worlds besides the quickstart's (presets or files; each with its own rewards)")
+    parser.add_argument("--random-worlds", type=int, default=2, help="HYDRA worlds drawn by random_world (seeds 1..K)")
+    add_seeded_run_arguments(parser)
+    args = parser.parse_args()
+    with runs_directory(args.runs_dir) as runs:
+        for environment in args.environments:
+            if environment != "hydra":
+                table(environment, None, args.seeds, runs, not args.no_record)
+                continue
+            for world in [None, *args.worlds]:
+                table(environment, world, args.seeds, runs, not args.no_record)
+            for k in range(1, args.random_worlds + 1):
+                path = runs / f"random-{k}.yaml"
+                path.write_text(yaml.safe_dump(random_world(k), sort_keys=False))
+                table(environment, str(path), args.seeds, runs, not args.no_record, drawn=k)
+
+
+if __name__ == "__main__":
+    main()

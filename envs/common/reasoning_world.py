@@ -1,0 +1,160 @@
+"""An offline world of the HYDRA reasoning loop, described by a file: which questions, how the planner misleads,
+how the tools behave, and default rewards.
+
+``env.world`` names a shipped preset (``envs/worlds/<name>.yaml``: ``shapes``, the default, and ``shapes-replan``)
+or a YAML/JSON file of this form (every key optional; the defaults are the ``shapes`` world)::
+
+    name: my-world
+    questions: {count: 1, exists: 1, colour: 1, compare: 1}   # question kinds drawn, with weights
+    planner:
+      confidence: [0.30, 0.95]   # the N confidences: distinct 2-decimal values drawn from this range
+      has_good: [0.95]           # chance that a list holds a good instruction, by attempt (0: first list of a step,
+                                 # 1: after one re-plan, ...; the last value repeats)
+      good_rank:                 # where the good instruction sits among the N confidences, per step:
+        count: 0                 # 0 the highest, 1 the second, -1 the lowest; "random": any rank
+        exists: -1
+        colour: 1
+        compare-1: -1            # a comparison's first count ...
+        compare-2: 0             # ... and its second, once the memory holds the first
+      malformed: 0.05            # chance that a reply has one line too few or too many
+    tools:
+      guess_right_one_in: 3      # simple_query / llm_query guess: the gold answer once in k questions
+    rewards: {r1: 100, alpha: 100, error_penalty: 10, reject_penalty: 0}   # used where the env config leaves null
+
+The scenes, the instruction wordings and the code each kind of instruction runs are the world's fixed vocabulary
+(:mod:`clova_train.envs.common.world`, :mod:`clova_train.envs.common.scripted`); everything that decides what a
+controller has to learn is here. Loading checks every value and names the file and key at fault; nothing in the
+file is run.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from clova_train.core.checks import is_integer, is_number
+from clova_train.core.errors import DataError
+from clova_train.core.safe_files import read_json, read_yaml
+
+WORLDS_DIR = Path(__file__).resolve().parent.parent / "worlds"
+QUESTION_KINDS = ("count", "exists", "colour", "compare")
+STEPS = ("count", "exists", "colour", "compare-1", "compare-2")
+RANDOM_RANK = "random"
+REWARD_KEYS = ("r1", "alpha", "error_penalty", "reject_penalty")
+
+
+@dataclass(frozen=True)
+class ReasoningWorld:
+    """One offline world (see the module docstring for what each field means)."""
+
+    name: str = "shapes"
+    questions: dict[str, float] = field(default_factory=lambda: {k: 1.0 for k in QUESTION_KINDS})
+    confidence: tuple[float, float] = (0.30, 0.95)
+    has_good: tuple[float, ...] = (0.95,)
+    good_rank: dict[str, int | str] = field(default_factory=lambda: {"count": 0, "exists": -1, "colour": 1,
+                                                                      "compare-1": -1, "compare-2": 0})
+    malformed: float = 0.05
+    guess_right_one_in: int = 3
+    rewards: dict[str, float] = field(default_factory=dict)
+
+    def has_good_at(self, attempt: int) -> float:
+        """The chance that the list of attempt ``attempt`` (0: the step's first) holds a good instruction."""
+        return self.has_good[min(attempt, len(self.has_good) - 1)]
+
+    def identity(self) -> dict[str, Any]:
+        """Everything that changes the planner's replies (part of the LLM call cache's key)."""
+        return {"name": self.name, "questions": self.questions, "confidence": list(self.confidence),
+                "has_good": list(self.has_good), "good_rank": self.good_rank, "malformed": self.malformed}
+
+    def as_dict(self) -> dict[str, Any]:
+        """The world in its file form (``load_world`` of it gives it back)."""
+        return {"name": self.name, "questions": dict(self.questions),
+                "planner": {"confidence": list(self.confidence), "has_good": list(self.has_good),
+                            "good_rank": dict(self.good_rank), "malformed": self.malformed},
+                "tools": {"guess_right_one_in": self.guess_right_one_in}, "rewards": dict(self.rewards)}
+
+
+def _section(raw: dict[str, Any], key: str, where: str) -> dict[str, Any]:
+    value = raw.get(key, {})
+    if not isinstance(value, dict):
+        raise DataError(f"{where}: {key} must be a mapping, got {type(value).__name__}")
+    return value
+
+
+def _unknown(section: dict[str, Any], allowed: tuple[str, ...], where: str) -> None:
+    extra = sorted(set(section) - set(allowed))
+    if extra:
+        raise DataError(f"{where}: unknown key {extra[0]!r} (expected {', '.join(allowed)})")
+
+
+def _probability(value: Any, where: str) -> float:
+    if not is_number(value) or not 0 <= value <= 1:
+        raise DataError(f"{where} = {value!r}: must be a number between 0 and 1")
+    return float(value)
+
+
+def world_from_dict(raw: Any, where: str) -> ReasoningWorld:
+    """A world from its file form (module docstring), every value checked; ``where`` names the source."""
+    if not isinstance(raw, dict):
+        raise DataError(f"{where}: a world file must hold a mapping, got {type(raw).__name__}")
+    _unknown(raw, ("name", "questions", "planner", "tools", "rewards"), where)
+    default = ReasoningWorld()
+    name = raw.get("name", Path(where).stem)
+    if not isinstance(name, str) or not name.strip():
+        raise DataError(f"{where}: name must be non-empty text")
+    questions = _section(raw, "questions", where) or dict(default.questions)
+    _unknown(questions, QUESTION_KINDS, f"{where}: questions")
+    for kind, weight in questions.items():
+        if not is_number(weight) or weight < 0:
+            raise DataError(f"{where}: questions.{kind} = {weight!r}: must be a number >= 0")
+    if not any(questions.values()):
+        raise DataError(f"{where}: questions: at least one kind needs a weight > 0")
+    planner = _section(raw, "planner", where)
+    _unknown(planner, ("confidence", "has_good", "good_rank", "malformed"), f"{where}: planner")
+    confidence = planner.get("confidence", list(default.confidence))
+    if (not isinstance(confidence, list) or len(confidence) != 2 or not all(is_number(c) for c in confidence)
+            or not 0 < confidence[0] < confidence[1] <= 1):
+        raise DataError(f"{where}: planner.confidence = {confidence!r}: must be [low, high] with 0 < low < high <= 1")
+    has_good = planner.get("has_good", list(default.has_good))
+    has_good = has_good if isinstance(has_good, list) else [has_good]
+    if not has_good:
+        raise DataError(f"{where}: planner.has_good must hold at least one probability")
+    has_good = [_probability(p, f"{where}: planner.has_good[{i}]") for i, p in enumerate(has_good)]
+    ranks = _section(planner, "good_rank", f"{where}: planner")
+    _unknown(ranks, STEPS, f"{where}: planner.good_rank")
+    good_rank = {**default.good_rank, **ranks}
+    for step, rank in good_rank.items():
+        if rank != RANDOM_RANK and not is_integer(rank):
+            raise DataError(f"{where}: planner.good_rank.{step} = {rank!r}: must be an integer rank or 'random'")
+    malformed = _probability(planner.get("malformed", default.malformed), f"{where}: planner.malformed")
+    tools = _section(raw, "tools", where)
+    _unknown(tools, ("guess_right_one_in",), f"{where}: tools")
+    guess = tools.get("guess_right_one_in", default.guess_right_one_in)
+    if not is_integer(guess) or guess < 1:
+        raise DataError(f"{where}: tools.guess_right_one_in = {guess!r}: must be an integer >= 1")
+    rewards = _section(raw, "rewards", where)
+    _unknown(rewards, REWARD_KEYS, f"{where}: rewards")
+    for key, value in rewards.items():
+        if not is_number(value) or (key in ("error_penalty", "reject_penalty") and value < 0):
+            raise DataError(f"{where}: rewards.{key} = {value!r}: must be a finite number"
+                            + (" >= 0" if key in ("error_penalty", "reject_penalty") else ""))
+    return ReasoningWorld(name.strip(), {k: float(v) for k, v in questions.items()},
+                          (float(confidence[0]), float(confidence[1])), tuple(has_good), good_rank, malformed,
+                          int(guess), {k: float(v) for k, v in rewards.items()})
+
+
+def presets() -> list[str]:
+    """The names of the shipped worlds."""
+    return sorted(p.stem for p in WORLDS_DIR.glob("*.yaml"))
+
+
+def load_world(path_or_preset: str) -> ReasoningWorld:
+    """The world in a YAML/JSON file, or a shipped preset by name; a :class:`DataError` names what is wrong."""
+    path = Path(path_or_preset)
+    if not path.suffix and (WORLDS_DIR / f"{path_or_preset}.yaml").is_file():
+        path = WORLDS_DIR / f"{path_or_preset}.yaml"
+    if not path.is_file():
+        raise DataError(f"world {path_or_preset!r} is neither a file nor a shipped world ({', '.join(presets())})")
+    raw = read_json(path, "world file") if path.suffix == ".json" else read_yaml(path, "world file")
+    return world_from_dict(raw, str(path))

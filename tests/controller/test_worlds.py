@@ -1,0 +1,149 @@
+"""Worlds as data: the HYDRA reasoning world read from a file, every value checked, and what it changes."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import yaml
+
+from clova_train.core.errors import DataError
+from clova_train.envs import ReasoningLoopConfig, ReasoningLoopEnv
+from clova_train.envs.common.reasoning_world import ReasoningWorld, load_world, presets, world_from_dict
+from clova_train.envs.common.scripted import GOOD, ScriptedReasoningLLM
+from clova_train.envs.common.world import make_task
+from helpers.common import REPO, run_cli_subprocess
+
+
+def write_world(tmp_path: Path, content: dict | str, name: str = "world.yaml") -> Path:
+    path = tmp_path / name
+    path.write_text(content if isinstance(content, str) else yaml.safe_dump(content))
+    return path
+
+
+def test_shipped_worlds_load_and_the_default_is_the_built_in_one() -> None:
+    assert {"shapes", "shapes-replan"} <= set(presets())
+    shapes = load_world("shapes")
+    default = ReasoningWorld()
+    assert (shapes.questions, shapes.confidence, shapes.has_good, shapes.good_rank, shapes.malformed,
+            shapes.guess_right_one_in) == (default.questions, default.confidence, default.has_good,
+                                           default.good_rank, default.malformed, default.guess_right_one_in)
+    assert load_world("shapes-replan").has_good == (0.25, 1.0)
+    # the file form round-trips
+    assert world_from_dict(shapes.as_dict(), "again").identity() == shapes.identity()
+
+
+@pytest.mark.parametrize(("content", "named"), [
+    ({"questions": {"count": 1, "weather": 1}}, "unknown key 'weather'"),
+    ({"questions": {"count": 0}}, "at least one kind"),
+    ({"questions": {"count": -1}}, "questions.count = -1"),
+    ({"planner": {"confidence": [0.9, 0.2]}}, "planner.confidence"),
+    ({"planner": {"has_good": [0.5, 1.5]}}, "planner.has_good[1] = 1.5"),
+    ({"planner": {"has_good": []}}, "at least one probability"),
+    ({"planner": {"good_rank": {"count": "top"}}}, "planner.good_rank.count = 'top'"),
+    ({"planner": {"good_rank": {"compare-3": 0}}}, "unknown key 'compare-3'"),
+    ({"planner": {"malformed": True}}, "planner.malformed = True"),
+    ({"tools": {"guess_right_one_in": 0}}, "tools.guess_right_one_in = 0"),
+    ({"rewards": {"reject_penalty": -1}}, "rewards.reject_penalty = -1"),
+    ({"rewards": {"bonus": 1}}, "unknown key 'bonus'"),
+    ({"planner": [1, 2]}, "planner must be a mapping"),
+    ("[1, 2]", "must hold a mapping"),
+    ("name: a\nname: b\n", "name"),  # a key written twice (the safe reader refuses it)
+])
+def test_a_bad_world_file_is_refused_naming_the_file_and_key(tmp_path: Path, content, named: str) -> None:
+    path = write_world(tmp_path, content)
+    with pytest.raises(DataError, match=None) as caught:
+        load_world(str(path))
+    assert str(path) in str(caught.value) and named in str(caught.value), caught.value
+
+
+def test_a_missing_world_names_the_shipped_ones() -> None:
+    with pytest.raises(DataError, match="neither a file nor a shipped world .*shapes"):
+        load_world("no-such-world")
+
+
+def test_question_mix_and_tool_behaviour_come_from_the_world(tmp_path: Path) -> None:
+    path = write_world(tmp_path, {"questions": {"exists": 2, "colour": 1}, "tools": {"guess_right_one_in": 1}})
+    env = ReasoningLoopEnv(ReasoningLoopConfig(world=str(path)))
+    kinds = []
+    try:
+        for seed in range(60):
+            env.reset(seed=seed)
+            kinds.append(env.task.question_type)
+            tools = env.tools_factory(env.task)
+            assert tools.llm_query(None, env.task.question) == env.task.answer  # right every time (1 in 1)
+    finally:
+        env.close()
+    assert set(kinds) == {"exists", "colour"} and kinds.count("exists") > kinds.count("colour")
+    # the default mix is the built-in one: the same task for the same id
+    assert make_task(123, ReasoningWorld().questions) == make_task(123)
+
+
+def test_the_planner_follows_the_world_good_rank_and_re_plan_chances(tmp_path: Path) -> None:
+    path = write_world(tmp_path, {"planner": {"has_good": [0.0, 1.0], "good_rank": {"count": -1},
+                                              "malformed": 0.0}})
+    world = load_world(str(path))
+    llm = ScriptedReasoningLLM(world)
+    env = ReasoningLoopEnv(ReasoningLoopConfig(world=str(path), num_samples=5), llm=llm)
+    first_lists, replanned = [], []
+    try:
+        for seed in range(80):
+            env.reset(seed=seed)
+            if env.task.question_type != "count":
+                continue
+            kinds = [llm.instruction_kind(text) for text, _ in env.samples]
+            first_lists.append(GOOD in kinds)
+            env.step(env.config.num_samples)  # re-plan
+            probabilities = env.planner_probabilities()
+            kinds = [llm.instruction_kind(text) for text, _ in env.samples]
+            replanned.append(kinds[int(np.argmin(probabilities))] == GOOD)
+    finally:
+        env.close()
+    assert first_lists and not any(first_lists)  # attempt 0: never a good sample
+    assert all(replanned)  # attempt 1: always one, at the lowest probability
+
+
+def test_rewards_come_from_the_world_unless_the_config_sets_them(tmp_path: Path) -> None:
+    path = write_world(tmp_path, {"rewards": {"r1": 50, "reject_penalty": 7}})
+    config = ReasoningLoopConfig(world=str(path))
+    assert (config.r1, config.alpha, config.error_penalty, config.reject_penalty) == (50.0, 100.0, 10.0, 7.0)
+    assert ReasoningLoopConfig(world=str(path), reject_penalty=1.0).reject_penalty == 1.0
+    assert ReasoningLoopConfig().reject_penalty == 0.0  # the shapes world: Eq. 3 as published
+
+
+def test_the_world_is_part_of_the_llm_cache_key_and_the_export_description(tmp_path: Path) -> None:
+    other = write_world(tmp_path, {"planner": {"has_good": [0.5]}})
+    assert ScriptedReasoningLLM(load_world("shapes")).identity() != ScriptedReasoningLLM(load_world(str(other))).identity()
+    env = ReasoningLoopEnv(ReasoningLoopConfig(world=str(other)))
+    try:
+        assert env.describe()["world"]["planner"]["has_good"] == [0.5]
+    finally:
+        env.close()
+
+
+def test_a_bad_world_is_one_line_from_the_cli(tmp_path: Path) -> None:
+    path = write_world(tmp_path, {"planner": {"has_good": 2}})
+    result = run_cli_subprocess(["controller", "fit", "--config", str(REPO / "configs/quickstart/controller_dqn.yaml"),
+                                 f"--env.world={path}", f"--train.output_dir={tmp_path / 'run'}"], timeout=120)
+    assert result.returncode != 0 and "Traceback" not in result.stderr
+    assert f"env.world: {path}: planner.has_good[0] = 2" in result.stderr, result.stderr
+    assert not (tmp_path / "run").exists()
+
+
+def test_a_world_file_trains_from_the_cli(tmp_path: Path) -> None:
+    """Anyone's world runs through the same command: a short fit on a JSON world, evaluated with every control."""
+    path = tmp_path / "mine.json"
+    path.write_text(json.dumps({"name": "mine", "questions": {"count": 1, "exists": 1},
+                                "planner": {"good_rank": {"count": 2, "exists": "random"}}}))
+    run = tmp_path / "run"
+    result = run_cli_subprocess([
+        "controller", "fit", "--config", str(REPO / "configs/quickstart/controller_dqn.yaml"), f"--env.world={path}",
+        f"--train.output_dir={run}", "--env.cache_path=null", "--train.progress_bar=false",
+        "--train.total_timesteps=600", "--train.eval_every=0", "--train.eval_episodes=20",
+        "--dqn.learning_starts=200", "--train.log_formats=[csv]"], timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    evaluation = json.loads((run / "evaluation.json").read_text())
+    assert any(name.startswith("question rule fitted on logs (600 steps") for name in evaluation)
+    assert json.loads((run / "config.json").read_text())["env"]["world"] == str(path)
