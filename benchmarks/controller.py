@@ -145,7 +145,7 @@ def time_to_target(args: argparse.Namespace, workdir: Path, config_name: str) ->
     target = workdir / config_name / "target_reached.json"
     reached = yaml.safe_load(target.read_text()) if target.exists() else None
     layout = f"{config.env.layout}" + (" + probabilities" if config.env.layout == "joint" and config.env.probability_features else "")
-    rule, rule_accuracy = best_rule(results)
+    rule, rule_accuracy = best_rule(results, include_fitted=False)
     ours = results["trained controller"]
     rows = [
         f"| {layout} | DQN controller, first evaluation at >= {config.train.target_accuracy:.2f} | "

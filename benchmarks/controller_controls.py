@@ -47,6 +47,7 @@ CONFIGS = {"hydra": "controller_dqn.yaml", "avis": "controller_avis.yaml", "hamm
 SECTIONS = {"hydra": "env", "avis": "avis", "hammr": "hammr"}
 OWN = "trained controller"
 STEPS = ("count", "exists", "colour", "compare-1", "compare-2")
+REWARDS = ("r1", "alpha", "error_penalty", "reject_penalty")  # set by the quickstart config: nulled for a world's own
 
 
 def random_world(seed: int) -> dict:
@@ -77,7 +78,7 @@ def run(environment: str, world: str | None, seed: int, runs: Path) -> dict[str,
                    f"--train.output_dir={out}", f"--{section}.cache_path=null", "--train.progress_bar=false",
                    "--train.eval_every=0", "--train.log_formats=[csv]", "--force"]
         if world is not None:  # the world's own rewards, not the quickstart's
-            command += [f"--env.world={world}", "--env.reject_penalty=null"]
+            command += [f"--env.world={world}", *(f"--env.{key}=null" for key in REWARDS)]
         result = subprocess.run(command, capture_output=True, text=True, cwd=REPO,
                                 env={**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")})
         if result.returncode != 0:
@@ -102,7 +103,8 @@ def table(environment: str, world: str | None, seeds: list[int], runs: Path, rec
         rows.append(f"| {name} | {seed_interval(values)} | {difference} | {', '.join(f'{v:.3f}' for v in values)} |")
     label = f"{environment}, {'the quickstart' if world is None else 'world ' + Path(world).stem}"
     shown = f"<runs-dir>/random-{drawn}.yaml (random_world({drawn}))" if drawn else world
-    setting = "" if world is None else f" with `--env.world={shown} --env.reject_penalty=null` (the world file's rewards)"
+    nulls = " ".join(f"--env.{key}=null" for key in REWARDS)
+    setting = "" if world is None else f" with `--env.world={shown} {nulls}` (the world file's rewards)"
     option = (f" --worlds --random-worlds {drawn}" if drawn else "" if world is None
               else f" --worlds {world} --random-worlds 0")
     publish("controller_controls", "Controllers against the controls: rules, fitted learners, seeds, worlds",

@@ -80,12 +80,15 @@ def margin_study(run_dir: Path, seed: int, runs: Path) -> dict[str, dict[str, fl
     concepts, _, images, truth = load_folder(validation, IMAGE_SIZE)
     chosen, _ = choose_margin(server, images, truth, concepts)
     concepts, _, images, truth = load_folder(Path(f"{runs / f'data-{seed}'}_test"), IMAGE_SIZE)
-    control = PromptToolServer(server.tool, control_pool(server.pool, "random", seed), server.top_k)
+    controls = {kind: PromptToolServer(server.tool, control_pool(server.pool, kind, seed), server.top_k)
+                for kind in ("random", "zero")}
     with torch.no_grad():
-        forwards, control_forwards = classify_forwards(server, images, concepts), classify_forwards(control, images, concepts)
+        forwards = classify_forwards(server, images, concepts)
+        control_forwards = {kind: classify_forwards(c, images, concepts) for kind, c in controls.items()}
     score = lambda f, m: per_label_accuracy(decide(server.tool, f, m), truth, concepts)  # noqa: E731
     return {"pool, margin 0": score(forwards, 0.0), "pool, margin chosen on validation": score(forwards, chosen),
-            "random-prompt control, margin 0": score(control_forwards, 0.0), "margin": {"chosen": chosen}}
+            "random-prompt control, margin 0": score(control_forwards["random"], 0.0),
+            "zero-prompt control, margin 0": score(control_forwards["zero"], 0.0), "margin": {"chosen": chosen}}
 
 
 def group(scores: dict[str, float], name: str) -> float:
@@ -118,7 +121,8 @@ def main() -> None:
     for name in GROUPS:
         unmodified = [group({c: t[c]["accuracy_no_prompt"] for c in t}, name) for t in clean_tests]
         rows.append(row(f"clean, {name}", "unmodified CLIP", unmodified, None))
-        for policy in ("pool, margin 0", "pool, margin chosen on validation", "random-prompt control, margin 0"):
+        for policy in ("pool, margin 0", "pool, margin chosen on validation", "random-prompt control, margin 0",
+                       "zero-prompt control, margin 0"):
             rows.append(row(f"clean, {name}", policy, [group(s[policy], name) for s in studies], unmodified))
     for policy in ("pool, margin 0", "pool, margin chosen on validation"):
         losses = [round(min(s[policy][c] - t[c]["accuracy_no_prompt"] for c in t if c not in (*LEARNED, "all")), 9) + 0.0

@@ -17,7 +17,7 @@ instead of reinforcement learning, so a gain of the DQN over them is a gain of R
 
 Data (:func:`log_episodes`): a uniform random feasible policy plays whole episodes of *training* tasks (the split
 the controller trains on; the held-out tasks are never seen) until ``steps`` environment steps are logged,
-``train.baseline_steps`` (by default the controller's own ``total_timesteps``: the same budget). The classifiers'
+``train.control_steps`` (by default the controller's own ``total_timesteps``: the same budget). The classifiers'
 epochs and weight decay are chosen on a validation split of the logged episodes (a fifth of them), never on the
 held-out tasks.
 """

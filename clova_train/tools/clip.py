@@ -176,8 +176,11 @@ class PromptedClip(PromptTool):
             a label with prompts is predicted instead of the unmodified argmax only where the forward with its own
             prompts ranks it first among all labels *and* gives it a probability above the unmodified forward's top
             probability plus this margin. So a label without prompts is judged by the same forward as in the
-            unmodified tool, a zero prompt changes nothing (the forward is the unmodified one), and a prompt
-            changes a prediction only by winning the whole prompted classification. A larger margin keeps more of
+            unmodified tool, an all-zero ensembled prompt changes nothing (its forward is the unmodified one, see
+            ``clova_train.tools.clip_margin.classify_forwards``), and a prompt changes a prediction only by winning
+            the whole prompted classification. The gate's ``serving`` rule applies the same test to one instance's
+            prompt over its candidate labels (the served decision uses the ensembled prompts over the request's
+            labels). A larger margin keeps more of
             the unmodified tool's predictions (fewer false switches to a prompted label, fewer true ones).
     """
 

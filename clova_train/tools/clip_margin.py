@@ -35,16 +35,25 @@ class ClassifyForwards:
 def classify_forwards(lookup, images: torch.Tensor, labels: Sequence[str], tool=None) -> ClassifyForwards:
     """Every forward CLASSIFY runs for ``images`` (``[N, 3, H, W]`` in [0, 1]) over ``labels`` with ``lookup``'s pool
     (a ``PromptToolServer``; ``tool``: its CLIP, by default ``lookup.tool``): the unprompted one once (retrieval
-    features, the unmodified logits), then one per label that has prompts."""
+    features, the unmodified logits), then one per label that has prompts. An image whose ensembled prompt is all
+    zero gets the unmodified forward for that label: CLIP's prompt tokens are not masked, so a zero token would
+    still move the features, and a zero prompt must mean "no prompt" (as in the tools that mask zero tokens)."""
     tool = tool or lookup.tool
     tokens, text = tool.embed_patches(images), tool.text_features(list(labels))
     base = tool.encode_tokens(tokens, None)
+    unprompted_logits = tool.logit_scale * base @ text.T
     prompted = {}
     for k, label in enumerate(labels):
         prompts = lookup.prompts_for(label, base)
-        if prompts is not None:
-            prompted[k] = (tool.logit_scale * tool.encode_tokens(tokens, prompts) @ text.T).softmax(-1)
-    return ClassifyForwards(tool.logit_scale * base @ text.T, prompted)
+        if prompts is None:
+            continue
+        probabilities = unprompted_logits.softmax(-1).clone()
+        rows = prompts.flatten(1).abs().amax(1) > 0
+        if bool(rows.any()):
+            features = tool.encode_tokens(tokens[rows], prompts[rows])
+            probabilities[rows] = (tool.logit_scale * features @ text.T).softmax(-1).to(probabilities.dtype)
+        prompted[k] = probabilities
+    return ClassifyForwards(unprompted_logits, prompted)
 
 
 def served_scores(tool, forwards: ClassifyForwards, margin: float) -> torch.Tensor:

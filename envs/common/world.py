@@ -99,7 +99,7 @@ def make_task(task_id: int, kinds: dict[str, float] | None = None) -> Task:
         objects.append(SceneObject(str(rng.choice(COLOURS)), str(rng.choice(SHAPES)),
                                    (left, lower, left + side, lower + side), round(float(rng.uniform(1, 10)), 2)))
     objects_t = tuple(objects)
-    if kinds is None or (list(kinds) == list(QUESTION_TYPES) and len(set(kinds.values())) == 1):
+    if kinds is None or (set(kinds) == set(QUESTION_TYPES) and len(set(kinds.values())) == 1):
         kind = QUESTION_TYPES[int(rng.integers(len(QUESTION_TYPES)))]
     else:
         names = [k for k in QUESTION_TYPES if kinds.get(k, 0) > 0]

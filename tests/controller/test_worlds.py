@@ -59,6 +59,19 @@ def test_a_bad_world_file_is_refused_naming_the_file_and_key(tmp_path: Path, con
     assert str(path) in str(caught.value) and named in str(caught.value), caught.value
 
 
+@pytest.mark.parametrize(("planner", "named"), [
+    ({"good_rank": {"count": 5}}, "planner.good_rank.count = 5: must be a rank among the 5 samples (-5 to 4)"),
+    ({"good_rank": {"exists": -6}}, "planner.good_rank.exists = -6"),
+    ({"confidence": [0.30, 0.32]}, "holds 3 distinct 2-decimal values, fewer than the 5 samples"),
+])
+def test_a_world_that_cannot_hold_with_the_sample_count_is_refused(tmp_path: Path, planner: dict, named: str) -> None:
+    path = write_world(tmp_path, {"planner": planner})
+    problems = ReasoningLoopConfig(world=str(path), num_samples=5).problems("env")
+    assert any(p.startswith(f"env.world: {path}: ") and named in p for p in problems), problems
+    # with a sample count it fits (3 samples in 3 values; 7 samples hold ranks 5 and -6) it is fine
+    assert not ReasoningLoopConfig(world=str(path), num_samples=3 if "confidence" in planner else 7).problems("env")
+
+
 def test_a_missing_world_names_the_shipped_ones() -> None:
     with pytest.raises(DataError, match="neither a file nor a shipped world .*shapes"):
         load_world("no-such-world")

@@ -186,6 +186,7 @@ def test_classify_decides_with_one_forward_per_image_and_a_zero_prompt_changes_n
     forward's verdict. So a pool of zero prompts is exactly the unmodified tool, and a prompt that lifts its own
     label's probability without winning its forward takes nothing."""
     from clova_train.core.pool import PromptPool
+    from clova_train.tools.clip_margin import classify_forwards
     from clova_train.tools.images import list_images, load_image
     from clova_train.tools.serving import PromptToolServer
 
@@ -199,7 +200,10 @@ def test_classify_decides_with_one_forward_per_image_and_a_zero_prompt_changes_n
     zero = PromptToolServer(clip, pool)
     with torch.no_grad():
         scores, base_logits = zero.score(images, names)
-    torch.testing.assert_close(scores, base_logits.softmax(-1))
+        forwards = classify_forwards(zero, images, names)
+    torch.testing.assert_close(scores, base_logits.softmax(-1), rtol=0, atol=0)
+    # by construction, not by luck: the zero ensemble's "prompted" forward is the unmodified one, at every margin
+    torch.testing.assert_close(forwards.prompted[0], forwards.unprompted, rtol=0, atol=0)
     # a strong random prompt: wherever the label takes an image, its forward ranked it first above the unmodified top
     torch.manual_seed(0)
     strong = PromptPool(clip.pool_spec())

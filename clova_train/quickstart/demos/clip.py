@@ -102,14 +102,19 @@ def main(argv: list[str] | None = None) -> None:
         concepts = defaults.get("synthetic_concepts") or server.pool.concepts
         render = lambda name, seed: write_concept_folders(  # noqa: E731
             Path(scratch) / name, concepts, args.test_images, defaults.get("render_size", 64), seed=seed)
-        validation = args.validation_data or render("validation", VALIDATION_SEED)
-        names, _, images, truth = load_folder(validation, image_size)
-        margin, _ = choose_margin(server, images, truth, names)
+        if args.data is not None and args.validation_data is None:
+            margin = server.tool.classify_margin  # your test set's concepts: no rendered stand-in to calibrate on
+            calibrated_on = "not chosen: pass --validation-data to choose it; the export's own margin"
+        else:
+            validation = args.validation_data or render("validation", VALIDATION_SEED)
+            names, _, images, truth = load_folder(validation, image_size)
+            margin, _ = choose_margin(server, images, truth, names)
+            calibrated_on = f"chosen on validation images ({args.validation_data or 'rendered with another seed'})"
         report, confusion, concepts = evaluate(server, args.data or render("test", TEST_SEED), image_size, margin)
     source = args.data or "freshly rendered synthetic images"
     print(f"\nCLASSIFY on test images ({source}), {len(server.pool)} prompts in the pool, top-k {server.top_k}")
-    print(f"classify_margin {margin:g}: chosen on validation images ({args.validation_data or 'rendered with another seed'}):")
-    print("the most accurate margin under which no concept without prompts loses more than 2 points.")
+    print(f"classify_margin {margin:g}: {calibrated_on}")
+    print("(chosen: the most accurate margin under which no concept without prompts loses more than 2 points).")
     print("no prompt: the unmodified CLIP; pool: the learned prompts at margin 0 and at the chosen margin; random")
     print("prompt: the pool with every prompt replaced by a random one of its norm (nothing learned). Mean [95% interval].")
     for entry in report:
