@@ -28,9 +28,7 @@ them.
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import subprocess
 import sys
 from pathlib import Path
 
@@ -38,16 +36,15 @@ import numpy as np
 import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from cli_runs import REPO, controller_evaluation  # noqa: E402
 from results_file import add_seeded_run_arguments, machine, publish, runs_directory, seed_interval  # noqa: E402
 
 from clova_train.controller.evaluation import FITTED_PREFIXES  # noqa: E402
+from clova_train.envs.common.reasoning_world import REWARD_KEYS, STEPS  # noqa: E402
 
-REPO = Path(__file__).resolve().parent.parent
 CONFIGS = {"hydra": "controller_dqn.yaml", "avis": "controller_avis.yaml", "hammr": "controller_hammr.yaml"}
 SECTIONS = {"hydra": "env", "avis": "avis", "hammr": "hammr"}
 OWN = "trained controller"
-STEPS = ("count", "exists", "colour", "compare-1", "compare-2")
-REWARDS = ("r1", "alpha", "error_penalty", "reject_penalty")  # set by the quickstart config: nulled for a world's own
 
 
 def random_world(seed: int) -> dict:
@@ -71,19 +68,12 @@ def random_world(seed: int) -> dict:
 def run(environment: str, world: str | None, seed: int, runs: Path) -> dict[str, dict]:
     """The evaluation of one controller fit (trained if not there yet)."""
     out = runs / f"{environment}-{Path(world).stem if world else 'quickstart'}-{seed}"
-    if not (out / "evaluation.json").is_file():
-        section = SECTIONS[environment]
-        command = [sys.executable, "-m", "clova_train", "controller", "fit", "--config",
-                   str(REPO / "configs/quickstart" / CONFIGS[environment]), f"--train.seed={seed}",
-                   f"--train.output_dir={out}", f"--{section}.cache_path=null", "--train.progress_bar=false",
-                   "--train.eval_every=0", "--train.log_formats=[csv]", "--force"]
-        if world is not None:  # the world's own rewards, not the quickstart's
-            command += [f"--env.world={world}", *(f"--env.{key}=null" for key in REWARDS)]
-        result = subprocess.run(command, capture_output=True, text=True, cwd=REPO,
-                                env={**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")})
-        if result.returncode != 0:
-            raise SystemExit(f"controller fit ({environment}, {world}, seed {seed}) failed:\n{result.stderr[-2000:]}")
-    return json.loads((out / "evaluation.json").read_text())
+    section = SECTIONS[environment]
+    world_args = [] if world is None else [f"--env.world={world}", *(f"--env.{key}=null" for key in REWARD_KEYS)]
+    return controller_evaluation(  # the world's own rewards, not the quickstart's
+        out, "--config", str(REPO / "configs/quickstart" / CONFIGS[environment]), f"--train.seed={seed}",
+        f"--{section}.cache_path=null", "--train.eval_every=0", "--train.log_formats=[csv]", "--force", *world_args,
+        env={"OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")})
 
 
 def table(environment: str, world: str | None, seeds: list[int], runs: Path, record: bool,
@@ -103,7 +93,7 @@ def table(environment: str, world: str | None, seeds: list[int], runs: Path, rec
         rows.append(f"| {name} | {seed_interval(values)} | {difference} | {', '.join(f'{v:.3f}' for v in values)} |")
     label = f"{environment}, {'the quickstart' if world is None else 'world ' + Path(world).stem}"
     shown = f"<runs-dir>/random-{drawn}.yaml (random_world({drawn}))" if drawn else world
-    nulls = " ".join(f"--env.{key}=null" for key in REWARDS)
+    nulls = " ".join(f"--env.{key}=null" for key in REWARD_KEYS)
     setting = "" if world is None else f" with `--env.world={shown} {nulls}` (the world file's rewards)"
     option = (f" --worlds --random-worlds {drawn}" if drawn else "" if world is None
               else f" --worlds {world} --random-worlds 0")

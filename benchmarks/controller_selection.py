@@ -17,15 +17,13 @@ a 95% Student t interval from the seed-to-seed variation, and the paired differe
 from __future__ import annotations
 
 import argparse
-import json
-import subprocess
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from cli_runs import REPO, controller_evaluation  # noqa: E402
 from results_file import add_seeded_run_arguments, machine, publish, runs_directory, seed_interval  # noqa: E402
 
-REPO = Path(__file__).resolve().parent.parent
 CONFIG = REPO / "configs/quickstart/controller_dqn.yaml"
 RULES = ("argmax_q", "eq2")
 OWN = "trained controller"
@@ -36,14 +34,8 @@ UNTRAINED = (PLANNER, "planner lowest-probability", "random sample", "best fixed
 def run(rule: str, seed: int, runs: Path) -> dict[str, dict]:
     """The evaluation of the quickstart controller trained with ``rule`` from ``seed`` (trained if not there yet)."""
     out = runs / f"{rule}-{seed}"
-    if not (out / "evaluation.json").is_file():
-        command = [sys.executable, "-m", "clova_train", "controller", "fit", "--config", str(CONFIG),
-                   f"--train.seed={seed}", f"--dqn.action_selection={rule}", f"--train.output_dir={out}",
-                   f"--env.cache_path={out}.sqlite", "--train.progress_bar=false"]
-        result = subprocess.run(command, capture_output=True, text=True, cwd=REPO)
-        if result.returncode != 0:
-            raise SystemExit(f"controller fit ({rule}, seed {seed}) failed:\n{result.stderr[-2000:]}")
-    return json.loads((out / "evaluation.json").read_text())
+    return controller_evaluation(out, "--config", str(CONFIG), f"--train.seed={seed}", f"--dqn.action_selection={rule}",
+                                 f"--env.cache_path={out}.sqlite")
 
 
 def other_rule_row(evaluation: dict[str, dict]) -> str:

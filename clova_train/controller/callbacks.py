@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import os
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +30,7 @@ from clova_train.core.safe_files import read_json_object
 from clova_train.controller.evaluation import (
     baselines, fitted_baselines, make_env_fn, model_policy, other_selection, run_episodes, short_name, summary,
 )
+from clova_train.controller.fitted_controls import MLP_HIDDEN
 from clova_train.envs import EnvConfig
 
 LATEST = "latest.json"
@@ -151,11 +153,11 @@ class HeldOutEvalCallback(EvalCallback):
 
     def __init__(self, env_config: EnvConfig, run_dir: Path, eval_freq: int, episodes: int, seed: int,
                  random_seed: int, target_accuracy: float = 0.0, started: float | None = None,
-                 control_steps: int = 0, hidden: list[int] | None = None) -> None:
+                 control_steps: int = 0, hidden: Sequence[int] = MLP_HIDDEN) -> None:
         super().__init__(DummyVecEnv([make_env_fn(env_config, "eval")]), n_eval_episodes=episodes,
                          eval_freq=eval_freq, log_path=str(run_dir), best_model_save_path=str(run_dir), verbose=0)
         self.run_dir, self.seed, self.random_seed = run_dir, seed, random_seed
-        self.env_config, self.control_steps, self.hidden = env_config, control_steps, hidden or [256]
+        self.env_config, self.control_steps, self.hidden = env_config, control_steps, hidden
         self.target_accuracy = target_accuracy
         self.started = time.perf_counter() if started is None else started
         self.evaluations_accuracy: list[float] = []

@@ -13,13 +13,13 @@ keeps (returns, lengths, successes).
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 from typing import Any
 
 import numpy as np
 
-from clova_train.controller.fitted_controls import fitted_controls
+from clova_train.controller.fitted_controls import MLP_HIDDEN, fitted_controls
 from clova_train.envs import EnvConfig, ReasoningLoopEnv, make_env
 from clova_train.envs.common.scripted import GOOD, ScriptedReasoningLLM
 
@@ -132,7 +132,7 @@ def baselines(env: Any, episodes: int, seed: int, random_seed: int) -> dict[str,
 
 
 def fitted_baselines(env_config: EnvConfig, eval_env: Any, episodes: int, seed: int, steps: int, fit_seed: int,
-                     hidden: list[int]) -> dict[str, dict[str, Any]]:
+                     hidden: Sequence[int] = MLP_HIDDEN) -> dict[str, dict[str, Any]]:
     """The fitted controls (question rule, logistic regression, MLP ``hidden``) learned from ``steps`` logged steps of
     training tasks (seeded by ``fit_seed``), played on the held-out tasks of ``eval_env``; nothing when ``steps`` is 0."""
     if steps <= 0:
@@ -170,14 +170,14 @@ def best_rule(results: dict[str, dict[str, Any]], include_fitted: bool = True) -
 
 
 def compare(env_config: EnvConfig, model: Any, episodes: int, seed: int, random_seed: int, control_steps: int = 0,
-            hidden: list[int] | None = None) -> dict[str, dict[str, float]]:
+            hidden: Sequence[int] = MLP_HIDDEN) -> dict[str, dict[str, float]]:
     """The controller (under both selection rules when it has them), every rule of :func:`baselines` and the fitted
     controls (``control_steps`` logged steps, seeded by ``random_seed``; MLP ``hidden``) on the same held-out tasks."""
     env = make_env_fn(env_config, "eval")()
     try:
         results = {"trained controller": run_episodes(env, model_policy(model), episodes, seed),
                    **other_selection(env, model, episodes, seed), **baselines(env, episodes, seed, random_seed),
-                   **fitted_baselines(env_config, env, episodes, seed, control_steps, random_seed, hidden or [256])}
+                   **fitted_baselines(env_config, env, episodes, seed, control_steps, random_seed, hidden)}
     finally:
         env.close()
     return {name: summary(result) for name, result in results.items()}

@@ -37,6 +37,7 @@ REPLAN = "re-plan"
 QUESTION_WORDS = 2
 VALIDATION_FRACTION = 0.2
 WEIGHT_DECAYS = (1e-4, 1e-2)
+MLP_HIDDEN = (256,)  # the MLP control's layers when no DQN width is given (the quickstarts' net_arch)
 
 
 def feasible_actions(env: Any) -> np.ndarray:
@@ -53,14 +54,18 @@ def situation(env: Any) -> tuple[Hashable, ...]:
     return words, memory, getattr(env, "state", None)
 
 
+def _probability_order(env: ReasoningLoopEnv) -> np.ndarray:
+    """The current samples' actions from the highest planner probability to the lowest (ties: listing order)."""
+    return np.argsort(-env.planner_probabilities(), kind="stable")
+
+
 def describe_action(env: Any, action: int) -> Hashable:
     """HYDRA: ``"rank k"`` of the sample's planner probability (1 highest) or ``"re-plan"``; others: the action."""
     if not isinstance(env, ReasoningLoopEnv):
         return int(action)
     if action == env.config.num_samples:
         return REPLAN
-    order = np.argsort(-env.planner_probabilities(), kind="stable")
-    return f"rank {int(np.flatnonzero(order == action)[0]) + 1}"
+    return f"rank {int(np.flatnonzero(_probability_order(env) == action)[0]) + 1}"
 
 
 def action_for(env: Any, description: Hashable) -> int:
@@ -69,8 +74,7 @@ def action_for(env: Any, description: Hashable) -> int:
         return int(description)
     if description == REPLAN:
         return env.config.num_samples
-    order = np.argsort(-env.planner_probabilities(), kind="stable")
-    return int(order[int(str(description).split()[1]) - 1])
+    return int(_probability_order(env)[int(str(description).split()[1]) - 1])
 
 
 @dataclass

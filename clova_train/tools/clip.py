@@ -42,6 +42,7 @@ from torch import nn
 
 from clova_train.core.errors import DataError, ModelError
 from clova_train.tools.base import PromptLookup, PromptTool
+from clova_train.tools.clip_margin import classify_forwards, served_scores
 from clova_train.tools.contracts import GateResult, Rejection, TrainingInstance
 from clova_train.tools.pretrained import LOCAL_DIR_PREFIX
 
@@ -180,8 +181,8 @@ class PromptedClip(PromptTool):
             ``clova_train.tools.clip_margin.classify_forwards``), and a prompt changes a prediction only by winning
             the whole prompted classification. The gate's ``serving`` rule applies the same test to one instance's
             prompt over its candidate labels (the served decision uses the ensembled prompts over the request's
-            labels). A larger margin keeps more of
-            the unmodified tool's predictions (fewer false switches to a prompted label, fewer true ones).
+            labels). A larger margin keeps more of the unmodified tool's predictions (fewer false switches to a
+            prompted label, fewer true ones).
     """
 
     name: ClassVar[str] = "clip"
@@ -483,8 +484,6 @@ class PromptedClip(PromptTool):
         score; a label with prompts gets the probability of the forward with its prompts where that forward takes
         the prediction (``classify_margin``), so the scores' argmax is the served label.
         """
-        from clova_train.tools.clip_margin import classify_forwards, served_scores
-
         if not labels:
             raise ValueError("classify needs at least one label")
         forwards = classify_forwards(lookup, images, labels, tool=self)

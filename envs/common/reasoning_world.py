@@ -36,9 +36,9 @@ from typing import Any
 from clova_train.core.checks import is_integer, is_number
 from clova_train.core.errors import DataError
 from clova_train.core.safe_files import read_json, read_yaml
+from clova_train.envs.common.world import QUESTION_TYPES
 
 WORLDS_DIR = Path(__file__).resolve().parent.parent / "worlds"
-QUESTION_KINDS = ("count", "exists", "colour", "compare")
 STEPS = ("count", "exists", "colour", "compare-1", "compare-2")
 RANDOM_RANK = "random"
 REWARD_KEYS = ("r1", "alpha", "error_penalty", "reject_penalty")
@@ -49,7 +49,7 @@ class ReasoningWorld:
     """One offline world (see the module docstring for what each field means)."""
 
     name: str = "shapes"
-    questions: dict[str, float] = field(default_factory=lambda: {k: 1.0 for k in QUESTION_KINDS})
+    questions: dict[str, float] = field(default_factory=lambda: {k: 1.0 for k in QUESTION_TYPES})
     confidence: tuple[float, float] = (0.30, 0.95)
     has_good: tuple[float, ...] = (0.95,)
     good_rank: dict[str, int | str] = field(default_factory=lambda: {"count": 0, "exists": -1, "colour": 1,
@@ -57,6 +57,20 @@ class ReasoningWorld:
     malformed: float = 0.05
     guess_right_one_in: int = 3
     rewards: dict[str, float] = field(default_factory=dict)
+
+    def sample_count_problems(self, num_samples: int, where: str) -> list[str]:
+        """What cannot hold with ``num_samples`` samples per list (``where`` names the world): a good-sample rank
+        outside the list, or a confidence range with fewer distinct 2-decimal values than samples."""
+        n, problems = num_samples, []
+        for step, rank in self.good_rank.items():
+            if rank != RANDOM_RANK and not -n <= int(rank) < n:
+                problems.append(f"{where}: planner.good_rank.{step} = {rank}: must be a rank among the {n} samples "
+                                f"({-n} to {n - 1}) or 'random'")
+        low, high = (round(100 * c) for c in self.confidence)
+        if high - low + 1 < n:
+            problems.append(f"{where}: planner.confidence = {list(self.confidence)}: holds {high - low + 1} "
+                            f"distinct 2-decimal values, fewer than the {n} samples")
+        return problems
 
     def has_good_at(self, attempt: int) -> float:
         """The chance that the list of attempt ``attempt`` (0: the step's first) holds a good instruction."""
@@ -104,7 +118,7 @@ def world_from_dict(raw: Any, where: str) -> ReasoningWorld:
     if not isinstance(name, str) or not name.strip():
         raise DataError(f"{where}: name must be non-empty text")
     questions = _section(raw, "questions", where) or dict(default.questions)
-    _unknown(questions, QUESTION_KINDS, f"{where}: questions")
+    _unknown(questions, QUESTION_TYPES, f"{where}: questions")
     for kind, weight in questions.items():
         if not is_number(weight) or weight < 0:
             raise DataError(f"{where}: questions.{kind} = {weight!r}: must be a number >= 0")

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import re
 import zlib
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -110,9 +111,10 @@ STEP_KINDS: dict[str, dict[str, tuple[str, ...]]] = {
 }
 # The default (``shapes``) world's planner: rank of the good instruction among the N confidences (0: highest,
 # -1: lowest) by step, the confidences' range, and the chance of a good instruction in a list.
-GOOD_RANK: dict[str, int | str] = ReasoningWorld().good_rank
-CONFIDENCE_RANGE = ReasoningWorld().confidence
-HAS_GOOD_PROBABILITY = ReasoningWorld().has_good[0]
+_SHAPES = ReasoningWorld()
+GOOD_RANK: dict[str, int | str] = _SHAPES.good_rank
+CONFIDENCE_RANGE = _SHAPES.confidence
+HAS_GOOD_PROBABILITY = _SHAPES.has_good[0]
 
 _QUESTION_PATTERNS = (
     ("count", re.compile(r"How many (?P<c>\w+) (?P<s>\w+?)s are there\?")),
@@ -184,10 +186,12 @@ class ScriptedReasoningLLM(ChatBackend):
 
     def __init__(self, world: ReasoningWorld | None = None, has_good_probability: float | None = None,
                  malformed_probability: float | None = None) -> None:
-        self.world = world or ReasoningWorld()
-        self.has_good = (has_good_probability,) if has_good_probability is not None else self.world.has_good
-        self.malformed_probability = (self.world.malformed if malformed_probability is None
-                                      else malformed_probability)
+        world = world or ReasoningWorld()
+        if has_good_probability is not None:
+            world = replace(world, has_good=(has_good_probability,))
+        if malformed_probability is not None:
+            world = replace(world, malformed=malformed_probability)
+        self.world = world
         self.calls = 0
         self._instructions: list[tuple[re.Pattern[str], str, str]] = [
             (_template_regex(t), step, kind)
@@ -195,8 +199,8 @@ class ScriptedReasoningLLM(ChatBackend):
         ] + [(_template_regex(t), "", kind) for kind, texts in BAD_KINDS.items() for t in texts]
 
     def identity(self) -> dict[str, Any]:
-        return {"kind": "scripted-reasoning", "has_good": list(self.has_good),
-                "malformed": self.malformed_probability, "world": self.world.identity()}
+        return {"kind": "scripted-reasoning", "has_good": list(self.world.has_good),
+                "malformed": self.world.malformed, "world": self.world.identity()}
 
     def chat(self, messages: list[Message]) -> str:
         self.calls += 1
@@ -223,7 +227,7 @@ class ScriptedReasoningLLM(ChatBackend):
         ranked = [bad[int(rng.integers(len(bad)))] for _ in range(n)]
         attempt_text = prompt_field(prompt, "Attempt")
         attempt = int(attempt_text) if attempt_text.isdigit() else 0
-        if rng.random() < self.has_good[min(attempt, len(self.has_good) - 1)]:
+        if rng.random() < self.world.has_good_at(attempt):
             rank = self.world.good_rank[step]
             ranked[(int(rng.integers(n)) if rank == RANDOM_RANK else int(rank)) % n] = GOOD
         lines = []
@@ -231,7 +235,7 @@ class ScriptedReasoningLLM(ChatBackend):
             texts = kinds.get(ranked[rank]) or BAD_KINDS[ranked[rank]]
             text = texts[int(rng.integers(len(texts)))].format(**{"c": "", "s": "", "c2": "", "s2": "", **groups})
             lines.append((float(confidences[rank]), " ".join(text.split())))
-        if rng.random() < self.malformed_probability:
+        if rng.random() < self.world.malformed:
             lines = lines[:-1] if rng.random() < 0.5 else lines + [lines[0]]
         return "\n".join(f"{i + 1}. [{p:.2f}] {text}" for i, (p, text) in enumerate(lines))
 

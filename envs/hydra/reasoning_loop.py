@@ -37,11 +37,11 @@ from clova_train.agents.backends import ChatBackend, EmbeddingBackend
 from clova_train.agents.config import EmbedderConfig, LLMConfig
 from clova_train.agents.llm_cache import CacheMode, CachedChat, CachedEmbedding, CallCache
 from clova_train.agents.sandbox import Sandbox, ToolAPI
-from clova_train.core.checks import Problems
+from clova_train.core.checks import Problems, is_integer
 from clova_train.envs.common.config import coerce_models, observation_embedder, shared_problems
 from clova_train.envs.common.parts import MemoryBank, ObservationEncoder, Planner, Reasoner, Textualizer, short_repr
 from clova_train.core.errors import DataError
-from clova_train.envs.common.reasoning_world import RANDOM_RANK, ReasoningWorld, load_world
+from clova_train.envs.common.reasoning_world import ReasoningWorld, load_world
 from clova_train.envs.common.scripted import ScriptedReasoningLLM
 from clova_train.envs.common.selection import ObservationTail
 from clova_train.envs.common.world import COLOURS, SIZE, SceneTools, Task, make_task, normalise_answer, task_id_option
@@ -57,23 +57,6 @@ def eq3_step_reward(t: int, outcome: Outcome, r1: float, alpha: float, m: float 
     term = {"continue": -float(t), "related": alpha * m, "unrelated": -alpha, "truncated": -alpha}[outcome]
     penalties = (error_penalty if failed else 0.0) + (reject_penalty if rejected else 0.0)
     return (r1 if t == 1 else 0.0) + term - penalties
-
-
-def world_fit_problems(world: ReasoningWorld, num_samples: Any, where: str) -> list[str]:
-    """What in ``world`` cannot hold with ``num_samples`` samples per list: a good-sample rank outside the list, or a
-    confidence range with fewer distinct 2-decimal values than samples."""
-    if not isinstance(num_samples, int) or isinstance(num_samples, bool) or num_samples < 1:
-        return []
-    n, problems = num_samples, []
-    for step, rank in world.good_rank.items():
-        if rank != RANDOM_RANK and not -n <= int(rank) < n:
-            problems.append(f"{where}: planner.good_rank.{step} = {rank}: must be a rank among the {n} samples "
-                            f"({-n} to {n - 1}) or 'random'")
-    low, high = (round(100 * c) for c in world.confidence)
-    if high - low + 1 < n:
-        problems.append(f"{where}: planner.confidence = {list(world.confidence)}: holds {high - low + 1} distinct "
-                        f"2-decimal values, fewer than the {n} samples")
-    return problems
 
 
 def is_related(task: Task, answer: str) -> bool:
@@ -133,7 +116,8 @@ class ReasoningLoopConfig:
 
     def __post_init__(self) -> None:
         coerce_models(self)
-        if isinstance(self.world, str):  # a bad file is reported by ``problems``
+        # only while a reward is unresolved: copies of a resolved config (dataclasses.replace) read no file
+        if isinstance(self.world, str) and any(getattr(self, key) is None for key in PAPER_REWARDS):
             try:
                 world = load_world(self.world)
             except DataError:
@@ -174,7 +158,8 @@ class ReasoningLoopConfig:
         except DataError as err:
             found.add(f"{found.key('world')}: {err}")
         else:
-            found.messages += world_fit_problems(world, self.num_samples, f"{found.key('world')}: {self.world}")
+            if is_integer(self.num_samples) and self.num_samples >= 1:
+                found.messages += world.sample_count_problems(self.num_samples, f"{found.key('world')}: {self.world}")
         found.positive("sandbox_timeout_s", self.sandbox_timeout_s)
         found.at_least("sandbox_memory_mb", self.sandbox_memory_mb, 32)
         return [*found.messages, *shared_problems(self, prefix)]
