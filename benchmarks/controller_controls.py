@@ -19,8 +19,13 @@ DQN's settings were chosen), every world named with ``--worlds`` with that world
 confidence range, rewards), written to world files that the CLI reads like any user's; nobody tuned anything on
 them.
 
+AVIS and HAMMR worlds: the quickstart's (``seeking``: every untrained baseline already answers everything) and every
+world named with ``--seeking-worlds`` (default: ``seeking-paraphrased``, where questions come in wordings unlike the
+in-context examples, so the prompted planner and dispatcher misroute some of them).
+
     python benchmarks/controller_controls.py [--environments hydra avis hammr] [--worlds shapes shapes-replan]
-        [--random-worlds 2] [--seeds 0 1 2 3 4] [--runs-dir DIR] [--no-record]
+        [--random-worlds 2] [--seeking-worlds seeking-paraphrased] [--seeds 0 1 2 3 4] [--runs-dir DIR]
+        [--no-record]
 
 ``--runs-dir`` keeps the runs (a rerun reuses every finished one); the default is a temporary directory.
 """
@@ -69,7 +74,12 @@ def run(environment: str, world: str | None, seed: int, runs: Path) -> dict[str,
     """The evaluation of one controller fit (trained if not there yet)."""
     out = runs / f"{environment}-{Path(world).stem if world else 'quickstart'}-{seed}"
     section = SECTIONS[environment]
-    world_args = [] if world is None else [f"--env.world={world}", *(f"--env.{key}=null" for key in REWARD_KEYS)]
+    if world is None:
+        world_args = []
+    elif environment == "hydra":
+        world_args = [f"--env.world={world}", *(f"--env.{key}=null" for key in REWARD_KEYS)]
+    else:
+        world_args = [f"--{section}.world={world}"]
     return controller_evaluation(  # the world's own rewards, not the quickstart's
         out, "--config", str(REPO / "configs/quickstart" / CONFIGS[environment]), f"--train.seed={seed}",
         f"--{section}.cache_path=null", "--train.eval_every=0", "--train.log_formats=[csv]", "--force", *world_args,
@@ -94,9 +104,13 @@ def table(environment: str, world: str | None, seeds: list[int], runs: Path, rec
     label = f"{environment}, {'the quickstart' if world is None else 'world ' + Path(world).stem}"
     shown = f"<runs-dir>/random-{drawn}.yaml (random_world({drawn}))" if drawn else world
     nulls = " ".join(f"--env.{key}=null" for key in REWARD_KEYS)
-    setting = "" if world is None else f" with `--env.world={shown} {nulls}` (the world file's rewards)"
-    option = (f" --worlds --random-worlds {drawn}" if drawn else "" if world is None
-              else f" --worlds {world} --random-worlds 0")
+    if environment != "hydra":
+        setting = "" if world is None else f" with `--{SECTIONS[environment]}.world={world}`"
+        option = " --seeking-worlds" if world is None else f" --seeking-worlds {world}"
+    else:
+        setting = "" if world is None else f" with `--env.world={shown} {nulls}` (the world file's rewards)"
+        option = (f" --worlds --random-worlds {drawn}" if drawn else "" if world is None
+                  else f" --worlds {world} --random-worlds 0")
     publish("controller_controls", "Controllers against the controls: rules, fitted learners, seeds, worlds",
             f"{label}, cpu: {machine()}",
             f"Held-out accuracy ({evaluations[0][OWN]['episodes']:.0f} tasks), `configs/quickstart/"
@@ -113,12 +127,15 @@ def main() -> None:
     parser.add_argument("--worlds", nargs="*", default=["shapes-replan"],
                         help="HYDRA worlds besides the quickstart's (presets or files; each with its own rewards)")
     parser.add_argument("--random-worlds", type=int, default=2, help="HYDRA worlds drawn by random_world (seeds 1..K)")
+    parser.add_argument("--seeking-worlds", nargs="*", default=["seeking-paraphrased"],
+                        help="AVIS and HAMMR worlds besides the quickstart's (presets or files)")
     add_seeded_run_arguments(parser)
     args = parser.parse_args()
     with runs_directory(args.runs_dir) as runs:
         for environment in args.environments:
             if environment != "hydra":
-                table(environment, None, args.seeds, runs, not args.no_record)
+                for world in [None, *args.seeking_worlds]:
+                    table(environment, world, args.seeds, runs, not args.no_record)
                 continue
             for world in [None, *args.worlds]:
                 table(environment, world, args.seeds, runs, not args.no_record)

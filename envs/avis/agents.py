@@ -28,6 +28,7 @@ import numpy as np
 
 from clova_train.agents.backends import EmbeddingBackend
 from clova_train.core.errors import ClovaTrainError
+from clova_train.envs.avis.seeking_world import DEFAULT_WORLD, SeekingWorld
 from clova_train.envs.avis.world import make_seeking_task
 from clova_train.envs.common.budget import BudgetedChat, BudgetSpent
 from clova_train.envs.common.selection import RULES, select_actions
@@ -201,10 +202,12 @@ class AgentTools:
             (default: ``chat``).
         seeking_env: builds an ``avis`` agent's environment from its spec and these tools (one level deeper,
             sharing their chat, embedder and budget).
+        world: the information-seeking world the agents' questions belong to.
     """
 
     def __init__(self, specs: list[AgentSpec], chat: BudgetedChat, embedder: EmbeddingBackend, depth: int,
-                 hydra_chat: BudgetedChat | None = None, *, seeking_env: SeekingEnvFactory) -> None:
+                 hydra_chat: BudgetedChat | None = None, *, seeking_env: SeekingEnvFactory,
+                 world: SeekingWorld = DEFAULT_WORLD) -> None:
         for spec in specs:
             if not AGENT_NAME.fullmatch(str(spec.name)):
                 raise ValueError(f"agent name {spec.name!r}: use letters, digits, '_' and '-' only")
@@ -212,6 +215,7 @@ class AgentTools:
         self.chat, self.embedder, self.depth = chat, embedder, depth
         self.hydra_chat = hydra_chat or chat
         self.seeking_env = seeking_env
+        self.world = world
         self._envs: dict[str, Any] = {}
         self._policies: dict[str, Policy] = {}
 
@@ -263,7 +267,7 @@ class AgentTools:
         before = budget.llm_calls
         try:
             env, policy = self.resolve(name)
-            obs, _ = env.reset(options={"task": make_seeking_task(task_id, question), "nested": True})
+            obs, _ = env.reset(options={"task": make_seeking_task(task_id, question, world=self.world), "nested": True})
             done, info, steps, trace = False, {}, 0, []
             while not done:
                 obs, _, terminated, truncated, info = env.step(policy(obs, env))

@@ -45,7 +45,8 @@ from clova_train.envs.avis.parts import (
     Example, MemoryEntry, SeekingPlanner, SeekingReasoner, WorkingMemory, clip_output,
 )
 from clova_train.envs.avis.scripted import ScriptedSeekingLLM
-from clova_train.envs.avis.world import GOOD_PATHS, SEEKING_KINDS, SeekingTools, check_kinds, task_from_options
+from clova_train.envs.avis.seeking_world import SEEKING_KINDS, SeekingWorld, load_seeking_world
+from clova_train.envs.avis.world import GOOD_PATHS, SeekingTools, check_kinds, task_from_options
 from clova_train.envs.common.budget import BudgetedChat, BudgetSpent, CallBudget
 from clova_train.envs.common.config import coerce_models, observation_embedder, shared_problems
 from clova_train.envs.common.scripted import ScriptedReasoningLLM
@@ -88,9 +89,12 @@ class InformationSeekingConfig(MaskedObservation):
     """The AVIS environment.
 
     Args:
+        world: the offline world (``scripted`` LLM): a shipped preset (``seeking``, ``seeking-paraphrased``) or a
+            YAML/JSON world file: question kinds and weights, their wordings, the guessing tools
+            (``clova_train.envs.avis.seeking_world``).
         graph: transition graph: a preset name (``avis``: the paper's Figure 3, adapted) or a YAML/JSON file.
         tools: the graph's actions to keep (empty: all); the rest and their states are dropped.
-        kinds: question kinds the episodes draw (count, exists, colour, entity, fact).
+        kinds: question kinds the episodes draw (count, exists, colour, entity, fact), by the world's weights.
         examples: the planner's in-context examples (``{"question", "path"}``); empty: one per kind.
         max_iterations: steps before the episode is truncated.
         answer_reward: reward of a correct answer.
@@ -108,6 +112,7 @@ class InformationSeekingConfig(MaskedObservation):
         cache_mode: ``record``, ``replay`` (a miss is an error) or ``off``.
     """
 
+    world: str = "seeking"
     graph: str = "avis"
     tools: list[str] = field(default_factory=list)
     kinds: list[str] = field(default_factory=lambda: list(SEEKING_KINDS))
@@ -165,9 +170,10 @@ def seeking_problems(config: Any, prefix: str, environment: Callable[[Any], Any]
 
 
 def build_chat(llm: LLMConfig, context_examples: int | None, cache_path: str | None,
-               cache_mode: CacheMode) -> tuple[BudgetedChat, CallCache | None]:
-    """The seeking worlds' chat stack: backend (the scripted one offline) -> call cache -> budget."""
-    backend = llm.build(scripted=lambda: ScriptedSeekingLLM(context_examples))
+               cache_mode: CacheMode, world: SeekingWorld) -> tuple[BudgetedChat, CallCache | None]:
+    """The seeking worlds' chat stack: backend (the scripted one offline, speaking ``world``) -> call cache ->
+    budget."""
+    backend = llm.build(scripted=lambda: ScriptedSeekingLLM(context_examples, world))
     cache = CallCache(cache_path, cache_mode) if cache_path else None
     return BudgetedChat(CachedChat(backend, cache) if cache is not None else backend), cache
 
@@ -217,19 +223,21 @@ class InformationSeekingEnv(gym.Env):
         embedder: an embedding backend to use instead of ``config.embedder``.
         depth: nesting depth (0 at top level; agents called as tools run one deeper).
         hydra_chat: the chat stack of ``hydra`` agents (their planner/coder protocol), sharing this budget.
+        world: the loaded world to use instead of ``config.world`` (a called agent shares its caller's).
     """
 
     metadata = {"render_modes": ["ansi"]}
 
     def __init__(self, config: InformationSeekingConfig | dict | None = None, llm: BudgetedChat | None = None,
                  embedder: EmbeddingBackend | None = None, depth: int = 0, render_mode: str | None = None,
-                 hydra_chat: BudgetedChat | None = None) -> None:
+                 hydra_chat: BudgetedChat | None = None, world: SeekingWorld | None = None) -> None:
         if isinstance(config, dict):
             config = InformationSeekingConfig(**config)
         self.config = config = config or InformationSeekingConfig()
         self.render_mode = render_mode
         self.kinds = tuple(config.kinds)
-        check_kinds(self.kinds)
+        self.world = world or load_seeking_world(config.world)
+        check_kinds(self.kinds, self.world)
         self.graph = load_graph(config.graph)
         if config.tools:
             self.graph = restrict(self.graph, list(config.tools))
@@ -237,13 +245,15 @@ class InformationSeekingEnv(gym.Env):
         check_tools(self.graph, self.specs)
         self.cache: CallCache | None = None
         if llm is None:
-            llm, self.cache = build_chat(config.llm, config.context_examples, config.cache_path, config.cache_mode)
+            llm, self.cache = build_chat(config.llm, config.context_examples, config.cache_path, config.cache_mode,
+                                         self.world)
             hydra_chat = hydra_chat_for(config.llm, llm, self.cache)
         self.llm, self.depth = llm, depth
         self.embedder = embedder or config.embedder.build()
         self.planner = SeekingPlanner(llm, examples_of(config.examples, self.kinds))
         self.reasoner = SeekingReasoner(llm)
-        self.agents = AgentTools(self.specs, llm, self.embedder, depth, hydra_chat, seeking_env=agent_env)
+        self.agents = AgentTools(self.specs, llm, self.embedder, depth, hydra_chat, seeking_env=agent_env,
+                                 world=self.world)
         self.states = (self.graph.start, *self.graph.actions)
         n, d = len(self.graph.actions), self.embedder.dim
         self.dim = 2 * d + len(self.states) + 3 * n
@@ -255,7 +265,7 @@ class InformationSeekingEnv(gym.Env):
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[np.ndarray, dict]:
         super().reset(seed=seed)
         options = options or {}
-        self.task = task_from_options(options, self.np_random, self.config.split, self.kinds)
+        self.task = task_from_options(options, self.np_random, self.config.split, self.kinds, self.world)
         if not options.get("nested"):
             self.llm.budget = CallBudget(self.config.max_depth, self.config.max_llm_calls)
         self.state = self.graph.start
@@ -350,7 +360,7 @@ class InformationSeekingEnv(gym.Env):
             result = self.agents.call(name[len(AGENT_PREFIX):], query, self.task.task_id)
             output = clip_output(result.output())
         else:
-            output = clip_output(getattr(SeekingTools(self.task), name)(query))
+            output = clip_output(getattr(SeekingTools(self.task, self.world), name)(query))
         label, answer = self.reasoner.judge(self.task.question, name, query, output, self.memory)
         if label == "answer" and name not in self.graph.answers:
             label, answer = "informative", None  # this action cannot end the search: its result is kept
@@ -390,7 +400,8 @@ class InformationSeekingEnv(gym.Env):
         return {"environment": "avis", "observation_dim": self.dim, "observation_parts": offsets,
                 "states": list(self.states), "actions": dict(enumerate(self.graph.actions)),
                 "action_mask": "the last len(actions) observation entries (1: feasible)",
-                "graph": self.graph.to_dict(), "embedder": self.embedder.identity(), "config": asdict(self.config)}
+                "graph": self.graph.to_dict(), "embedder": self.embedder.identity(), "world": self.world.identity(),
+                "config": asdict(self.config)}
 
     # ------------------------------------------------------------------ rules without training
     def reference_policies(self, random_seed: int) -> dict[str, Any]:
@@ -419,4 +430,4 @@ def agent_env(spec: AgentSpec, tools: AgentTools) -> InformationSeekingEnv:
     config = InformationSeekingConfig(graph=spec.graph, tools=list(spec.tools), examples=list(spec.examples),
                                       max_iterations=spec.max_iterations, agents=list(tools.specs.values()))
     return InformationSeekingEnv(config, llm=tools.chat, embedder=tools.embedder, depth=tools.depth + 1,
-                                 hydra_chat=tools.hydra_chat)
+                                 hydra_chat=tools.hydra_chat, world=tools.world)

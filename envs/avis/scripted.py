@@ -28,7 +28,8 @@ from typing import Any
 
 from clova_train.agents.backends import ChatBackend, Message
 from clova_train.envs.common.scripted import prompt_field
-from clova_train.envs.avis.world import GUILDS, NO_RESULT, TEMPLATES, parse_question
+from clova_train.envs.avis.seeking_world import DEFAULT_WORLD, SeekingWorld
+from clova_train.envs.avis.world import GUILDS, NO_RESULT
 
 STOPWORDS = frozenset("a an the is are of in on as its it to and or e g eg such there what which how was with".split())
 _WORD = re.compile(r"[a-z0-9]+")
@@ -56,14 +57,17 @@ class ScriptedSeekingLLM(ChatBackend):
 
     Args:
         context_examples: how many in-context examples (the last ones of the prompt) the planner reads; None: all.
+        world: the world whose question wordings it understands (every one, as an LLM would).
     """
 
-    def __init__(self, context_examples: int | None = None) -> None:
+    def __init__(self, context_examples: int | None = None, world: SeekingWorld = DEFAULT_WORLD) -> None:
         self.context_examples = context_examples
+        self.world = world
         self.calls = 0
 
     def identity(self) -> dict[str, Any]:
-        return {"kind": "scripted-seeking", "context_examples": self.context_examples}
+        identity = {"kind": "scripted-seeking", "context_examples": self.context_examples}
+        return identity if self.world == DEFAULT_WORLD else {**identity, "world": self.world.identity()}
 
     def chat(self, messages: list[Message]) -> str:
         self.calls += 1
@@ -105,15 +109,14 @@ class ScriptedSeekingLLM(ChatBackend):
                 return action
         return feasible[0] if feasible else "none"
 
-    @staticmethod
-    def _query(action: str, question: str, memory: list[str]) -> str:
+    def _query(self, action: str, question: str, memory: list[str]) -> str:
         def last(prefix: str) -> str:
             for line in reversed(memory):
                 if prefix in line:
                     return line.split(prefix, 1)[1].strip()
             return ""
 
-        parsed = parse_question(question)
+        parsed = self.world.parse(question)
         if action in ("vqa",):
             return question
         if action == "select":
@@ -125,14 +128,14 @@ class ScriptedSeekingLLM(ChatBackend):
             return found if found in GUILDS else question
         if action.startswith("agent:"):
             if parsed and parsed[0] == "fact":  # the guild first: its year is one web search away
-                return TEMPLATES["entity"].format(s=parsed[1]["s"])
+                return self.world.canonical("entity", s=parsed[1]["s"])
             return question
         return "image"
 
     # ------------------------------------------------------------------ reasoner
     def _reason(self, prompt: str) -> str:
         question, output = prompt_field(prompt, "Question"), prompt_field(prompt, "Output")
-        parsed = parse_question(question)
+        parsed = self.world.parse(question)
         kind = parsed[0] if parsed else ""
         groups = parsed[1] if parsed else {}
 

@@ -16,40 +16,27 @@ fact       In which year was the guild with the leftmost ...      detect, select
 
 :class:`SeekingTools` answers tool calls from the scene and the knowledge base; each returns one line of text
 that the reasoner reads. ``caption`` never says enough (useless everywhere); ``vqa`` on the whole image is
-right for existence and otherwise a guesser that is right a third of the time (on knowledge questions it
-names a guild or a year all the same, as VQA models hallucinate; harmful: the reasoner takes it as the answer);
+right for existence and otherwise a guesser, right once in the world's ``guess_right_one_in`` (3) questions (on
+knowledge questions it names a guild or a year all the same, as VQA models hallucinate; harmful: the reasoner takes
+it as the answer);
 ``select``, ``classify``, ``image_search`` and ``text_search`` need what earlier steps found (a detection, a
-crop, a guild name), which the working memory passes to them as the query.
+crop, a guild name), which the working memory passes to them as the query. Which questions are asked and how they
+are worded is the world file's (:mod:`clova_train.envs.avis.seeking_world`).
 """
 
 from __future__ import annotations
 
-import re
 import zlib
 from dataclasses import dataclass
 
 import numpy as np
 
+from clova_train.envs.avis.seeking_world import DEFAULT_WORLD, SEEKING_KINDS, SeekingWorld
 from clova_train.envs.common.world import COLOURS, SHAPES, SceneObject, Task, make_task, task_id_option
 
-SEEKING_KINDS = ("count", "exists", "colour", "entity", "fact")
 GUILD_WORDS = {"red": "crimson", "green": "verdant", "blue": "azure", "yellow": "golden",
                "circle": "wheel", "square": "tower", "triangle": "arrow"}
 NO_RESULT = "no results"
-QUESTIONS = {
-    "count": re.compile(r"^How many (?P<c>\w+) (?P<s>\w+?)s are there\?$"),
-    "exists": re.compile(r"^Is there a (?P<c>\w+) (?P<s>\w+)\?$"),
-    "colour": re.compile(r"^What colour is the leftmost (?P<s>\w+)\?$"),
-    "entity": re.compile(r"^Which guild has the leftmost (?P<s>\w+) as its emblem\?$"),
-    "fact": re.compile(r"^In which year was the guild with the leftmost (?P<s>\w+) as its emblem founded\?$"),
-}
-TEMPLATES = {
-    "count": "How many {c} {s}s are there?",
-    "exists": "Is there a {c} {s}?",
-    "colour": "What colour is the leftmost {s}?",
-    "entity": "Which guild has the leftmost {s} as its emblem?",
-    "fact": "In which year was the guild with the leftmost {s} as its emblem founded?",
-}
 
 
 def guild(colour: str, shape: str) -> str:
@@ -62,15 +49,6 @@ def founded(colour: str, shape: str) -> str:
 
 
 GUILDS = {guild(c, s): (c, s) for c in COLOURS for s in SHAPES}
-
-
-def parse_question(question: str) -> tuple[str, dict[str, str]] | None:
-    """(kind, {"c": colour, "s": shape}) of a question of this world, or None."""
-    for kind, pattern in QUESTIONS.items():
-        match = pattern.match(question.strip())
-        if match and all(v in COLOURS + SHAPES for v in match.groupdict().values()):
-            return kind, match.groupdict()
-    return None
 
 
 def leftmost(objects: tuple[SceneObject, ...], shape: str) -> SceneObject | None:
@@ -91,39 +69,44 @@ def gold_answer(objects: tuple[SceneObject, ...], kind: str, groups: dict[str, s
             "fact": founded(target.colour, target.shape)}[kind]
 
 
-def make_seeking_task(task_id: int, question: str | None = None, kinds: tuple[str, ...] = SEEKING_KINDS) -> Task:
+def make_seeking_task(task_id: int, question: str | None = None, kinds: tuple[str, ...] = SEEKING_KINDS,
+                      world: SeekingWorld = DEFAULT_WORLD) -> Task:
     """The task with this id: the scene of ``world.make_task(task_id)`` and a question of one of ``kinds``
-    (or ``question`` itself, e.g. a sub-question an agent passes to another agent)."""
+    in one of ``world``'s wordings (or ``question`` itself, e.g. a sub-question an agent passes to another)."""
     scene = make_task(task_id)
     objects = scene.objects
     if question is None:
         rng = np.random.default_rng([task_id, 7])
-        kind = kinds[int(rng.integers(len(kinds)))]
+        kind = world.draw_kind(rng, kinds)
         present = [(o.colour, o.shape) for o in objects]
         c, s = present[int(rng.integers(len(present)))]
         if kind in ("count", "exists") and rng.random() < 0.5:  # half the time any group, present or not
             c, s = str(rng.choice(COLOURS)), str(rng.choice(SHAPES))
-        question = TEMPLATES[kind].format(c=c, s=s)
-    parsed = parse_question(question)
+        question = world.phrase(kind, task_id, **({"c": c, "s": s} if kind in ("count", "exists") else {"s": s}))
+    parsed = world.parse(question)
     if parsed is None:
-        raise ValueError(f"not a question of the information-seeking world: {question!r}")
+        raise ValueError(f"not a question of the information-seeking world {world.name}: {question!r}")
     kind, groups = parsed
     return Task(task_id, scene.image_id, objects, kind, question, gold_answer(objects, kind, groups),
                 ((groups.get("c", ""), groups["s"]),), len(GOOD_PATHS[kind]))
 
 
-def check_kinds(kinds: tuple[str, ...]) -> None:
-    """Raise ``ValueError`` unless ``kinds`` is a non-empty selection of :data:`SEEKING_KINDS`."""
+def check_kinds(kinds: tuple[str, ...], world: SeekingWorld = DEFAULT_WORLD) -> None:
+    """Raise ``ValueError`` unless ``kinds`` is a non-empty selection of :data:`SEEKING_KINDS` of which ``world``
+    asks at least one."""
     if not kinds or any(k not in SEEKING_KINDS for k in kinds):
         raise ValueError(f"kinds {list(kinds)!r}: each must be one of {', '.join(SEEKING_KINDS)}")
+    if not any(world.questions.get(k, 0) > 0 for k in kinds):
+        raise ValueError(f"kinds {list(kinds)!r}: the world {world.name} gives none of them a question weight above 0")
 
 
-def task_from_options(options: dict, rng: np.random.Generator, split: str, kinds: tuple[str, ...]) -> Task:
+def task_from_options(options: dict, rng: np.random.Generator, split: str, kinds: tuple[str, ...],
+                      world: SeekingWorld = DEFAULT_WORLD) -> Task:
     """The task of an episode from ``reset`` options: ``task`` given whole (an agent calling another), else
     ``task_id`` (or one drawn from ``split``) with an optional ``question``."""
     if isinstance(options.get("task"), Task):
         return options["task"]
-    return make_seeking_task(task_id_option(options, rng, split), options.get("question"), kinds)
+    return make_seeking_task(task_id_option(options, rng, split), options.get("question"), kinds, world)
 
 
 GOOD_PATHS: dict[str, tuple[str, ...]] = {
@@ -137,10 +120,11 @@ class SeekingTools:
     """The tools of the information-seeking world over one task (see the module docstring)."""
 
     task: Task
+    world: SeekingWorld = DEFAULT_WORLD
 
     def _guess(self, query: str) -> str:
         h = zlib.crc32(f"{self.task.task_id}:{query}".encode())
-        if h % 3 == 0:
+        if h % self.world.guess_right_one_in == 0:
             return self.task.answer
         options = {"count": [str(n) for n in range(5)], "colour": list(COLOURS), "exists": ["yes", "no"],
                    "entity": sorted(GUILDS), "fact": sorted({founded(c, s) for c, s in GUILDS.values()})}[
@@ -152,7 +136,7 @@ class SeekingTools:
         return f"caption: an image of {len(self.task.objects)} coloured shapes"
 
     def vqa(self, query: str) -> str:
-        parsed = parse_question(query)
+        parsed = self.world.parse(query)
         if parsed and parsed[0] == "exists":
             return f"answer: {gold_answer(self.task.objects, 'exists', parsed[1])}"
         return f"answer: {self._guess(query)}"

@@ -35,8 +35,10 @@ from typing import Any
 
 from clova_train.core.checks import is_integer, is_number
 from clova_train.core.errors import DataError
-from clova_train.core.safe_files import read_json, read_yaml
 from clova_train.envs.common.world import QUESTION_TYPES
+from clova_train.envs.common.world_file import (
+    guess_right_one_in, question_weights, read_world_file, refuse_unknown, section, world_mapping, world_name,
+)
 
 WORLDS_DIR = Path(__file__).resolve().parent.parent / "worlds"
 STEPS = ("count", "exists", "colour", "compare-1", "compare-2")
@@ -89,19 +91,6 @@ class ReasoningWorld:
                 "tools": {"guess_right_one_in": self.guess_right_one_in}, "rewards": dict(self.rewards)}
 
 
-def _section(raw: dict[str, Any], key: str, where: str) -> dict[str, Any]:
-    value = raw.get(key, {})
-    if not isinstance(value, dict):
-        raise DataError(f"{where}: {key} must be a mapping, got {type(value).__name__}")
-    return value
-
-
-def _unknown(section: dict[str, Any], allowed: tuple[str, ...], where: str) -> None:
-    extra = sorted(set(section) - set(allowed))
-    if extra:
-        raise DataError(f"{where}: unknown key {extra[0]!r} (expected {', '.join(allowed)})")
-
-
 def _probability(value: Any, where: str) -> float:
     if not is_number(value) or not 0 <= value <= 1:
         raise DataError(f"{where} = {value!r}: must be a number between 0 and 1")
@@ -110,22 +99,12 @@ def _probability(value: Any, where: str) -> float:
 
 def world_from_dict(raw: Any, where: str) -> ReasoningWorld:
     """A world from its file form (module docstring), every value checked; ``where`` names the source."""
-    if not isinstance(raw, dict):
-        raise DataError(f"{where}: a world file must hold a mapping, got {type(raw).__name__}")
-    _unknown(raw, ("name", "questions", "planner", "tools", "rewards"), where)
+    world_mapping(raw, ("name", "questions", "planner", "tools", "rewards"), where)
     default = ReasoningWorld()
-    name = raw.get("name", Path(where).stem)
-    if not isinstance(name, str) or not name.strip():
-        raise DataError(f"{where}: name must be non-empty text")
-    questions = _section(raw, "questions", where) or dict(default.questions)
-    _unknown(questions, QUESTION_TYPES, f"{where}: questions")
-    for kind, weight in questions.items():
-        if not is_number(weight) or weight < 0:
-            raise DataError(f"{where}: questions.{kind} = {weight!r}: must be a number >= 0")
-    if not any(questions.values()):
-        raise DataError(f"{where}: questions: at least one kind needs a weight > 0")
-    planner = _section(raw, "planner", where)
-    _unknown(planner, ("confidence", "has_good", "good_rank", "malformed"), f"{where}: planner")
+    name = world_name(raw, where)
+    questions = question_weights(raw, QUESTION_TYPES, default.questions, where)
+    planner = section(raw, "planner", where)
+    refuse_unknown(planner, ("confidence", "has_good", "good_rank", "malformed"), f"{where}: planner")
     confidence = planner.get("confidence", list(default.confidence))
     if (not isinstance(confidence, list) or len(confidence) != 2 or not all(is_number(c) for c in confidence)
             or not 0 < confidence[0] < confidence[1] <= 1):
@@ -135,25 +114,23 @@ def world_from_dict(raw: Any, where: str) -> ReasoningWorld:
     if not has_good:
         raise DataError(f"{where}: planner.has_good must hold at least one probability")
     has_good = [_probability(p, f"{where}: planner.has_good[{i}]") for i, p in enumerate(has_good)]
-    ranks = _section(planner, "good_rank", f"{where}: planner")
-    _unknown(ranks, STEPS, f"{where}: planner.good_rank")
+    ranks = section(planner, "good_rank", f"{where}: planner")
+    refuse_unknown(ranks, STEPS, f"{where}: planner.good_rank")
     good_rank = {**default.good_rank, **ranks}
     for step, rank in good_rank.items():
         if rank != RANDOM_RANK and not is_integer(rank):
             raise DataError(f"{where}: planner.good_rank.{step} = {rank!r}: must be an integer rank or 'random'")
     malformed = _probability(planner.get("malformed", default.malformed), f"{where}: planner.malformed")
-    tools = _section(raw, "tools", where)
-    _unknown(tools, ("guess_right_one_in",), f"{where}: tools")
-    guess = tools.get("guess_right_one_in", default.guess_right_one_in)
-    if not is_integer(guess) or guess < 1:
-        raise DataError(f"{where}: tools.guess_right_one_in = {guess!r}: must be an integer >= 1")
-    rewards = _section(raw, "rewards", where)
-    _unknown(rewards, REWARD_KEYS, f"{where}: rewards")
+    tools = section(raw, "tools", where)
+    refuse_unknown(tools, ("guess_right_one_in",), f"{where}: tools")
+    guess = guess_right_one_in(tools, default.guess_right_one_in, where)
+    rewards = section(raw, "rewards", where)
+    refuse_unknown(rewards, REWARD_KEYS, f"{where}: rewards")
     for key, value in rewards.items():
         if not is_number(value) or (key in ("error_penalty", "reject_penalty") and value < 0):
             raise DataError(f"{where}: rewards.{key} = {value!r}: must be a finite number"
                             + (" >= 0" if key in ("error_penalty", "reject_penalty") else ""))
-    return ReasoningWorld(name.strip(), {k: float(v) for k, v in questions.items()},
+    return ReasoningWorld(name, questions,
                           (float(confidence[0]), float(confidence[1])), tuple(has_good), good_rank, malformed,
                           int(guess), {k: float(v) for k, v in rewards.items()})
 
@@ -165,10 +142,5 @@ def presets() -> list[str]:
 
 def load_world(path_or_preset: str) -> ReasoningWorld:
     """The world in a YAML/JSON file, or a shipped preset by name; a :class:`DataError` names what is wrong."""
-    path = Path(path_or_preset)
-    if not path.suffix and (WORLDS_DIR / f"{path_or_preset}.yaml").is_file():
-        path = WORLDS_DIR / f"{path_or_preset}.yaml"
-    if not path.is_file():
-        raise DataError(f"world {path_or_preset!r} is neither a file nor a shipped world ({', '.join(presets())})")
-    raw = read_json(path, "world file") if path.suffix == ".json" else read_yaml(path, "world file")
-    return world_from_dict(raw, str(path))
+    raw, where = read_world_file(path_or_preset, WORLDS_DIR, "world")
+    return world_from_dict(raw, where)

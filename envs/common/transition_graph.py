@@ -28,6 +28,7 @@ from typing import Any
 
 from clova_train.core.errors import ClovaTrainError, DataError
 from clova_train.core.safe_files import ReadLimits, parse_json, parse_yaml, read_text
+from clova_train.envs.common.world_file import preset_or_file, shipped
 
 GRAPH_LIMITS = ReadLimits(max_bytes=16 << 20, max_depth=32)
 PRESETS_DIR = Path(__file__).resolve().parent.parent / "graphs"  # data, shared by the families
@@ -128,12 +129,9 @@ def _reaches_answer(start: str, states: dict[str, tuple[str, ...]], answers: set
 
 def load_graph(path_or_preset: str) -> TransitionGraph:
     """A graph from a YAML/JSON file, or a shipped preset by name (``avis``: the paper's Figure 3, adapted)."""
-    path = Path(path_or_preset)
-    if not path.suffix and (PRESETS_DIR / f"{path_or_preset}.yaml").is_file():
-        path = PRESETS_DIR / f"{path_or_preset}.yaml"
-    if not path.is_file():
-        presets = ", ".join(sorted(p.stem for p in PRESETS_DIR.glob("*.yaml")))
-        raise GraphError(f"transition graph {path_or_preset!r} is neither a file nor a preset ({presets})")
+    path = preset_or_file(path_or_preset, PRESETS_DIR)
+    if path is None:
+        raise GraphError(f"transition graph {path_or_preset!r} is neither a file nor a preset ({shipped(PRESETS_DIR)})")
     try:
         text = read_text(path, "file", GRAPH_LIMITS.max_bytes)
         raw = parse_json(text, "its text", GRAPH_LIMITS) if path.suffix == ".json" else parse_yaml(text, "its text", GRAPH_LIMITS)

@@ -34,7 +34,8 @@ from clova_train.envs.avis.information_seeking import (
     seeking_problems,
 )
 from clova_train.envs.avis.parts import Dispatcher, MemoryEntry, WorkingMemory
-from clova_train.envs.avis.world import SEEKING_KINDS, check_kinds, task_from_options
+from clova_train.envs.avis.seeking_world import SEEKING_KINDS, load_seeking_world
+from clova_train.envs.avis.world import check_kinds, task_from_options
 from clova_train.envs.common.budget import BudgetedChat, BudgetSpent, CallBudget
 from clova_train.envs.common.config import observation_embedder
 from clova_train.envs.common.selection import observation_with_mask
@@ -66,9 +67,12 @@ class AgentDispatchConfig(MaskedObservation):
     """The HAMMR dispatcher environment.
 
     Args:
+        world: the offline world (``scripted`` LLM): a shipped preset (``seeking``, ``seeking-paraphrased``) or a
+            YAML/JSON world file: question kinds and weights, their wordings, the guessing tools
+            (``clova_train.envs.avis.seeking_world``).
         agents: the agents the dispatcher can call (its actions, in order); agents may call each other (default:
             :func:`default_agents`).
-        kinds: question kinds the episodes draw.
+        kinds: question kinds the episodes draw, by the world's weights.
         answer_reward: reward of a correct answer.
         call_cost: subtracted for each agent called.
         llm_call_cost: subtracted for each LLM call of the episode, nested ones included.
@@ -84,6 +88,7 @@ class AgentDispatchConfig(MaskedObservation):
         cache_mode: ``record``, ``replay`` (a miss is an error) or ``off``.
     """
 
+    world: str = "seeking"
     agents: list[AgentSpec] = field(default_factory=default_agents)
     kinds: list[str] = field(default_factory=lambda: list(SEEKING_KINDS))
     answer_reward: float = 10.0
@@ -133,15 +138,18 @@ class AgentDispatchEnv(gym.Env):
         if not self.specs:
             raise ValueError("the dispatcher needs at least one agent (hammr.agents)")
         self.kinds = tuple(config.kinds)
-        check_kinds(self.kinds)
+        self.world = load_seeking_world(config.world)
+        check_kinds(self.kinds, self.world)
         self.cache: CallCache | None = None
         if llm is None:
-            llm, self.cache = build_chat(config.llm, config.context_examples, config.cache_path, config.cache_mode)
+            llm, self.cache = build_chat(config.llm, config.context_examples, config.cache_path, config.cache_mode,
+                                         self.world)
             hydra_chat = hydra_chat_for(config.llm, llm, self.cache)
         self.llm = llm
         self.embedder = embedder or config.embedder.build()
         self.names = tuple(spec.name for spec in self.specs)
-        self.agents = AgentTools(self.specs, llm, self.embedder, depth=0, hydra_chat=hydra_chat, seeking_env=agent_env)
+        self.agents = AgentTools(self.specs, llm, self.embedder, depth=0, hydra_chat=hydra_chat, seeking_env=agent_env,
+                                 world=self.world)
         self.dispatcher = Dispatcher(llm, [(s.name, s.description) for s in self.specs],
                                      {s.name: [str(e.get("question", "")) for e in s.examples] for s in self.specs})
         n, d = len(self.names), self.embedder.dim
@@ -153,7 +161,7 @@ class AgentDispatchEnv(gym.Env):
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[np.ndarray, dict]:
         super().reset(seed=seed)
         options = options or {}
-        self.task = task_from_options(options, self.np_random, self.config.split, self.kinds)
+        self.task = task_from_options(options, self.np_random, self.config.split, self.kinds, self.world)
         self.llm.budget = CallBudget(self.config.max_depth, self.config.max_llm_calls)
         self.called: list[str] = []
         self.memory = WorkingMemory()
@@ -242,7 +250,7 @@ class AgentDispatchEnv(gym.Env):
                 "actions": {i: f"call agent {name}" for i, name in enumerate(self.names)},
                 "action_mask": "the last len(actions) observation entries (1: not yet called)",
                 "agents": [asdict(spec) for spec in self.specs], "embedder": self.embedder.identity(),
-                "config": asdict(self.config)}
+                "world": self.world.identity(), "config": asdict(self.config)}
 
     def reference_policies(self, random_seed: int) -> dict[str, Any]:
         """Rules without training: the LLM dispatcher's own choice, a random agent, and each agent always (the

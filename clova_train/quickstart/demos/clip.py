@@ -2,8 +2,9 @@
 
 ``python -m clova_train.quickstart.demos.clip <export dir>`` loads the export the way a serving process would (no
 Lightning) and classifies test images over all concept names. It first chooses CLASSIFY's ``classify_margin`` on a
-validation set (rendered with a seed of its own; ``clova_train.tools.clip_margin``: the most accurate margin under
-which no concept without prompts loses more than 2 points against the unmodified tool), then prints, on the test
+validation set (rendered with a seed of its own, 300 images per concept; ``clova_train.tools.clip_margin``: the most
+accurate margin under which, with 95% confidence, the pool takes at most 2% of any concept without prompts away from
+the unmodified tool's right answers), then prints, on the test
 images, per-concept accuracy of the unmodified tool, of the pool at margin 0 and at the chosen margin, and of the
 random-prompt control (the pool with every prompt replaced by a random one of its norm: the same retrieval and
 decision rule with nothing learned; a zero prompt is exactly the unmodified tool under CLASSIFY's rule), with 95%
@@ -26,7 +27,9 @@ from clova_train.core.evaluation_report import SampleTable, format_report
 from clova_train.core.pool import control_pool
 from clova_train.core.safe_files import read_yaml
 from clova_train.synthetic.shapes import write_concept_folders
-from clova_train.tools.clip_margin import choose_margin, classify_forwards, decide
+from clova_train.tools.clip_margin import (
+    CONFIDENCE, NEVER, TOLERANCE, choose_margin, classify_forwards, decide, images_needed,
+)
 from clova_train.tools.images import list_images, load_image
 from clova_train.tools.serving import PromptToolServer
 
@@ -91,7 +94,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--data", type=Path, default=None, help="concept-folder root of test images")
     parser.add_argument("--validation-data", type=Path, default=None,
                         help="concept-folder root of validation images for the margin (default: rendered)")
-    parser.add_argument("--test-images", type=int, default=100, help="rendered test (and validation) images per concept")
+    parser.add_argument("--test-images", type=int, default=100, help="rendered test images per concept")
+    parser.add_argument("--validation-images", type=int, default=300,
+                        help=f"rendered validation images per concept (at least {images_needed()} can show the "
+                             f"{TOLERANCE:.0%} bound)")
     parser.add_argument("--image-size", type=int, default=None, help="image side used in training")
     parser.add_argument("--top-k", type=int, default=None, help="ensemble only the k most similar prompts")
     args = parser.parse_args(argv)
@@ -100,21 +106,25 @@ def main(argv: list[str] | None = None) -> None:
     server = PromptToolServer.from_export(args.export, top_k=args.top_k)
     with tempfile.TemporaryDirectory() as scratch:
         concepts = defaults.get("synthetic_concepts") or server.pool.concepts
-        render = lambda name, seed: write_concept_folders(  # noqa: E731
-            Path(scratch) / name, concepts, args.test_images, defaults.get("render_size", 64), seed=seed)
+        render = lambda name, seed, count: write_concept_folders(  # noqa: E731
+            Path(scratch) / name, concepts, count, defaults.get("render_size", 64), seed=seed)
         if args.data is not None and args.validation_data is None:
             margin = server.tool.classify_margin  # your test set's concepts: no rendered stand-in to calibrate on
             calibrated_on = "not chosen: pass --validation-data to choose it; the export's own margin"
         else:
-            validation = args.validation_data or render("validation", VALIDATION_SEED)
+            validation = args.validation_data or render("validation", VALIDATION_SEED, args.validation_images)
             names, _, images, truth = load_folder(validation, image_size)
             margin, _ = choose_margin(server, images, truth, names)
-            calibrated_on = f"chosen on validation images ({args.validation_data or 'rendered with another seed'})"
-        report, confusion, concepts = evaluate(server, args.data or render("test", TEST_SEED), image_size, margin)
+            calibrated_on = (f"chosen on {len(images)} validation images "
+                             f"({args.validation_data or 'rendered with another seed'})")
+            if margin == NEVER:
+                calibrated_on += ": no margin keeps every concept without prompts safe, so prompts never override"
+        report, confusion, concepts = evaluate(server, args.data or render("test", TEST_SEED, args.test_images), image_size, margin)
     source = args.data or "freshly rendered synthetic images"
     print(f"\nCLASSIFY on test images ({source}), {len(server.pool)} prompts in the pool, top-k {server.top_k}")
     print(f"classify_margin {margin:g}: {calibrated_on}")
-    print("(chosen: the most accurate margin under which no concept without prompts loses more than 2 points).")
+    print(f"(chosen: the most accurate margin under which, with {CONFIDENCE:.0%} confidence, the pool takes at most "
+          f"{TOLERANCE:.0%} of any concept without prompts away from the unmodified tool's right answers).")
     print("no prompt: the unmodified CLIP; pool: the learned prompts at margin 0 and at the chosen margin; random")
     print("prompt: the pool with every prompt replaced by a random one of its norm (nothing learned). Mean [95% interval].")
     for entry in report:

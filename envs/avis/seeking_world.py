@@ -1,0 +1,183 @@
+"""The offline world of the AVIS and HAMMR environments, described by a file: which questions are asked, how they
+are worded, how the guessing tools behave.
+
+``avis.world`` / ``hammr.world`` names a shipped preset (``envs/worlds/seeking/<name>.yaml``: ``seeking``, the
+default, and ``seeking-paraphrased``) or a YAML/JSON file of this form (every key optional; the defaults are the
+``seeking`` world)::
+
+    name: my-world
+    questions: {count: 1, exists: 1, colour: 1, entity: 1, fact: 1}   # question kinds drawn, with weights
+    phrasings:              # per kind, the wordings users ask in ({c}: a colour, {s}: a shape); one is drawn per
+      fact:                 # task. The first is the kind's canonical wording (the one agents ask each other).
+        - "In which year was the guild with the leftmost {s} as its emblem founded?"
+        - "When did the guild whose emblem is the leftmost {s} start?"
+    tools:
+      guess_right_one_in: 3  # vqa on anything but an existence question guesses: the gold answer once in k
+
+How the planner and the dispatcher mislead follows from the wordings: the offline LLM
+(:mod:`clova_train.envs.avis.scripted`) understands every wording of the world, as an LLM would, but chooses tools
+and agents by the in-context example most like the question in words. A wording far from its kind's example and
+close to another's is routed the wrong way; a learner that reads the question can learn the right way.
+
+The scenes, the knowledge base and the tools' answers are the world's fixed vocabulary
+(:mod:`clova_train.envs.avis.world`). Loading checks every value and names the file and key at fault: a wording
+with another placeholder than ``{c}`` / ``{s}``, one a kind's answer cannot use, or one that reads as another
+kind's question is refused. Nothing in the file is run.
+"""
+
+from __future__ import annotations
+
+import re
+import string
+from dataclasses import dataclass, field
+from functools import cached_property
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from clova_train.core.errors import DataError
+from clova_train.envs.common.world import COLOURS, SHAPES
+from clova_train.envs.common.world_file import (
+    guess_right_one_in, question_weights, read_world_file, refuse_unknown, section, world_mapping, world_name,
+)
+
+WORLDS_DIR = Path(__file__).resolve().parent.parent / "worlds" / "seeking"
+SEEKING_KINDS = ("count", "exists", "colour", "entity", "fact")
+TEMPLATES = {  # each kind's canonical wording
+    "count": "How many {c} {s}s are there?",
+    "exists": "Is there a {c} {s}?",
+    "colour": "What colour is the leftmost {s}?",
+    "entity": "Which guild has the leftmost {s} as its emblem?",
+    "fact": "In which year was the guild with the leftmost {s} as its emblem founded?",
+}
+COLOURED = ("count", "exists")  # the kinds whose answer depends on a colour as well as a shape
+
+
+def _placeholders(template: str) -> list[str]:
+    return [name for _, name, _, _ in string.Formatter().parse(template) if name is not None]
+
+
+def _pattern(template: str) -> re.Pattern[str]:
+    """A wording as a regular expression; ``{s}`` matches lazily so that ``{s}s`` reads a plural."""
+    escaped = re.escape(template).replace(r"\{c\}", r"(?P<c>\w+)").replace(r"\{s\}", r"(?P<s>\w+?)")
+    return re.compile(f"^{escaped}$")
+
+
+@dataclass(frozen=True)
+class SeekingWorld:
+    """One offline information-seeking world (see the module docstring for what each field means)."""
+
+    name: str = "seeking"
+    questions: dict[str, float] = field(default_factory=lambda: {k: 1.0 for k in SEEKING_KINDS})
+    phrasings: dict[str, tuple[str, ...]] = field(default_factory=lambda: {k: (t,) for k, t in TEMPLATES.items()})
+    guess_right_one_in: int = 3
+
+    @cached_property
+    def _patterns(self) -> list[tuple[str, re.Pattern[str]]]:
+        return [(kind, _pattern(t)) for kind in SEEKING_KINDS for t in self.phrasings[kind]]
+
+    def parse(self, question: str) -> tuple[str, dict[str, str]] | None:
+        """(kind, {"c": colour, "s": shape}) of a question in any of this world's wordings, or None."""
+        for kind, pattern in self._patterns:
+            match = pattern.match(question.strip())
+            if match and all(v in COLOURS + SHAPES for v in match.groupdict().values()):
+                return kind, match.groupdict()
+        return None
+
+    def canonical(self, kind: str, **groups: str) -> str:
+        """The kind's first wording, filled in."""
+        return self.phrasings[kind][0].format(**groups)
+
+    def draw_kind(self, rng: np.random.Generator, kinds: tuple[str, ...]) -> str:
+        """A question kind among ``kinds`` by the world's weights (one integer draw when they are equal)."""
+        weights = np.asarray([self.questions.get(k, 0.0) for k in kinds], dtype=np.float64)
+        if weights.sum() <= 0:
+            raise ValueError(f"world {self.name}: none of the kinds {list(kinds)} has a question weight above 0")
+        if np.all(weights == weights[0]):
+            return kinds[int(rng.integers(len(kinds)))]
+        return kinds[int(rng.choice(len(kinds), p=weights / weights.sum()))]
+
+    def phrase(self, kind: str, task_id: int, **groups: str) -> str:
+        """Task ``task_id``'s wording of a ``kind`` question (drawn by the task id when the kind has several)."""
+        wordings = self.phrasings[kind]
+        pick = int(np.random.default_rng([task_id, 9]).integers(len(wordings))) if len(wordings) > 1 else 0
+        return wordings[pick].format(**groups)
+
+    def identity(self) -> dict[str, Any]:
+        """Everything that changes the offline LLM's replies and the tools' answers (part of the call cache's key)."""
+        return {"name": self.name, "questions": dict(self.questions),
+                "phrasings": {k: list(v) for k, v in self.phrasings.items()},
+                "guess_right_one_in": self.guess_right_one_in}
+
+
+def _wording_problem(kind: str, template: Any) -> str:
+    """Why ``template`` cannot be a wording of ``kind`` ("" when it can)."""
+    if not isinstance(template, str) or not template.strip():
+        return "must be non-empty text"
+    try:
+        names = _placeholders(template)
+    except ValueError as err:
+        return f"is not a valid template ({err})"
+    allowed = ("c", "s") if kind in COLOURED else ("s",)
+    if any(n not in allowed for n in names):
+        bad = next(n for n in names if n not in allowed)
+        return f"uses {{{bad}}}: a {kind} question takes only " + " and ".join(f"{{{a}}}" for a in allowed)
+    missing = [a for a in allowed if names.count(a) != 1]
+    if missing:
+        return f"must use {{{missing[0]}}} exactly once"
+    return ""
+
+
+def world_from_dict(raw: Any, where: str) -> SeekingWorld:
+    """A world from its file form (module docstring), every value checked; ``where`` names the source."""
+    world_mapping(raw, ("name", "questions", "phrasings", "tools"), where)
+    default = SeekingWorld()
+    name = world_name(raw, where)
+    questions = question_weights(raw, SEEKING_KINDS, default.questions, where)
+    given = section(raw, "phrasings", where)
+    refuse_unknown(given, SEEKING_KINDS, f"{where}: phrasings")
+    phrasings = dict(default.phrasings)
+    for kind, wordings in given.items():
+        wordings = [wordings] if isinstance(wordings, str) else wordings
+        if not isinstance(wordings, list) or not wordings:
+            raise DataError(f"{where}: phrasings.{kind} must be a non-empty list of wordings")
+        for i, template in enumerate(wordings):
+            problem = _wording_problem(kind, template)
+            if problem:
+                raise DataError(f"{where}: phrasings.{kind}[{i}] = {template!r}: {problem}")
+        phrasings[kind] = tuple(t.strip() for t in wordings)
+    tools = section(raw, "tools", where)
+    refuse_unknown(tools, ("guess_right_one_in",), f"{where}: tools")
+    world = SeekingWorld(name, questions, phrasings, guess_right_one_in(tools, default.guess_right_one_in, where))
+    _check_unambiguous(world, where)
+    return world
+
+
+def _check_unambiguous(world: SeekingWorld, where: str) -> None:
+    """Every wording, filled with any colour and shape, must read as its own kind with the same colour and shape."""
+    for kind in SEEKING_KINDS:
+        for i, template in enumerate(world.phrasings[kind]):
+            for c in COLOURS:
+                for s in SHAPES:
+                    groups = {"c": c, "s": s} if kind in COLOURED else {"s": s}
+                    question = template.format(**groups)
+                    parsed = world.parse(question)
+                    if parsed != (kind, groups):
+                        read = "no question of this world" if parsed is None else f"a question of kind {parsed[0]!r}"
+                        raise DataError(f"{where}: phrasings.{kind}[{i}] = {template!r}: {question!r} reads as "
+                                        f"{read}; each wording must read as its own kind only")
+
+
+def presets() -> list[str]:
+    """The names of the shipped worlds."""
+    return sorted(p.stem for p in WORLDS_DIR.glob("*.yaml"))
+
+
+def load_seeking_world(path_or_preset: str) -> SeekingWorld:
+    """The world in a YAML/JSON file, or a shipped preset by name; a :class:`DataError` names what is wrong."""
+    raw, where = read_world_file(path_or_preset, WORLDS_DIR, "information-seeking world")
+    return world_from_dict(raw, where)
+
+
+DEFAULT_WORLD = SeekingWorld()
