@@ -7,7 +7,7 @@ by ``s`` (``--data.init_args.render_seed=s``, grounding also ``split_seed=s``) a
 trained or gated on, through the serving code (``PromptToolServer``):
 
 * VQA: exact-match accuracy on the run's ``eval.jsonl`` per answer group (the colours the tiny BLIP has to learn,
-  the colours it knows, all), without prompts, with the pool, with the random-prompt pool (every prompt replaced
+  the colours it knows, all, and each answer), without prompts, with the pool, with the random-prompt pool (every prompt replaced
   by a random one of its norm: the same retrieval, nothing learned);
 * LOC / SEG: the share of the held-out images of the concept found (LOC: its box at mean IoU above ``gate_iou``;
   SEG: every mask covered at IoU >= ``gate_iou``), the same three columns;
@@ -87,7 +87,8 @@ def measure(tool: str, export: Path, seed: int) -> dict[str, dict[str, float]]:
 
         table = evaluate(server, read_eval_records(_default_records(export)))
         groups = {"learned colours": [a for a in table if a in VQA_LEARNED],
-                  "known colours": [a for a in table if a not in VQA_LEARNED], "all": list(table)}
+                  "known colours": [a for a in table if a not in VQA_LEARNED], "all": list(table),
+                  **{f"answer {a}": [a] for a in table}}
         scores = {}
         for name, answers in groups.items():
             total = sum(table[a][0] for a in answers)
@@ -145,6 +146,7 @@ def table_rows(tool: str, per_seed: list[dict[str, dict[str, float]]]) -> list[s
     the learned prompts against each control (:data:`CONTRASTS`), paired per seed."""
     rows = []
     reference_column = COLUMNS[tool][0]
+    limits = None if tool == "replace" else (0.0, 1.0)  # REPLACE's scores are RGB distances
     for name in per_seed[0]:
         if name == "prompts accepted":
             counts = [int(s[name]["count"]) for s in per_seed]
@@ -154,13 +156,13 @@ def table_rows(tool: str, per_seed: list[dict[str, dict[str, float]]]) -> list[s
         for column in COLUMNS[tool]:
             values = [s[name][column] for s in per_seed]
             difference = "-" if column == reference_column else seed_interval(
-                [round(a - b, 9) + 0.0 for a, b in zip(values, reference)], True)
+                [round(a - b, 9) + 0.0 for a, b in zip(values, reference)], True, limits)
             form = "{:.0f}" if tool == "replace" else "{:.2f}"
-            rows.append(f"| {tool} | {name} | {column} | {seed_interval(values)} | {difference} | "
+            rows.append(f"| {tool} | {name} | {column} | {seed_interval(values, limits=limits)} | {difference} | "
                         f"{', '.join(form.format(v) for v in values)} |")
         for learned, control in CONTRASTS[tool]:
             differences = [round(s[name][learned] - s[name][control], 9) + 0.0 for s in per_seed]
-            rows.append(f"| {tool} | {name} | {learned} - {control} | - | {seed_interval(differences, True)} | "
+            rows.append(f"| {tool} | {name} | {learned} - {control} | - | {seed_interval(differences, True, limits)} | "
                         f"{', '.join(f'{v:+.2f}' for v in differences)} |")
     return rows
 

@@ -59,9 +59,10 @@ def publish(name: str, title: str, heading: str, description: str, columns: list
     return table
 
 
-def seed_interval(values: list[float], signed: bool = False) -> str:
-    """``mean [low, high]``: the mean of per-seed values with a 95% Student t interval from their spread (scipy);
-    ``signed`` prints a + on positive numbers (differences)."""
+def seed_interval(values: list[float], signed: bool = False, limits: tuple[float, float] | None = (0.0, 1.0)) -> str:
+    """``mean [low, high]``: the mean of per-seed values with a 95% Student t interval from their spread (scipy),
+    cut to the values' range: ``limits`` (accuracies by default; None: unbounded) or, for a ``signed`` difference of
+    two such values, +-(high - low). ``signed`` also prints a + on positive numbers."""
     form = "{:+.3f}" if signed else "{:.3f}"
     mean = sum(values) / len(values)
     if len(values) < 2:
@@ -70,6 +71,9 @@ def seed_interval(values: list[float], signed: bool = False) -> str:
         low = high = mean
     else:
         low, high = stats.t.interval(0.95, len(values) - 1, loc=mean, scale=stats.sem(values))
+    if limits is not None:
+        bottom, top = (-(limits[1] - limits[0]), limits[1] - limits[0]) if signed else limits
+        low, high = max(low, bottom), min(high, top)
     return f"{form.format(mean)} [{form.format(low)}, {form.format(high)}]"
 
 

@@ -182,7 +182,8 @@ class PromptedClip(PromptTool):
             the whole prompted classification. The gate's ``serving`` rule applies the same test to one instance's
             prompt over its candidate labels (the served decision uses the ensembled prompts over the request's
             labels). A larger margin keeps more of the unmodified tool's predictions (fewer false switches to a
-            prompted label, fewer true ones).
+            prompted label, fewer true ones); 1 keeps them all (what ``choose_margin`` returns when no margin keeps
+            the labels without prompts safe on the validation images).
     """
 
     name: ClassVar[str] = "clip"
@@ -207,8 +208,8 @@ class PromptedClip(PromptTool):
     ) -> None:
         super().__init__()
         if not isinstance(classify_margin, (int, float)) or isinstance(classify_margin, bool) \
-                or not 0.0 <= classify_margin < 1.0:
-            raise ModelError(f"classify_margin must be a number in [0, 1), got {classify_margin!r}")
+                or not 0.0 <= classify_margin <= 1.0:
+            raise ModelError(f"classify_margin must be a number in [0, 1], got {classify_margin!r}")
         self.classify_margin = float(classify_margin)
         if gate_decision not in ("both", "serving", "prompted"):
             raise ModelError(f"gate_decision must be 'both', 'serving' or 'prompted', got {gate_decision!r}")

@@ -6,11 +6,12 @@ that the unmodified tool classified right (purple prompts pulling blue images to
 unmodified one before it takes an image. :func:`choose_margin` scores a grid of margins on labelled validation
 images (never the test images) and returns the most accurate one among those that keep every label without
 prompts safe: the share of its images that the unmodified tool classifies right and the pool takes away must stay
-within ``tolerance`` *with 95% confidence* (the one-sided Clopper-Pearson upper bound on that share, scipy), not
-only on average. A point estimate passed on validation and failed on test (the margin study in
-``benchmarks/prompt_pool_controls.py``: 3 points lost on one seed with 100 validation images per label). Showing
-a 2-point bound needs at least :func:`images_needed` images per label (149 with no image taken); when no margin
-qualifies, ``NEVER`` is returned: prompts never override the unmodified tool.
+within ``tolerance`` *with 95% confidence for all those labels together* (one-sided Clopper-Pearson upper bounds
+at 1 - 0.05 / L each for L labels without prompts, Bonferroni; scipy), not only on average. A point estimate
+passed on validation and failed on test (the margin study in ``benchmarks/prompt_pool_controls.py``: 3 points lost
+on one seed with 100 validation images per label). Showing a 2-point bound needs at least :func:`images_needed`
+images per label (149 for one label without prompts, 217 for four); when no margin qualifies, ``NEVER`` is
+returned: prompts never override the unmodified tool. Ties go to the larger (safer) margin.
 """
 
 from __future__ import annotations
@@ -87,6 +88,11 @@ def per_label_accuracy(predicted: torch.Tensor, truth: torch.Tensor, labels: Seq
     return {**accuracy, "all": float((predicted == truth).float().mean())}
 
 
+def label_confidence(labels_without_prompts: int, confidence: float = CONFIDENCE) -> float:
+    """The confidence each label's bound needs so that all hold together with ``confidence`` (Bonferroni)."""
+    return 1 - (1 - confidence) / max(1, labels_without_prompts)
+
+
 def taken_share_bound(taken: int, images: int, confidence: float = CONFIDENCE) -> float:
     """One-sided upper confidence bound on the share of a label's images the pool takes away (``taken`` of
     ``images``, Clopper-Pearson)."""
@@ -95,10 +101,11 @@ def taken_share_bound(taken: int, images: int, confidence: float = CONFIDENCE) -
     return float(stats.beta.ppf(confidence, taken + 1, images - taken))
 
 
-def images_needed(tolerance: float = TOLERANCE, confidence: float = CONFIDENCE) -> int:
-    """The fewest validation images of a label that can show ``tolerance`` (none of them taken)."""
-    images = 1
-    while taken_share_bound(0, images, confidence) > tolerance:
+def images_needed(labels_without_prompts: int = 1, tolerance: float = TOLERANCE, confidence: float = CONFIDENCE) -> int:
+    """The fewest validation images per label that can show ``tolerance`` for ``labels_without_prompts`` labels
+    together (none of their images taken)."""
+    each, images = label_confidence(labels_without_prompts, confidence), 1
+    while taken_share_bound(0, images, each) > tolerance:
         images += 1
     return images
 
@@ -106,20 +113,21 @@ def images_needed(tolerance: float = TOLERANCE, confidence: float = CONFIDENCE) 
 def choose_margin(server, images: torch.Tensor, truth: torch.Tensor, labels: Sequence[str],
                   tolerance: float = TOLERANCE, margins: Sequence[float] = MARGINS,
                   confidence: float = CONFIDENCE) -> tuple[float, dict]:
-    """The margin chosen on these validation images (module docstring) and, per margin, the per-label accuracies
-    with, under ``"taken_bound"``, each label without prompts' upper bound on the share taken away
-    (``"unmodified"``: the tool without its pool)."""
+    """The margin chosen on these validation images (module docstring) and, per margin (``NEVER`` included), the
+    per-label accuracies with, under ``"taken_bound"``, each label without prompts' upper bound on the share taken
+    away (``"unmodified"``: the tool without its pool)."""
     with torch.no_grad():
         forwards = classify_forwards(server, images, labels)
     unmodified = forwards.unprompted.argmax(-1)
     table: dict = {"unmodified": per_label_accuracy(unmodified, truth, labels)}
     without = [k for k in range(len(labels)) if k not in forwards.prompted and bool((truth == k).any())]
+    each = label_confidence(len(without), confidence)
     best: tuple[float, float] | None = None
-    for margin in margins:
+    for margin in sorted({*margins, NEVER}):
         predicted = decide(server.tool, forwards, margin)
         bounds = {labels[k]: taken_share_bound(int(((truth == k) & (unmodified == k) & (predicted != k)).sum()),
-                                               int((truth == k).sum()), confidence) for k in without}
+                                               int((truth == k).sum()), each) for k in without}
         table[margin] = {**per_label_accuracy(predicted, truth, labels), "taken_bound": bounds}
-        if all(b <= tolerance for b in bounds.values()) and (best is None or table[margin]["all"] > best[0]):
+        if all(b <= tolerance for b in bounds.values()) and (best is None or table[margin]["all"] >= best[0]):
             best = (table[margin]["all"], margin)
     return (best[1] if best is not None else NEVER), table

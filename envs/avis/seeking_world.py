@@ -14,9 +14,10 @@ default, and ``seeking-paraphrased``) or a YAML/JSON file of this form (every ke
     tools:
       guess_right_one_in: 3  # vqa on anything but an existence question guesses: the gold answer once in k
 
-How the planner and the dispatcher mislead follows from the wordings: the offline LLM
+How the planner and the dispatcher mislead follows from the wordings: the offline LLM of AVIS and HAMMR
 (:mod:`clova_train.envs.avis.scripted`) understands every wording of the world, as an LLM would, but chooses tools
-and agents by the in-context example most like the question in words. A wording far from its kind's example and
+and agents by the in-context example most like the question in words. (A nested ``hydra`` agent runs HYDRA's own
+scripted planner, which knows only the canonical wordings.) A wording far from its kind's example and
 close to another's is routed the wrong way; a learner that reads the question can learn the right way.
 
 The scenes, the knowledge base and the tools' answers are the world's fixed vocabulary
@@ -39,7 +40,7 @@ import numpy as np
 from clova_train.core.errors import DataError
 from clova_train.envs.common.world import COLOURS, SHAPES
 from clova_train.envs.common.world_file import (
-    guess_right_one_in, question_weights, read_world_file, refuse_unknown, section, world_mapping, world_name,
+    guess_right_one_in, question_weights, read_world_file, refuse_unknown, section, shipped, world_mapping, world_name,
 )
 
 WORLDS_DIR = Path(__file__).resolve().parent.parent / "worlds" / "seeking"
@@ -54,14 +55,21 @@ TEMPLATES = {  # each kind's canonical wording
 COLOURED = ("count", "exists")  # the kinds whose answer depends on a colour as well as a shape
 
 
-def _placeholders(template: str) -> list[str]:
-    return [name for _, name, _, _ in string.Formatter().parse(template) if name is not None]
+MAX_WORDINGS = 20  # per kind
+MAX_WORDING_CHARS = 300
+GROUP_PATTERNS = {"c": r"(?P<c>\w+)", "s": r"(?P<s>\w+?)"}  # {s} lazily, so that "{s}s" reads a plural
+
+
+def _fields(template: str) -> list[tuple[str, str | None, str | None, str | None]]:
+    """``string.Formatter``'s reading of a wording: (literal text, field, format spec, conversion) pieces."""
+    return list(string.Formatter().parse(template))
 
 
 def _pattern(template: str) -> re.Pattern[str]:
-    """A wording as a regular expression; ``{s}`` matches lazily so that ``{s}s`` reads a plural."""
-    escaped = re.escape(template).replace(r"\{c\}", r"(?P<c>\w+)").replace(r"\{s\}", r"(?P<s>\w+?)")
-    return re.compile(f"^{escaped}$")
+    """A checked wording as a regular expression: its literal text escaped, a group per placeholder."""
+    parts = [re.escape(text) + (GROUP_PATTERNS[name] if name is not None else "")
+             for text, name, _, _ in _fields(template)]
+    return re.compile(f"^{''.join(parts)}$")
 
 
 @dataclass(frozen=True)
@@ -115,10 +123,15 @@ def _wording_problem(kind: str, template: Any) -> str:
     """Why ``template`` cannot be a wording of ``kind`` ("" when it can)."""
     if not isinstance(template, str) or not template.strip():
         return "must be non-empty text"
+    if len(template) > MAX_WORDING_CHARS or any(not ch.isprintable() for ch in template):
+        return f"must be one line of printable text of at most {MAX_WORDING_CHARS} characters"
     try:
-        names = _placeholders(template)
+        fields = _fields(template)
     except ValueError as err:
         return f"is not a valid template ({err})"
+    if any(spec or conversion for _, name, spec, conversion in fields if name is not None):
+        return "placeholders take no format spec or conversion: write {c} and {s} only"
+    names = [name for _, name, _, _ in fields if name is not None]
     allowed = ("c", "s") if kind in COLOURED else ("s",)
     if any(n not in allowed for n in names):
         bad = next(n for n in names if n not in allowed)
@@ -140,8 +153,8 @@ def world_from_dict(raw: Any, where: str) -> SeekingWorld:
     phrasings = dict(default.phrasings)
     for kind, wordings in given.items():
         wordings = [wordings] if isinstance(wordings, str) else wordings
-        if not isinstance(wordings, list) or not wordings:
-            raise DataError(f"{where}: phrasings.{kind} must be a non-empty list of wordings")
+        if not isinstance(wordings, list) or not 1 <= len(wordings) <= MAX_WORDINGS:
+            raise DataError(f"{where}: phrasings.{kind} must be a list of 1 to {MAX_WORDINGS} wordings")
         for i, template in enumerate(wordings):
             problem = _wording_problem(kind, template)
             if problem:
@@ -171,7 +184,7 @@ def _check_unambiguous(world: SeekingWorld, where: str) -> None:
 
 def presets() -> list[str]:
     """The names of the shipped worlds."""
-    return sorted(p.stem for p in WORLDS_DIR.glob("*.yaml"))
+    return shipped(WORLDS_DIR).split(", ")
 
 
 def load_seeking_world(path_or_preset: str) -> SeekingWorld:

@@ -31,7 +31,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from clova_train.envs.avis.seeking_world import DEFAULT_WORLD, SEEKING_KINDS, SeekingWorld
+from clova_train.envs.avis.seeking_world import COLOURED, DEFAULT_WORLD, SEEKING_KINDS, SeekingWorld
 from clova_train.envs.common.world import COLOURS, SHAPES, SceneObject, Task, make_task, task_id_option
 
 GUILD_WORDS = {"red": "crimson", "green": "verdant", "blue": "azure", "yellow": "golden",
@@ -80,9 +80,9 @@ def make_seeking_task(task_id: int, question: str | None = None, kinds: tuple[st
         kind = world.draw_kind(rng, kinds)
         present = [(o.colour, o.shape) for o in objects]
         c, s = present[int(rng.integers(len(present)))]
-        if kind in ("count", "exists") and rng.random() < 0.5:  # half the time any group, present or not
+        if kind in COLOURED and rng.random() < 0.5:  # half the time any group, present or not
             c, s = str(rng.choice(COLOURS)), str(rng.choice(SHAPES))
-        question = world.phrase(kind, task_id, **({"c": c, "s": s} if kind in ("count", "exists") else {"s": s}))
+        question = world.phrase(kind, task_id, **({"c": c, "s": s} if kind in COLOURED else {"s": s}))
     parsed = world.parse(question)
     if parsed is None:
         raise ValueError(f"not a question of the information-seeking world {world.name}: {question!r}")

@@ -37,7 +37,7 @@ from clova_train.core.checks import is_integer, is_number
 from clova_train.core.errors import DataError
 from clova_train.envs.common.world import QUESTION_TYPES
 from clova_train.envs.common.world_file import (
-    guess_right_one_in, question_weights, read_world_file, refuse_unknown, section, world_mapping, world_name,
+    guess_right_one_in, question_weights, read_world_file, refuse_unknown, section, shipped, world_mapping, world_name,
 )
 
 WORLDS_DIR = Path(__file__).resolve().parent.parent / "worlds"
@@ -137,7 +137,7 @@ def world_from_dict(raw: Any, where: str) -> ReasoningWorld:
 
 def presets() -> list[str]:
     """The names of the shipped worlds."""
-    return sorted(p.stem for p in WORLDS_DIR.glob("*.yaml"))
+    return shipped(WORLDS_DIR).split(", ")
 
 
 def load_world(path_or_preset: str) -> ReasoningWorld:

@@ -6,6 +6,7 @@ information-seeking world (:mod:`clova_train.envs.avis.seeking_world`). Nothing 
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -58,6 +59,8 @@ def question_weights(raw: dict[str, Any], kinds: tuple[str, ...], default: Mappi
             raise DataError(f"{where}: questions.{kind} = {weight!r}: must be a number >= 0")
     if not any(questions.values()):
         raise DataError(f"{where}: questions: at least one kind needs a weight > 0")
+    if not math.isfinite(sum(questions.values())):
+        raise DataError(f"{where}: questions: the weights must have a finite sum")
     return {k: float(v) for k, v in questions.items()}
 
 

@@ -175,7 +175,7 @@ def test_gate_rules_have_known_answers(tiny_clip_dir: Path, monkeypatch: pytest.
     assert results["serving", 0.2] == results["serving", 0.0]
     with pytest.raises(ModelError, match="gate_decision must be 'both', 'serving' or 'prompted', got 'vote'"):
         PromptedClip(f"local-dir:{tiny_clip_dir}", None, 4, 2, gate_decision="vote")
-    with pytest.raises(ModelError, match=r"classify_margin must be a number in \[0, 1\), got 1.5"):
+    with pytest.raises(ModelError, match=r"classify_margin must be a number in \[0, 1\], got 1.5"):
         PromptedClip(f"local-dir:{tiny_clip_dir}", None, 4, 2, classify_margin=1.5)
 
 
@@ -260,7 +260,8 @@ def test_fewer_errors_gate_compares_with_the_unprompted_tool(tiny_clip_dir: Path
 def test_choose_margin_keeps_labels_without_prompts_within_the_tolerance(tiny_clip_dir: Path, concept_root: Path) -> None:
     from clova_train.core.pool import PromptPool
     from clova_train.tools.clip_margin import (
-        MARGINS, NEVER, choose_margin, classify_forwards, decide, images_needed, per_label_accuracy, taken_share_bound,
+        MARGINS, NEVER, choose_margin, classify_forwards, decide, images_needed, label_confidence, per_label_accuracy,
+        taken_share_bound,
     )
     from clova_train.tools.images import list_images, load_image
     from clova_train.tools.serving import PromptToolServer
@@ -277,12 +278,14 @@ def test_choose_margin_keeps_labels_without_prompts_within_the_tolerance(tiny_cl
     server = PromptToolServer(clip, pool)
     margin, table = choose_margin(server, images, truth, names)
     assert margin in MARGINS and set(table) == {"unmodified", *MARGINS}
+    clip.classify_margin = margin  # whatever it returns is a margin the tool takes (NEVER: 1)
     assert set(table[margin]["taken_bound"]) == set(names[1:])  # the labels without prompts
     # too few validation images to show a 2-point bound: prompts never override the unmodified tool
     assert len(images) // len(names) < images_needed() and margin == NEVER
     assert {k: v for k, v in table[NEVER].items() if k != "taken_bound"} == table["unmodified"]
     # with enough images (the bound loosened to what these show), the chosen margin keeps every label within it
-    lenient = max(taken_share_bound(0, int((truth == k).sum())) for k in range(1, len(names)))
+    each = label_confidence(len(names) - 1)  # the per-label confidence of a joint 95% over the labels without prompts
+    lenient = max(taken_share_bound(0, int((truth == k).sum()), each) for k in range(1, len(names)))
     margin, table = choose_margin(server, images, truth, names, tolerance=lenient)
     assert all(b <= lenient for b in table[margin]["taken_bound"].values())
     for name in names[1:]:

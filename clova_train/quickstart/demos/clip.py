@@ -3,8 +3,8 @@
 ``python -m clova_train.quickstart.demos.clip <export dir>`` loads the export the way a serving process would (no
 Lightning) and classifies test images over all concept names. It first chooses CLASSIFY's ``classify_margin`` on a
 validation set (rendered with a seed of its own, 300 images per concept; ``clova_train.tools.clip_margin``: the most
-accurate margin under which, with 95% confidence, the pool takes at most 2% of any concept without prompts away from
-the unmodified tool's right answers), then prints, on the test
+accurate margin under which, with 95% confidence for all of them together, the pool takes at most 2% of each concept
+without prompts away from the unmodified tool's right answers), then prints, on the test
 images, per-concept accuracy of the unmodified tool, of the pool at margin 0 and at the chosen margin, and of the
 random-prompt control (the pool with every prompt replaced by a random one of its norm: the same retrieval and
 decision rule with nothing learned; a zero prompt is exactly the unmodified tool under CLASSIFY's rule), with 95%
@@ -96,8 +96,8 @@ def main(argv: list[str] | None = None) -> None:
                         help="concept-folder root of validation images for the margin (default: rendered)")
     parser.add_argument("--test-images", type=int, default=100, help="rendered test images per concept")
     parser.add_argument("--validation-images", type=int, default=300,
-                        help=f"rendered validation images per concept (at least {images_needed()} can show the "
-                             f"{TOLERANCE:.0%} bound)")
+                        help=f"rendered validation images per concept (the {TOLERANCE:.0%} bound needs at least "
+                             f"{images_needed(1)} for one concept without prompts, {images_needed(4)} for four)")
     parser.add_argument("--image-size", type=int, default=None, help="image side used in training")
     parser.add_argument("--top-k", type=int, default=None, help="ensemble only the k most similar prompts")
     args = parser.parse_args(argv)
@@ -123,8 +123,9 @@ def main(argv: list[str] | None = None) -> None:
     source = args.data or "freshly rendered synthetic images"
     print(f"\nCLASSIFY on test images ({source}), {len(server.pool)} prompts in the pool, top-k {server.top_k}")
     print(f"classify_margin {margin:g}: {calibrated_on}")
-    print(f"(chosen: the most accurate margin under which, with {CONFIDENCE:.0%} confidence, the pool takes at most "
-          f"{TOLERANCE:.0%} of any concept without prompts away from the unmodified tool's right answers).")
+    print(f"(chosen: the most accurate margin under which, with {CONFIDENCE:.0%} confidence for all of them together, "
+          f"the pool takes at most {TOLERANCE:.0%} of each concept without prompts away from the unmodified tool's "
+          "right answers).")
     print("no prompt: the unmodified CLIP; pool: the learned prompts at margin 0 and at the chosen margin; random")
     print("prompt: the pool with every prompt replaced by a random one of its norm (nothing learned). Mean [95% interval].")
     for entry in report:
