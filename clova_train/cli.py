@@ -28,6 +28,7 @@ import sys
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
+from clova_train.core.command_line import CommandParser, suggesting
 from clova_train.core.atomic import disk_full, storage_error
 from clova_train.core.errors import ClovaTrainError
 
@@ -98,20 +99,31 @@ def check_config_files(args: Sequence[str]) -> None:
 
 def umbrella_parser() -> argparse.ArgumentParser:
     """The top-level parser: lists every subcommand (each has its own ``--help``)."""
-    parser = argparse.ArgumentParser(
+    parser = CommandParser(
         prog=PROG,
         description="clova-train: train tool prompts (CLOVA), tool-using LLMs (GPT4Tools LoRA) and controllers "
         "(HYDRA), and export and serve them. 'clova-train COMMAND --help' documents each command.",
     )
+    parser.add_argument("--version", action="version", version=f"{PROG} {package_version()}")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", title="commands")
     for name, help_text in COMMANDS.items():
         commands.add_parser(name, help=help_text, add_help=False)
     return parser
 
 
+def package_version() -> str:
+    """The installed distribution's version (``unknown`` when run from a source tree that is not installed)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("clova-train")
+    except PackageNotFoundError:
+        return "unknown"
+
+
 def run_lightning(args: Sequence[str] | None) -> None:
     from lightning import LightningDataModule, LightningModule
-    from lightning.pytorch.cli import LightningCLI
+    from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 
     import clova_train.datamodules  # noqa: F401  (registers the data classes for class_path short names)
     import clova_train.models  # noqa: F401  (registers the model classes for class_path short names)
@@ -136,6 +148,7 @@ def run_lightning(args: Sequence[str] | None) -> None:
         auto_configure_optimizers=False,
         save_config_kwargs={"overwrite": True},
         args=None if args is None else list(args),
+        parser_class=suggesting(LightningArgumentParser),
         parser_kwargs={
             "prog": PROG,
             "parser_mode": safe_config_mode(),
@@ -146,7 +159,7 @@ def run_lightning(args: Sequence[str] | None) -> None:
 
 
 def run_export(args: Sequence[str]) -> None:
-    parser = argparse.ArgumentParser(
+    parser = CommandParser(
         prog=f"{PROG} export",
         description="Write a serving directory from a finished run directory or a Lightning checkpoint: "
         "for tool prompts the pool, tool description, config and versions; for a LoRA run the PEFT adapter "
@@ -171,7 +184,7 @@ API_KEY_ENV = "CLOVA_TRAIN_API_KEY"
 def run_serve(args: Sequence[str]) -> None:
     from clova_train.serving.guard import RequestLimits
 
-    parser = argparse.ArgumentParser(
+    parser = CommandParser(
         prog=f"{PROG} serve",
         description="Serve exports over HTTP with LitServe: POST /v1/<tool> for each prompt-tool export (the tool's "
         "JSON request; CLIP: {\"images\": [paths], \"labels\": [...]} or {\"images\": [...], \"concept\": c}), "
@@ -237,7 +250,7 @@ def answer_json_lines(export: str, lines: Iterable[str], top_k: int | None, devi
 
 
 def run_predict(args: Sequence[str]) -> None:
-    parser = argparse.ArgumentParser(
+    parser = CommandParser(
         prog=f"{PROG} predict",
         description="Run an exported prompt tool with its prompt pool over inputs and write one JSON line per input "
         "({\"input\": ..., \"output\": ...} or {\"input\": ..., \"error\": ...}). Inputs: a folder of images (each "
@@ -264,7 +277,7 @@ def run_predict(args: Sequence[str]) -> None:
 def run_tiny_model(args: Sequence[str]) -> None:
     from clova_train.quickstart.registry import TINY_MODELS, tiny_model
 
-    parser = argparse.ArgumentParser(
+    parser = CommandParser(
         prog=f"{PROG} tiny-model",
         description="Write a tiny model of a real architecture, pretrained briefly on synthetic data and loadable by the "
                     "normal loading code. Kinds: " + "; ".join(f"{m.kind}: {m.summary}" for m in TINY_MODELS.values()),
@@ -283,10 +296,12 @@ def run_tiny_model(args: Sequence[str]) -> None:
 def run_loop(args: Sequence[str]) -> None:
     from dataclasses import fields
 
-    from jsonargparse import ActionConfigFile, ArgumentParser
+    from jsonargparse import ActionConfigFile
+    from jsonargparse import ArgumentParser as JsonArgumentParser
 
     from clova_train.closedloop.runner import LoopConfig, format_results, run
 
+    ArgumentParser = suggesting(JsonArgumentParser)
     parser = ArgumentParser(prog=f"{PROG} loop", parser_mode=safe_config_mode(), description="CLOVA's closed loop: the test stage, the training stage "
                             "(inference, reflection, data collection, prompt tuning per tool and concept) and the test "
                             "stage again. Rerunning the same command resumes the run directory.")
@@ -301,10 +316,12 @@ def run_loop(args: Sequence[str]) -> None:
 def run_controller(args: Sequence[str]) -> None:
     from dataclasses import fields
 
-    from jsonargparse import ActionConfigFile, ArgumentParser
+    from jsonargparse import ActionConfigFile
+    from jsonargparse import ArgumentParser as JsonArgumentParser
 
     from clova_train.controller.trainer import ControllerConfig, evaluate, fit, format_table, validate
 
+    ArgumentParser = suggesting(JsonArgumentParser)
     parser = ArgumentParser(prog=f"{PROG} controller", parser_mode=safe_config_mode(),
                             description="Train, evaluate and export a DQN controller on the reasoning-loop environments: "
                                         "HYDRA (environment: hydra), AVIS (avis) or HAMMR (hammr).")
@@ -389,6 +406,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         elif command is None or command in ("-h", "--help"):
             umbrella_parser().print_help()
             return 0 if command else 2
+        elif command == "--version":
+            umbrella_parser().parse_args(["--version"])
         else:
             umbrella_parser().error(f"unknown command {command!r} (choose from {', '.join(COMMANDS)})")
     except Exception as exc:
