@@ -210,6 +210,9 @@ def run_serve(args: Sequence[str]) -> None:
                         help="HTTP: longest list in one request (images, labels, messages, ...)")
     parser.add_argument("--max-image-pixels", type=int, default=RequestLimits.max_image_pixels,
                         help="largest image decoded (width x height, read from its header first)")
+    parser.add_argument("--served-model-name", default=None,
+                        help="chat: the model name clients send as 'model' and /v1/models lists (default: the export "
+                             "directory's name)")
     parser.add_argument("--request", action="append", default=[], help="a JSON request to answer and exit (repeatable)")
     parser.add_argument("--stdin", action="store_true", help="answer JSON requests read from stdin, one per line")
     parsed = parser.parse_args(list(args))
@@ -236,7 +239,7 @@ def run_serve(args: Sequence[str]) -> None:
     api_key = parsed.api_key if parsed.api_key is not None else os.environ.get(API_KEY_ENV) or None
     serve_http(parsed.exports, parsed.host, parsed.port, parsed.device, parsed.top_k, parsed.base_model,
                parsed.max_batch_size, parsed.batch_timeout, output_dir=parsed.output_dir, api_key=api_key,
-               limits=limits)
+               limits=limits, served_model_name=parsed.served_model_name)
 
 
 def answer_json_lines(export: str, lines: Iterable[str], top_k: int | None, device: str, base_model: str | None) -> None:

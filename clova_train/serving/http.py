@@ -6,8 +6,11 @@ Endpoints (one per export; a server can hold several exports of different kinds)
   request the tool's ``serve_request`` takes (CLIP: ``{"images": [...], "labels": [...]}`` for CLASSIFY,
   ``{"images": [...], "concept": c}`` for SELECT), answered with the prompt ensemble;
 * a LoRA tool-LLM export: ``POST /v1/chat/completions``, OpenAI-compatible (LitServe's ``OpenAISpec``),
-  prompts formatted by the export's chat template, greedy by default, stopping at the step boundary;
-  requests are batched (``max_batch_size`` / ``batch_timeout``) into one left-padded ``generate``;
+  prompts formatted by the export's chat template, greedy unless the request sets a ``temperature`` (LitServe's
+  request default of 0.7 is not passed on), stopping at the step boundary, ``finish_reason`` ``length`` when
+  ``max_tokens`` cut the reply; the request's ``model`` must be empty or the served name (``--served-model-name``,
+  default: the export directory's name; 404 otherwise, as vLLM answers), which ``GET /v1/models`` lists; requests
+  are batched (``max_batch_size`` / ``batch_timeout``) into one left-padded ``generate``;
 * ``GET /health`` and ``GET /info`` (LitServe's).
 
 Every request passes :class:`~clova_train.serving.guard.RequestGuard` first (API key, body size counted after
@@ -28,9 +31,15 @@ import os
 from pathlib import Path
 from typing import Any
 
+import json
+import time
+
 import litserve as ls
 from fastapi import BackgroundTasks, HTTPException
-from litserve.specs.openai import ChatCompletionRequest, OpenAISpec
+from litserve.specs.openai import (
+    ChatCompletionRequest, ChatCompletionResponse, ChatCompletionResponseChoice, ChatMessage, OpenAISpec, UsageInfo,
+)
+from litserve.utils import LitAPIStatus
 
 from clova_train.core.errors import ClovaTrainError, DataError, ExportError
 from clova_train.serving.guard import RequestGuard, RequestLimits, install_error_handlers
@@ -120,9 +129,30 @@ class PromptToolAPI(ls.LitAPI):
 
 
 class ToolChatSpec(OpenAISpec):
-    """LitServe's OpenAI chat spec, with the messages checked before a request joins a batch."""
+    """LitServe's OpenAI chat spec, with the messages and the model name checked before a request joins a batch,
+    ``GET /v1/models``, and each choice's ``finish_reason`` as generation ended (``stop`` or ``length``).
+
+    Args:
+        served_name: the model name clients address (``model``), listed by ``/v1/models``.
+    """
+
+    def __init__(self, served_name: str) -> None:
+        super().__init__()
+        self.served_name = served_name
+        self.created = int(time.time())
+
+    def pre_setup(self, lit_api: ls.LitAPI) -> None:
+        super().pre_setup(lit_api)
+        self.add_endpoint("/v1/models", self.list_models, ["GET"])
+
+    async def list_models(self) -> dict:
+        return {"object": "list", "data": [{"id": self.served_name, "object": "model", "created": self.created,
+                                            "owned_by": "clova-train"}]}
 
     async def chat_completion(self, request: ChatCompletionRequest, background_tasks: BackgroundTasks):  # noqa: ANN201
+        if request.model and request.model != self.served_name:
+            raise HTTPException(404, f"The model {request.model!r} does not exist: this server serves "
+                                     f"{self.served_name!r} (GET /v1/models)")
         try:
             check_messages([m.model_dump() for m in request.messages])
         except DataError as err:
@@ -130,6 +160,28 @@ class ToolChatSpec(OpenAISpec):
         if request.n != 1:
             raise HTTPException(400, "'n' must be 1")
         return await super().chat_completion(request, background_tasks)
+
+    async def non_streaming_completion(self, request: ChatCompletionRequest, generator_list: list):  # noqa: ANN201
+        choices, usage = [], []
+        for index, steps in enumerate(generator_list):
+            parts, finish = [], "stop"
+            async for response, status in steps:
+                if status == LitAPIStatus.ERROR:
+                    raise response if isinstance(response, HTTPException) else HTTPException(500, "generation failed")
+                step = json.loads(response)
+                parts.append(step.get("content") or "")
+                finish = step.get("finish_reason") or finish
+                usage.append(UsageInfo(**step))
+            message = ChatMessage(role="assistant", content="".join(parts))
+            choices.append(ChatCompletionResponseChoice(index=index, message=message, finish_reason=finish))
+        return ChatCompletionResponse(model=request.model or self.served_name, choices=choices, usage=sum(usage))
+
+
+def requested_temperature(request: ChatCompletionRequest) -> float:
+    """The temperature the client asked for; 0 (greedy) when it named none (the request model defaults to 0.7)."""
+    if "temperature" not in request.model_fields_set or request.temperature is None:
+        return 0.0
+    return float(request.temperature)
 
 
 class ToolChatAPI(ls.LitAPI):
@@ -140,10 +192,13 @@ class ToolChatAPI(ls.LitAPI):
         base_model: base model directory overriding the export's.
         max_batch_size: requests generated together.
         batch_timeout: seconds to wait for a batch to fill.
+        served_name: the model name clients address (default: the export directory's name).
     """
 
-    def __init__(self, export: Path, base_model: str | None = None, max_batch_size: int = 4, batch_timeout: float = 0.02) -> None:
-        super().__init__(max_batch_size=max_batch_size, batch_timeout=batch_timeout, spec=ToolChatSpec())
+    def __init__(self, export: Path, base_model: str | None = None, max_batch_size: int = 4, batch_timeout: float = 0.02,
+                 served_name: str | None = None) -> None:
+        super().__init__(max_batch_size=max_batch_size, batch_timeout=batch_timeout,
+                         spec=ToolChatSpec(served_name or Path(export).resolve().name))
         self.export, self.base_model = export, base_model
 
     def setup(self, device: str) -> None:
@@ -156,7 +211,7 @@ class ToolChatAPI(ls.LitAPI):
         return ChatRequest(
             messages=[{"role": m.role, "content": m.content} for m in request.messages],
             max_tokens=request.max_completion_tokens or request.max_tokens,
-            stop=stop, temperature=float(request.temperature or 0.0),
+            stop=stop, temperature=requested_temperature(request),
         )
 
     def batch(self, inputs: list[ChatRequest]) -> list[ChatRequest]:
@@ -169,7 +224,7 @@ class ToolChatAPI(ls.LitAPI):
         batched = isinstance(requests, list)
         replies = self.llm.chat_batch(requests if batched else [requests])
         messages = [
-            {"role": "assistant", "content": r.text, "prompt_tokens": r.prompt_tokens,
+            {"role": "assistant", "content": r.text, "prompt_tokens": r.prompt_tokens, "finish_reason": r.finish_reason,
              "completion_tokens": r.completion_tokens, "total_tokens": r.prompt_tokens + r.completion_tokens}
             for r in replies
         ]
@@ -183,6 +238,7 @@ class ToolChatAPI(ls.LitAPI):
 def build_apis(
     exports: list[str], top_k: int | None, base_model: str | None, max_batch_size: int, batch_timeout: float,
     output_dir: Path = Path("served_outputs"), max_image_pixels: int = RequestLimits.max_image_pixels,
+    served_model_name: str | None = None,
 ) -> list[ls.LitAPI]:
     """One LitAPI per export; a clear error for a missing export or two exports on one endpoint."""
     from clova_train.tools.serving import read_tool_description
@@ -191,7 +247,7 @@ def build_apis(
     for name in exports:
         directory = Path(name)
         if export_kind(directory) == "lora":
-            api: ls.LitAPI = ToolChatAPI(directory, base_model, max_batch_size, batch_timeout)
+            api: ls.LitAPI = ToolChatAPI(directory, base_model, max_batch_size, batch_timeout, served_model_name)
             path = "/v1/chat/completions"
         else:
             tool = str(read_tool_description(directory).get("tool", "tool"))
@@ -207,13 +263,15 @@ def serve_http(
     exports: list[str], host: str = "127.0.0.1", port: int = 8000, device: str = "cpu", top_k: int | None = None,
     base_model: str | None = None, max_batch_size: int = 4, batch_timeout: float = 0.02, timeout: float = 60.0,
     output_dir: str = "served_outputs", api_key: str | None = None, limits: RequestLimits = RequestLimits(),
+    served_model_name: str | None = None,
 ) -> None:
     """Run the server until interrupted (each export is checked and loaded before the port opens).
 
     ``api_key``: the bearer token every ``/v1/...`` request must carry (``None``: none required); ``limits``: what one
-    request may hold (see :class:`~clova_train.serving.guard.RequestLimits`)."""
+    request may hold (see :class:`~clova_train.serving.guard.RequestLimits`); ``served_model_name``: the chat model's
+    name (default: the export directory's name)."""
     apis = build_apis(exports, top_k, base_model, max_batch_size, batch_timeout, Path(output_dir),
-                      limits.max_image_pixels)
+                      limits.max_image_pixels, served_model_name)
     for api in apis:  # fail here, with the clova-train message, rather than inside a worker process
         api.setup(device)
         for loaded in ("server", "llm"):  # each worker process loads its own copy

@@ -83,8 +83,8 @@ def test_chat_completions_match_the_in_process_model(server: str, lora_export: P
     conversations = [[{"role": "user", "content": f"Describe image/{k}.png"}] for k in range(4)]
     expected = [r.text for r in llm.chat_batch([ChatRequest(m, max_tokens=12) for m in conversations])]
 
-    def ask(messages: list) -> tuple[int, dict]:
-        return post(server + "/v1/chat/completions", {"model": "tool-llm", "messages": messages, "max_tokens": 12, "temperature": 0})
+    def ask(messages: list) -> tuple[int, dict]:  # no temperature: greedy, as the in-process default
+        return post(server + "/v1/chat/completions", {"model": lora_export.name, "messages": messages, "max_tokens": 12})
 
     with ThreadPoolExecutor(4) as pool:  # concurrent requests: batched by the server
         results = list(pool.map(ask, conversations))
@@ -102,8 +102,28 @@ def test_chat_completions_match_the_in_process_model(server: str, lora_export: P
     ([{"role": "tool", "content": "hi"}], "messages[0]"),
 ])
 def test_bad_chat_requests_get_400(server: str, messages: list, message: str) -> None:
-    status, reply = post(server + "/v1/chat/completions", {"model": "m", "messages": messages})
+    status, reply = post(server + "/v1/chat/completions", {"model": "", "messages": messages})
     assert status in (400, 422) and message in json.dumps(reply), reply
+
+
+def test_the_official_sdk_sees_the_model_finish_reasons_and_errors(server: str, lora_export: Path) -> None:
+    """As vLLM serves it: /v1/models lists the served name (the export directory's), another model is a 404 in
+    OpenAI's error shape, a reply that max_tokens cut ends with finish_reason 'length', and a request that names no
+    temperature is answered greedily (the same text twice)."""
+    import openai
+
+    client = openai.OpenAI(base_url=server + "/v1", api_key="unused", max_retries=0, timeout=120)
+    assert [m.id for m in client.models.list().data] == [lora_export.name]
+    messages = [{"role": "user", "content": "Describe image/7.png"}]
+    cut = client.chat.completions.create(model=lora_export.name, messages=messages, max_tokens=2)
+    assert cut.choices[0].finish_reason == "length" and cut.usage.completion_tokens == 2
+    again = client.chat.completions.create(model=lora_export.name, messages=messages, max_tokens=2)
+    assert again.choices[0].message.content == cut.choices[0].message.content
+    with pytest.raises(openai.NotFoundError, match="does not exist: this server serves"):
+        client.chat.completions.create(model="gpt-4o", messages=messages, max_tokens=2)
+    with pytest.raises(openai.BadRequestError, match="last message must be the user's"):
+        client.chat.completions.create(model=lora_export.name, max_tokens=2,
+                                       messages=[*messages, {"role": "assistant", "content": "x"}])
 
 
 def test_serve_refuses_a_missing_export_before_listening(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
