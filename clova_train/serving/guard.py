@@ -128,7 +128,7 @@ class RequestGuard:
             self._authorise(scope)
             if scope["method"] in ("POST", "PUT", "PATCH"):
                 body = await self._read_body(scope, receive)
-                scope, receive = self._as_json(scope, body)
+                scope, receive = self._as_json(scope, body, receive)
         except RequestRefused as refused:
             await send_error(send, refused.status, str(refused),
                              {"www-authenticate": "Bearer"} if refused.status == 401 else None)
@@ -172,7 +172,10 @@ class RequestGuard:
             return _inflate(body, encoding, limit)
         raise RequestRefused(415, f"Content-Encoding {encoding!r} is not accepted (send identity, gzip or deflate)")
 
-    def _as_json(self, scope: Scope, body: bytes) -> tuple[Scope, Receive]:
+    def _as_json(self, scope: Scope, body: bytes, receive: Receive) -> tuple[Scope, Receive]:
+        """The scope and a ``receive`` for the app: the canonical JSON as the whole body, then the client's own
+        ``receive`` (which reports its disconnect: a streamed response stops when the client goes away, and only
+        then)."""
         content_type = (_header(scope, b"content-type") or b"").decode("latin-1").lower()
         if content_type.startswith("multipart/"):
             raise RequestRefused(415, "multipart bodies are not accepted: send the request as a JSON object")
@@ -196,7 +199,7 @@ class RequestGuard:
         async def replay() -> Message:
             nonlocal sent
             if sent:
-                return {"type": "http.disconnect"}
+                return await receive()
             sent = True
             return {"type": "http.request", "body": canonical, "more_body": False}
 

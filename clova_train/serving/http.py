@@ -9,8 +9,9 @@ Endpoints (one per export; a server can hold several exports of different kinds)
   prompts formatted by the export's chat template, greedy unless the request sets a ``temperature`` (LitServe's
   request default of 0.7 is not passed on), stopping at the step boundary, ``finish_reason`` ``length`` when
   ``max_tokens`` cut the reply; the request's ``model`` must be empty or the served name (``--served-model-name``,
-  default: the export directory's name; 404 otherwise, as vLLM answers), which ``GET /v1/models`` lists; requests
-  are batched (``max_batch_size`` / ``batch_timeout``) into one left-padded ``generate``;
+  default: the export directory's name; 404 otherwise, as vLLM answers), which ``GET /v1/models`` lists;
+  ``stream: true`` answers with server-sent events, one per generated token; requests, streamed or not, are batched
+  (``max_batch_size`` / ``batch_timeout``) into one left-padded ``generate`` run with a streamer;
 * ``GET /health`` and ``GET /info`` (LitServe's).
 
 Every request passes :class:`~clova_train.serving.guard.RequestGuard` first (API key, body size counted after
@@ -33,16 +34,18 @@ from typing import Any
 
 import json
 import time
+import uuid
 
 import litserve as ls
 from fastapi import BackgroundTasks, HTTPException
 from litserve.specs.openai import (
-    ChatCompletionRequest, ChatCompletionResponse, ChatCompletionResponseChoice, ChatMessage, OpenAISpec, UsageInfo,
+    ChatCompletionChunk, ChatCompletionRequest, ChatCompletionResponse, ChatCompletionResponseChoice,
+    ChatCompletionStreamingChoice, ChatMessage, ChoiceDelta, OpenAISpec, UsageInfo,
 )
-from litserve.utils import LitAPIStatus
+from litserve.utils import LitAPIStatus, azip
 
 from clova_train.core.errors import ClovaTrainError, DataError, ExportError
-from clova_train.serving.guard import RequestGuard, RequestLimits, install_error_handlers
+from clova_train.serving.guard import RequestGuard, RequestLimits, error_body, install_error_handlers
 from clova_train.tooluse.served_llm import ChatRequest, check_messages
 
 
@@ -128,9 +131,21 @@ class PromptToolAPI(ls.LitAPI):
         return output
 
 
+def _step_of(response: Any, status: Any) -> dict[str, Any]:
+    """One streamed step of a choice (the API's chat message with its cumulative token counts), or the error."""
+    if status == LitAPIStatus.ERROR:
+        raise response if isinstance(response, HTTPException) else HTTPException(500, "generation failed")
+    return json.loads(response)
+
+
+def _usage(step: dict[str, Any]) -> UsageInfo:
+    return UsageInfo(**{k: step.get(k, 0) for k in ("prompt_tokens", "completion_tokens", "total_tokens")})
+
+
 class ToolChatSpec(OpenAISpec):
     """LitServe's OpenAI chat spec, with the messages and the model name checked before a request joins a batch,
-    ``GET /v1/models``, and each choice's ``finish_reason`` as generation ended (``stop`` or ``length``).
+    ``GET /v1/models``, token-by-token server-sent events for ``stream: true``, and each choice's ``finish_reason`` as
+    generation ended (``stop`` or ``length``).
 
     Args:
         served_name: the model name clients address (``model``), listed by ``/v1/models``.
@@ -164,17 +179,47 @@ class ToolChatSpec(OpenAISpec):
     async def non_streaming_completion(self, request: ChatCompletionRequest, generator_list: list):  # noqa: ANN201
         choices, usage = [], []
         for index, steps in enumerate(generator_list):
-            parts, finish = [], "stop"
+            parts, last = [], {}
             async for response, status in steps:
-                if status == LitAPIStatus.ERROR:
-                    raise response if isinstance(response, HTTPException) else HTTPException(500, "generation failed")
-                step = json.loads(response)
-                parts.append(step.get("content") or "")
-                finish = step.get("finish_reason") or finish
-                usage.append(UsageInfo(**step))
+                last = _step_of(response, status)
+                parts.append(last.get("content") or "")
             message = ChatMessage(role="assistant", content="".join(parts))
-            choices.append(ChatCompletionResponseChoice(index=index, message=message, finish_reason=finish))
+            choices.append(ChatCompletionResponseChoice(index=index, message=message,
+                                                        finish_reason=last.get("finish_reason") or "stop"))
+            usage.append(_usage(last))  # the counts are cumulative: the last step's are the choice's
         return ChatCompletionResponse(model=request.model or self.served_name, choices=choices, usage=sum(usage))
+
+    async def streaming_completion(self, request: ChatCompletionRequest, pipe_responses: list):  # noqa: ANN201
+        model = request.model or self.served_name
+        same = {"id": f"chatcmpl-{uuid.uuid4().hex[:24]}", "created": int(time.time()), "model": model}  # every chunk
+        finish: list[str] = ["stop"] * len(pipe_responses)
+        usage: list[UsageInfo] = [UsageInfo() for _ in pipe_responses]
+        started: set[int] = set()
+        try:
+            async for steps in azip(*pipe_responses):
+                choices = []
+                for index, (response, status) in enumerate(steps):
+                    step = _step_of(response, status)
+                    finish[index] = step.get("finish_reason") or finish[index]
+                    usage[index] = _usage(step)
+                    if step.get("content"):
+                        role = None if index in started else "assistant"
+                        started.add(index)
+                        choices.append(ChatCompletionStreamingChoice(
+                            index=index, delta=ChoiceDelta(role=role, content=step["content"])))
+                if choices:
+                    yield f"data: {ChatCompletionChunk(**same, choices=choices, usage=None).model_dump_json()}\n\n"
+            last = ChatCompletionChunk(**same, usage=sum(usage), choices=[
+                ChatCompletionStreamingChoice(index=i, delta=ChoiceDelta(), finish_reason=f) for i, f in enumerate(finish)])
+            yield f"data: {last.model_dump_json()}\n\n"
+            yield "data: [DONE]\n\n"
+        except HTTPException as err:
+            yield f"data: {json.dumps(error_body(err.status_code, str(err.detail)))}\n\n"
+        except Exception:  # noqa: BLE001 (the client gets OpenAI's error event; the log gets the traceback)
+            import logging
+
+            logging.getLogger(__name__).exception("streamed chat completion failed")
+            yield f"data: {json.dumps(error_body(500, 'internal server error'))}\n\n"
 
 
 def requested_temperature(request: ChatCompletionRequest) -> float:
@@ -197,7 +242,7 @@ class ToolChatAPI(ls.LitAPI):
 
     def __init__(self, export: Path, base_model: str | None = None, max_batch_size: int = 4, batch_timeout: float = 0.02,
                  served_name: str | None = None) -> None:
-        super().__init__(max_batch_size=max_batch_size, batch_timeout=batch_timeout,
+        super().__init__(max_batch_size=max_batch_size, batch_timeout=batch_timeout, stream=True,
                          spec=ToolChatSpec(served_name or Path(export).resolve().name))
         self.export, self.base_model = export, base_model
 
@@ -221,16 +266,23 @@ class ToolChatAPI(ls.LitAPI):
         return output
 
     def predict(self, requests: ChatRequest | list[ChatRequest]):  # noqa: ANN201 (a generator, as the spec wants)
+        """After each generated token, one chat message per request: the text added since the last one (held back
+        while it ends in half a character), the finish reason once it ended, and the token counts so far."""
         batched = isinstance(requests, list)
-        replies = self.llm.chat_batch(requests if batched else [requests])
-        messages = [
-            {"role": "assistant", "content": r.text, "prompt_tokens": r.prompt_tokens, "finish_reason": r.finish_reason,
-             "completion_tokens": r.completion_tokens, "total_tokens": r.prompt_tokens + r.completion_tokens}
-            for r in replies
-        ]
-        yield messages if batched else messages[0]
+        requests = requests if batched else [requests]
+        sent = [""] * len(requests)
+        for replies in self.llm.stream_batch(requests):
+            messages = []
+            for k, reply in enumerate(replies):
+                ready = reply.text if reply.finish_reason else reply.text.rstrip("\ufffd")
+                delta = ready[len(sent[k]):] if ready.startswith(sent[k]) else ""
+                sent[k] += delta
+                messages.append({"role": "assistant", "content": delta, "finish_reason": reply.finish_reason,
+                                 "prompt_tokens": reply.prompt_tokens, "completion_tokens": reply.completion_tokens,
+                                 "total_tokens": reply.prompt_tokens + reply.completion_tokens})
+            yield messages if batched else messages[0]
 
-    def encode_response(self, outputs):  # noqa: ANN001, ANN201 (a generator of chat messages, one step here)
+    def encode_response(self, outputs):  # noqa: ANN001, ANN201 (a generator of chat messages, one per token)
         # Batched: each step is a list with one message per request; LitServe hands message i to request i.
         yield from outputs
 

@@ -14,6 +14,7 @@ reply as in training.
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -54,7 +55,7 @@ class ChatReply:
     text: str
     prompt_tokens: int
     completion_tokens: int
-    finish_reason: str  # "stop" (EOS or a stop string) or "length"
+    finish_reason: str | None  # "stop" (EOS or a stop string) or "length"; None while a streamed reply goes on
 
 
 def check_messages(messages: Any) -> list[dict[str, str]]:
@@ -166,6 +167,14 @@ class ServedToolLLM:
         return [replies[i] for i in range(len(requests))]
 
     def _generate(self, requests: list[ChatRequest], sample: bool) -> list[ChatReply]:
+        encoded, options = self._inputs(requests, sample)
+        output = self.model.generate(**encoded, **options)
+        width = encoded["input_ids"].shape[1]
+        return [self._reply(output[row, width:].tolist(), request, int(encoded["attention_mask"][row].sum()), True)
+                for row, request in enumerate(requests)]
+
+    def _inputs(self, requests: list[ChatRequest], sample: bool) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+        """The left-padded prompts of ``requests`` and the ``generate`` options that answer them together."""
         prompts = [self.prompt(r.messages) for r in requests]
         encoded = self.tokenizer(prompts, return_tensors="pt", padding=True, add_special_tokens=False)
         encoded = {k: v.to(self.model.device) for k, v in encoded.items()}
@@ -176,18 +185,87 @@ class ServedToolLLM:
             options.update(temperature=requests[0].temperature, top_p=1.0, top_k=0)
         else:
             options.update(temperature=None, top_p=None, top_k=None)
-        output = self.model.generate(**encoded, **options)
-        width = encoded["input_ids"].shape[1]
-        replies = []
-        for row, request in enumerate(requests):
-            new = output[row, width:].tolist()
-            ended = self.tokenizer.eos_token_id in new
-            if ended:
-                new = new[: new.index(self.tokenizer.eos_token_id)]
-            limit = request.max_tokens or self.max_tokens
-            text, stopped = _cut(self.tokenizer.decode(new[:limit], skip_special_tokens=True), self.stop + list(request.stop))
-            count = len(self.tokenizer(text, add_special_tokens=False)["input_ids"]) if stopped else min(len(new), limit)
-            prompt_tokens = int(encoded["attention_mask"][row].sum())
-            finish = "stop" if stopped or (ended and len(new) <= limit) else "length"
-            replies.append(ChatReply(text, prompt_tokens, count, finish))
-        return replies
+        return encoded, options
+
+    def _reply(self, new: list[int], request: ChatRequest, prompt_tokens: int, complete: bool) -> ChatReply:
+        """The reply to ``request`` from its generated tokens ``new``: cut at EOS, at its token limit and after the
+        first stop string. ``complete``: generation is over; else ``finish_reason`` stays None until one of those
+        ends the reply (streaming)."""
+        ended = self.tokenizer.eos_token_id in new
+        if ended:
+            new = new[: new.index(self.tokenizer.eos_token_id)]
+        limit = request.max_tokens or self.max_tokens
+        text, stopped = _cut(self.tokenizer.decode(new[:limit], skip_special_tokens=True), self.stop + list(request.stop))
+        count = len(self.tokenizer(text, add_special_tokens=False)["input_ids"]) if stopped else min(len(new), limit)
+        finish = "stop" if stopped or (ended and len(new) <= limit) else "length"
+        if not (complete or stopped or ended or len(new) >= limit):
+            finish = None
+        return ChatReply(text, prompt_tokens, count, finish)
+
+    @torch.no_grad()
+    def stream_batch(self, requests: list[ChatRequest]) -> Iterator[list[ChatReply]]:
+        """Every request's reply so far, after each generated token (``finish_reason`` None while it is still being
+        written); the last list equals :meth:`chat_batch`'s replies. Greedy requests are generated together,
+        sampled ones one after another."""
+        replies = [ChatReply("", 0, 0, None) for _ in requests]
+        greedy = [i for i, r in enumerate(requests) if r.temperature <= 0]
+        runs = ([greedy] if greedy else []) + [[i] for i, r in enumerate(requests) if r.temperature > 0]
+        for run in runs:
+            if requests[run[0]].temperature > 0:
+                torch.manual_seed(requests[run[0]].seed)
+            for step in self._stream([requests[i] for i in run], sample=requests[run[0]].temperature > 0):
+                for i, reply in zip(run, step):
+                    replies[i] = reply
+                yield list(replies)
+
+    def _stream(self, requests: list[ChatRequest], sample: bool) -> Iterator[list[ChatReply]]:
+        import threading
+
+        encoded, options = self._inputs(requests, sample)
+        prompt_tokens = [int(n) for n in encoded["attention_mask"].sum(1)]
+        steps = _TokenSteps()
+        failure: list[BaseException] = []
+
+        def generate() -> None:
+            try:
+                with torch.no_grad():
+                    self.model.generate(**encoded, **options, streamer=steps)
+            except BaseException as err:  # noqa: BLE001 (handed to the consumer, which raises it)
+                failure.append(err)
+            finally:
+                steps.end()
+
+        worker = threading.Thread(target=generate, daemon=True)
+        worker.start()
+        tokens: list[list[int]] = [[] for _ in requests]
+        for step in steps:
+            for row, token in enumerate(step):
+                tokens[row].append(token)
+            yield [self._reply(t, r, n, False) for t, r, n in zip(tokens, requests, prompt_tokens)]
+        worker.join()
+        if failure:
+            raise failure[0]
+        yield [self._reply(t, r, n, True) for t, r, n in zip(tokens, requests, prompt_tokens)]
+
+
+class _TokenSteps:
+    """A ``generate`` streamer that hands over each step's new tokens (one per sequence) as an iterator."""
+
+    def __init__(self) -> None:
+        import queue
+
+        self.queue: queue.Queue = queue.Queue()
+        self.prompt_seen = False
+
+    def put(self, value: torch.Tensor) -> None:
+        if not self.prompt_seen:  # the first call carries the prompts
+            self.prompt_seen = True
+            return
+        self.queue.put(value.reshape(-1).tolist())
+
+    def end(self) -> None:
+        self.queue.put(None)
+
+    def __iter__(self) -> Iterator[list[int]]:
+        while (step := self.queue.get()) is not None:
+            yield step

@@ -126,6 +126,29 @@ def test_the_official_sdk_sees_the_model_finish_reasons_and_errors(server: str, 
                                        messages=[*messages, {"role": "assistant", "content": "x"}])
 
 
+def test_streaming_sends_the_reply_token_by_token(server: str, lora_export: Path) -> None:
+    """stream=True: text/event-stream, one chunk per generated token (role first, finish_reason last), the chunks
+    adding up to the reply a plain request gets, with its finish reason and token counts."""
+    import openai
+
+    client = openai.OpenAI(base_url=server + "/v1", api_key="unused", max_retries=0, timeout=120)
+    messages = [{"role": "user", "content": "Describe image/3.png"}]
+    plain = client.chat.completions.create(model=lora_export.name, messages=messages, max_tokens=8)
+    chunks = list(client.chat.completions.create(model=lora_export.name, messages=messages, max_tokens=8, stream=True))
+    texts = [c.choices[0].delta.content for c in chunks if c.choices and c.choices[0].delta.content]
+    assert "".join(texts) == plain.choices[0].message.content
+    assert len(texts) > 1  # not the whole text in one chunk
+    assert chunks[0].choices[0].delta.role == "assistant"
+    assert chunks[-1].choices[0].finish_reason == plain.choices[0].finish_reason
+    assert chunks[-1].usage.completion_tokens == plain.usage.completion_tokens
+    assert len({c.id for c in chunks}) == 1  # one completion
+    request = urllib.request.Request(server + "/v1/chat/completions", headers={"Content-Type": "application/json"},
+                                     data=json.dumps({"messages": messages, "max_tokens": 3, "stream": True}).encode())
+    with urllib.request.urlopen(request, timeout=120) as response:
+        assert response.headers["Content-Type"].startswith("text/event-stream")
+        assert response.read().decode().rstrip().endswith("data: [DONE]")
+
+
 def test_serve_refuses_a_missing_export_before_listening(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     assert main(["serve", str(tmp_path / "missing"), "--port", str(free_port())]) == 2
     assert "export directory not found" in capsys.readouterr().err
