@@ -10,8 +10,11 @@ Endpoints (one per export; a server can hold several exports of different kinds)
   request default of 0.7 is not passed on), stopping at the step boundary, ``finish_reason`` ``length`` when
   ``max_tokens`` cut the reply; the request's ``model`` must be empty or the served name (``--served-model-name``,
   default: the export directory's name; 404 otherwise, as vLLM answers), which ``GET /v1/models`` lists;
-  ``stream: true`` answers with server-sent events, one per generated token; requests, streamed or not, are batched
-  (``max_batch_size`` / ``batch_timeout``) into one left-padded ``generate`` run with a streamer;
+  ``stream: true`` answers with server-sent events, one per generated token; a request's ``tools`` are rendered
+  into the GPT4Tools prompt, the model's ``Action:`` / ``Action Input:`` come back as ``tool_calls``
+  (``finish_reason`` ``tool_calls``) and ``tool`` messages are fed back as observations
+  (:mod:`clova_train.tooluse.tool_calls`); requests, streamed or not, are batched (``max_batch_size`` /
+  ``batch_timeout``) into one left-padded ``generate`` run with a streamer;
 * ``GET /health`` and ``GET /info`` (LitServe's).
 
 Every request passes :class:`~clova_train.serving.guard.RequestGuard` first (API key, body size counted after
@@ -28,25 +31,23 @@ same answer, so clients cannot probe which files exist. Files a tool writes (REP
 # No ``from __future__ import annotations`` here: LitServe and FastAPI read these signatures' annotations as
 # objects (a string annotation on ``decode_request`` would make LitServe queue the raw request object).
 
-import os
-from pathlib import Path
-from typing import Any
-
 import json
+import os
 import time
 import uuid
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Optional, Union
 
 import litserve as ls
 from fastapi import BackgroundTasks, HTTPException
-from litserve.specs.openai import (
-    ChatCompletionChunk, ChatCompletionRequest, ChatCompletionResponse, ChatCompletionResponseChoice,
-    ChatCompletionStreamingChoice, ChatMessage, ChoiceDelta, OpenAISpec, UsageInfo,
-)
+from litserve.specs.openai import ChatCompletionRequest, OpenAISpec
 from litserve.utils import LitAPIStatus, azip
 
 from clova_train.core.errors import ClovaTrainError, DataError, ExportError
 from clova_train.serving.guard import RequestGuard, RequestLimits, error_body, install_error_handlers
 from clova_train.tooluse.served_llm import ChatRequest, check_messages
+from clova_train.tooluse.tool_calls import ToolSpec, instruction_from_chat, reply_from_step, specs_from_openai
 
 
 def export_kind(directory: Path) -> str:
@@ -131,6 +132,9 @@ class PromptToolAPI(ls.LitAPI):
         return output
 
 
+COUNTS = ("prompt_tokens", "completion_tokens", "total_tokens")
+
+
 def _step_of(response: Any, status: Any) -> dict[str, Any]:
     """One streamed step of a choice (the API's chat message with its cumulative token counts), or the error."""
     if status == LitAPIStatus.ERROR:
@@ -138,14 +142,23 @@ def _step_of(response: Any, status: Any) -> dict[str, Any]:
     return json.loads(response)
 
 
-def _usage(step: dict[str, Any]) -> UsageInfo:
-    return UsageInfo(**{k: step.get(k, 0) for k in ("prompt_tokens", "completion_tokens", "total_tokens")})
+def _usage(steps: list[dict[str, Any]]) -> dict[str, int]:
+    """The token counts of the choices' last steps (each step's counts are cumulative), added up."""
+    return {k: sum(int(step.get(k) or 0) for step in steps) for k in COUNTS}
+
+
+class ChatRequestBody(ChatCompletionRequest):
+    """A chat request as OpenAI's API takes it: a function without a description, any ``tool_choice`` (checked by
+    the spec, so that the error names it)."""
+
+    tools: Optional[list[dict[str, Any]]] = None
+    tool_choice: Optional[Any] = "auto"
 
 
 class ToolChatSpec(OpenAISpec):
-    """LitServe's OpenAI chat spec, with the messages and the model name checked before a request joins a batch,
-    ``GET /v1/models``, token-by-token server-sent events for ``stream: true``, and each choice's ``finish_reason`` as
-    generation ended (``stop`` or ``length``).
+    """LitServe's OpenAI chat spec, with the messages, tools and model name checked before a request joins a batch,
+    ``GET /v1/models``, token-by-token server-sent events for ``stream: true``, tool calls, and each choice's
+    ``finish_reason`` as generation ended (``stop``, ``length`` or ``tool_calls``).
 
     Args:
         served_name: the model name clients address (``model``), listed by ``/v1/models``.
@@ -164,54 +177,63 @@ class ToolChatSpec(OpenAISpec):
         return {"object": "list", "data": [{"id": self.served_name, "object": "model", "created": self.created,
                                             "owned_by": "clova-train"}]}
 
-    async def chat_completion(self, request: ChatCompletionRequest, background_tasks: BackgroundTasks):  # noqa: ANN201
+    async def chat_completion(self, request: ChatRequestBody, background_tasks: BackgroundTasks):  # noqa: ANN201
         if request.model and request.model != self.served_name:
             raise HTTPException(404, f"The model {request.model!r} does not exist: this server serves "
                                      f"{self.served_name!r} (GET /v1/models)")
-        try:
-            check_messages([m.model_dump() for m in request.messages])
-        except DataError as err:
-            raise HTTPException(400, str(err)) from err
         if request.n != 1:
             raise HTTPException(400, "'n' must be 1")
+        if request.tool_choice not in (None, "auto", "none"):
+            raise HTTPException(400, "'tool_choice' must be 'auto' or 'none' (the model chooses its tool itself)")
+        try:
+            messages = [m.model_dump() for m in request.messages]
+            if request.tools and request.tool_choice != "none":
+                instruction_from_chat(messages, specs_from_openai(request.tools))
+            else:
+                check_messages(messages)
+        except DataError as err:
+            raise HTTPException(400, str(err)) from err
         return await super().chat_completion(request, background_tasks)
 
+    def _header(self, request: ChatCompletionRequest, kind: str) -> dict[str, Any]:
+        return {"id": f"chatcmpl-{uuid.uuid4().hex[:24]}", "object": kind, "created": int(time.time()),
+                "model": request.model or self.served_name}
+
     async def non_streaming_completion(self, request: ChatCompletionRequest, generator_list: list):  # noqa: ANN201
-        choices, usage = [], []
+        choices, lasts = [], []
         for index, steps in enumerate(generator_list):
-            parts, last = [], {}
+            parts, last, calls = [], {}, []
             async for response, status in steps:
                 last = _step_of(response, status)
                 parts.append(last.get("content") or "")
-            message = ChatMessage(role="assistant", content="".join(parts))
-            choices.append(ChatCompletionResponseChoice(index=index, message=message,
-                                                        finish_reason=last.get("finish_reason") or "stop"))
-            usage.append(_usage(last))  # the counts are cumulative: the last step's are the choice's
-        return ChatCompletionResponse(model=request.model or self.served_name, choices=choices, usage=sum(usage))
+                calls += last.get("tool_calls") or []
+            message: dict[str, Any] = {"role": "assistant", "content": "".join(parts) or None}
+            if calls:
+                message["tool_calls"] = calls
+            choices.append({"index": index, "message": message, "finish_reason": last.get("finish_reason") or "stop"})
+            lasts.append(last)
+        return {**self._header(request, "chat.completion"), "choices": choices, "usage": _usage(lasts)}
 
     async def streaming_completion(self, request: ChatCompletionRequest, pipe_responses: list):  # noqa: ANN201
-        model = request.model or self.served_name
-        same = {"id": f"chatcmpl-{uuid.uuid4().hex[:24]}", "created": int(time.time()), "model": model}  # every chunk
-        finish: list[str] = ["stop"] * len(pipe_responses)
-        usage: list[UsageInfo] = [UsageInfo() for _ in pipe_responses]
+        header = self._header(request, "chat.completion.chunk")  # one id for every chunk of the completion
+        lasts: list[dict[str, Any]] = [{} for _ in pipe_responses]
         started: set[int] = set()
         try:
             async for steps in azip(*pipe_responses):
                 choices = []
                 for index, (response, status) in enumerate(steps):
-                    step = _step_of(response, status)
-                    finish[index] = step.get("finish_reason") or finish[index]
-                    usage[index] = _usage(step)
-                    if step.get("content"):
-                        role = None if index in started else "assistant"
-                        started.add(index)
-                        choices.append(ChatCompletionStreamingChoice(
-                            index=index, delta=ChoiceDelta(role=role, content=step["content"])))
+                    step = lasts[index] = _step_of(response, status)
+                    delta = {key: step[key] for key in ("content", "tool_calls") if step.get(key)}
+                    if delta:
+                        if index not in started:
+                            delta = {"role": "assistant", **delta}
+                            started.add(index)
+                        choices.append({"index": index, "delta": delta, "finish_reason": None})
                 if choices:
-                    yield f"data: {ChatCompletionChunk(**same, choices=choices, usage=None).model_dump_json()}\n\n"
-            last = ChatCompletionChunk(**same, usage=sum(usage), choices=[
-                ChatCompletionStreamingChoice(index=i, delta=ChoiceDelta(), finish_reason=f) for i, f in enumerate(finish)])
-            yield f"data: {last.model_dump_json()}\n\n"
+                    yield f"data: {json.dumps({**header, 'choices': choices})}\n\n"
+            finished = [{"index": i, "delta": {}, "finish_reason": last.get("finish_reason") or "stop"}
+                        for i, last in enumerate(lasts)]
+            yield f"data: {json.dumps({**header, 'choices': finished, 'usage': _usage(lasts)})}\n\n"
             yield "data: [DONE]\n\n"
         except HTTPException as err:
             yield f"data: {json.dumps(error_body(err.status_code, str(err.detail)))}\n\n"
@@ -229,6 +251,14 @@ def requested_temperature(request: ChatCompletionRequest) -> float:
     return float(request.temperature)
 
 
+@dataclass
+class ServedChat:
+    """A decoded chat request: what the model is asked, and the request's tools when its reply is read as a call."""
+
+    request: ChatRequest
+    tools: Optional[list[ToolSpec]] = None
+
+
 class ToolChatAPI(ls.LitAPI):
     """``POST /v1/chat/completions`` for a LoRA tool-LLM export.
 
@@ -240,8 +270,8 @@ class ToolChatAPI(ls.LitAPI):
         served_name: the model name clients address (default: the export directory's name).
     """
 
-    def __init__(self, export: Path, base_model: str | None = None, max_batch_size: int = 4, batch_timeout: float = 0.02,
-                 served_name: str | None = None) -> None:
+    def __init__(self, export: Path, base_model: Optional[str] = None, max_batch_size: int = 4,
+                 batch_timeout: float = 0.02, served_name: Optional[str] = None) -> None:
         super().__init__(max_batch_size=max_batch_size, batch_timeout=batch_timeout, stream=True,
                          spec=ToolChatSpec(served_name or Path(export).resolve().name))
         self.export, self.base_model = export, base_model
@@ -251,36 +281,62 @@ class ToolChatAPI(ls.LitAPI):
 
         self.llm = ServedToolLLM.from_export(self.export, self.base_model, device)
 
-    def decode_request(self, request: ChatCompletionRequest) -> ChatRequest:
+    def decode_request(self, request: ChatRequestBody) -> ServedChat:
         stop = [request.stop] if isinstance(request.stop, str) else list(request.stop or [])
-        return ChatRequest(
-            messages=[{"role": m.role, "content": m.content} for m in request.messages],
-            max_tokens=request.max_completion_tokens or request.max_tokens,
-            stop=stop, temperature=requested_temperature(request),
-        )
+        options = {"max_tokens": request.max_completion_tokens or request.max_tokens, "stop": stop,
+                   "temperature": requested_temperature(request)}
+        messages = [m.model_dump() for m in request.messages]
+        if request.tools and request.tool_choice != "none":
+            tools = specs_from_openai(request.tools)
+            instruction = instruction_from_chat(messages, tools)
+            return ServedChat(ChatRequest(messages=[{"role": "user", "content": instruction}], **options), tools)
+        return ServedChat(ChatRequest(messages=[{"role": m["role"], "content": m["content"]} for m in messages],
+                                      **options))
 
-    def batch(self, inputs: list[ChatRequest]) -> list[ChatRequest]:
+    def batch(self, inputs: list[ServedChat]) -> list[ServedChat]:
         return list(inputs)
 
     def unbatch(self, output: Any) -> Any:
         return output
 
-    def predict(self, requests: ChatRequest | list[ChatRequest]):  # noqa: ANN201 (a generator, as the spec wants)
+    def predict(self, chats: Union[ServedChat, list[ServedChat]]):  # noqa: ANN201 (a generator, as the spec wants)
         """After each generated token, one chat message per request: the text added since the last one (held back
-        while it ends in half a character), the finish reason once it ended, and the token counts so far."""
-        batched = isinstance(requests, list)
-        requests = requests if batched else [requests]
-        sent = [""] * len(requests)
-        for replies in self.llm.stream_batch(requests):
+        while it ends in half a character, and for a request with tools until its step is complete, then sent as
+        the call or the reply), the finish reason once it ended, and the token counts so far."""
+        batched = isinstance(chats, list)
+        chats = chats if batched else [chats]
+        sent = [""] * len(chats)
+        answered: dict[int, dict[str, Any]] = {}  # requests with tools whose call or reply went out
+        for replies in self.llm.stream_batch([chat.request for chat in chats]):
             messages = []
-            for k, reply in enumerate(replies):
+            for k, (chat, reply) in enumerate(zip(chats, replies)):
+                counts = {"prompt_tokens": reply.prompt_tokens, "completion_tokens": reply.completion_tokens,
+                          "total_tokens": reply.prompt_tokens + reply.completion_tokens}
+                if chat.tools is not None:
+                    if k in answered:  # sent once; later steps only repeat how it finished
+                        messages.append({"role": "assistant", "content": "", **counts,
+                                         "finish_reason": answered[k]["finish_reason"]})
+                        continue
+                    step = self._tool_reply(chat, reply)
+                    if step["finish_reason"] is not None:
+                        answered[k] = step
+                    messages.append({"role": "assistant", **counts, **step})
+                    continue
                 ready = reply.text if reply.finish_reason else reply.text.rstrip("\ufffd")
                 delta = ready[len(sent[k]):] if ready.startswith(sent[k]) else ""
                 sent[k] += delta
-                messages.append({"role": "assistant", "content": delta, "finish_reason": reply.finish_reason,
-                                 "prompt_tokens": reply.prompt_tokens, "completion_tokens": reply.completion_tokens,
-                                 "total_tokens": reply.prompt_tokens + reply.completion_tokens})
+                messages.append({"role": "assistant", "content": delta, "finish_reason": reply.finish_reason, **counts})
             yield messages if batched else messages[0]
+
+    @staticmethod
+    def _tool_reply(chat: ServedChat, reply: Any) -> dict[str, Any]:
+        if reply.finish_reason is None:
+            return {"content": "", "finish_reason": None}
+        read = reply_from_step(reply.text, chat.tools or [])
+        if "tool_call" not in read:
+            return {"content": read["content"], "finish_reason": reply.finish_reason}
+        call = {"index": 0, "id": f"call_{uuid.uuid4().hex[:24]}", "type": "function", "function": read["tool_call"]}
+        return {"content": "", "tool_calls": [call], "finish_reason": "tool_calls"}
 
     def encode_response(self, outputs):  # noqa: ANN001, ANN201 (a generator of chat messages, one per token)
         # Batched: each step is a list with one message per request; LitServe hands message i to request i.

@@ -25,6 +25,7 @@ from pathlib import Path
 from clova_train.synthetic.file_names import file_names
 from clova_train.synthetic.shapes import COLOURS, SHAPES
 from clova_train.tooluse.react import THOUGHT_PREFIX
+from clova_train.tooluse.tool_calls import ToolSpec, tool_list_prompt
 
 IMAGE = "image path"
 TEXT = "text"
@@ -117,28 +118,7 @@ STYLES = ["watercolor painting", "pencil drawing", "oil painting", "pixel art pi
 
 def tool_prompt(tools: list[str]) -> str:
     """The prefix of every instruction: the role, the tool list and the format rules."""
-    lines = [
-        "GPT4Tools is a visual assistant that can use tools to look at and edit images.",
-        "",
-        "TOOLS:",
-        "GPT4Tools has access to the following tools:",
-        "",
-    ]
-    lines += [f"> {name}: {ALL_TOOLS[name][0]} Input: {', '.join(ALL_TOOLS[name][1])}." for name in tools]
-    lines += [
-        "",
-        "To use a tool, use this format:",
-        f"{THOUGHT_PREFIX} Yes",
-        f"Action: the tool to use, one of [{', '.join(tools)}]",
-        "Action Input: the input to the tool",
-        "Observation: the result of the tool",
-        "",
-        "To reply without a tool, use this format:",
-        f"{THOUGHT_PREFIX} No",
-        "AI: your reply",
-        "",
-    ]
-    return "\n".join(lines)
+    return tool_list_prompt([ToolSpec(name, ALL_TOOLS[name][0], ALL_TOOLS[name][1]) for name in tools])
 
 
 def user_turn(image: str, caption: str, command: str, history: str = "") -> str:

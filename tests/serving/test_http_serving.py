@@ -205,3 +205,42 @@ def test_predict_names_the_jsonl_line_that_is_not_a_request(clip_export: Path, t
     assert main(["predict", str(clip_export), "--inputs", str(requests), "-o", str(tmp_path / "out.jsonl")]) == 2
     assert f"requests.jsonl {message}" in capsys.readouterr().err
     assert not (tmp_path / "out.jsonl").exists()
+
+
+def test_tools_go_into_the_prompt_and_tool_messages_come_back_as_observations(server: str, lora_export: Path) -> None:
+    """A request with tools is answered as the model answers the GPT4Tools instruction built from it: a call of a
+    listed tool as tool_calls (finish_reason 'tool_calls'), anything else as content; a conversation that carries
+    the call and a tool message with its result is accepted, streamed or not."""
+    import openai
+
+    from clova_train.tooluse.tool_calls import instruction_from_chat, reply_from_step, specs_from_openai
+
+    tools = [{"type": "function", "function": {"name": "Detect the Given Object", "description": "Useful to find "
+              "where a named object is in the image.", "parameters": {"type": "object", "properties": {
+                  "image": {"type": "string", "description": "image path"},
+                  "object": {"type": "string", "description": "text"}}}}}]
+    call = {"id": "call_1", "type": "function", "function": {
+        "name": "Detect the Given Object", "arguments": json.dumps({"image": "image/a.png", "object": "red circle"})}}
+    first = [{"role": "user", "content": "Find the red circle in image/a.png"}]
+    followed = [*first, {"role": "assistant", "content": None, "tool_calls": [call]},
+                {"role": "tool", "tool_call_id": "call_1", "content": "image/b.png"}]
+    llm = ServedToolLLM.from_export(lora_export)
+    client = openai.OpenAI(base_url=server + "/v1", api_key="unused", max_retries=0, timeout=120)
+    for messages in (first, followed):
+        instruction = instruction_from_chat(messages, specs_from_openai(tools))
+        local = llm.chat_batch([ChatRequest([{"role": "user", "content": instruction}], max_tokens=16)])[0]
+        expected = reply_from_step(local.text, specs_from_openai(tools))
+        reply = client.chat.completions.create(model=lora_export.name, messages=messages, tools=tools, max_tokens=16)
+        choice = reply.choices[0]
+        if "tool_call" in expected:
+            assert choice.finish_reason == "tool_calls"
+            assert choice.message.tool_calls[0].function.name == expected["tool_call"]["name"]
+            assert choice.message.tool_calls[0].function.arguments == expected["tool_call"]["arguments"]
+        else:
+            assert choice.message.content == expected["content"] and choice.finish_reason == local.finish_reason
+        streamed = list(client.chat.completions.create(model=lora_export.name, messages=messages, tools=tools,
+                                                       max_tokens=16, stream=True))
+        assert streamed[-1].choices[0].finish_reason == choice.finish_reason
+    forged = [*first, {"role": "tool", "tool_call_id": "nope", "content": "x"}]
+    with pytest.raises(openai.BadRequestError, match="which no assistant message made"):
+        client.chat.completions.create(model=lora_export.name, messages=forged, tools=tools, max_tokens=4)

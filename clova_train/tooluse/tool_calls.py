@@ -1,0 +1,172 @@
+"""OpenAI tool calling on a GPT4Tools (ReAct) model: the request's tools go into the prompt, the model's
+``Action:`` / ``Action Input:`` come back as ``tool_calls``, and ``tool`` messages are fed back as observations.
+
+A request's ``tools`` (``{"type": "function", "function": {"name", "description", "parameters"}}``) become the
+GPT4Tools tool list (``> Name: description Input: a, b.``, the format the model was trained on; each input is the
+parameter's description, or its name). The conversation becomes one GPT4Tools instruction:
+
+* the user and assistant turns before the last user message: ``Previous conversation:`` (``Human:`` / ``AI:``);
+* the last user message: ``New input:``;
+* each assistant tool call after it, with the content of the ``tool`` message that answers it: a finished step
+  (``Thought: ... Yes`` / ``Action:`` / ``Action Input:`` / ``Observation: <content>``).
+
+The model's next step is then either a call (``Action: <listed tool>``, its comma-separated ``Action Input``
+mapped onto the parameters in order, as a JSON ``arguments`` object) or a reply (``AI: ...``, the content).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from clova_train.core.errors import DataError
+from clova_train.tooluse.react import THOUGHT_PREFIX, parse_react, split_arguments
+
+ROLES = ("system", "user", "assistant", "tool")
+
+
+@dataclass(frozen=True)
+class ToolSpec:
+    """One tool as the model sees it: its name, what it is useful for, and its inputs in ``Action Input`` order."""
+
+    name: str
+    description: str
+    inputs: tuple[str, ...]
+    parameters: tuple[str, ...] = ()  # the JSON argument names (OpenAI tools), in the same order as ``inputs``
+
+
+def tool_list_prompt(tools: Sequence[ToolSpec]) -> str:
+    """The GPT4Tools prefix of an instruction: the role, the tool list and the format rules."""
+    names = ", ".join(t.name for t in tools)
+    return "\n".join([
+        "GPT4Tools is a visual assistant that can use tools to look at and edit images.",
+        "",
+        "TOOLS:",
+        "GPT4Tools has access to the following tools:",
+        "",
+        *(f"> {t.name}: {t.description} Input: {', '.join(t.inputs)}." for t in tools),
+        "",
+        "To use a tool, use this format:",
+        f"{THOUGHT_PREFIX} Yes",
+        f"Action: the tool to use, one of [{names}]",
+        "Action Input: the input to the tool",
+        "Observation: the result of the tool",
+        "",
+        "To reply without a tool, use this format:",
+        f"{THOUGHT_PREFIX} No",
+        "AI: your reply",
+        "",
+    ])
+
+
+def specs_from_openai(tools: Any) -> list[ToolSpec]:
+    """The request's ``tools`` as :class:`ToolSpec` s, or a :class:`DataError` naming the entry at fault."""
+    if not isinstance(tools, list) or not tools:
+        raise DataError("'tools' must be a non-empty list of {'type': 'function', 'function': {...}} objects")
+    specs = []
+    for index, tool in enumerate(tools):
+        where = f"tools[{index}]"
+        function = tool.get("function") if isinstance(tool, dict) else None
+        if not isinstance(tool, dict) or tool.get("type", "function") != "function" or not isinstance(function, dict):
+            raise DataError(f"{where} must be {{'type': 'function', 'function': {{'name', 'description', 'parameters'}}}}")
+        name = function.get("name")
+        if not isinstance(name, str) or not name.strip() or any(c in name for c in "\n,[]"):
+            raise DataError(f"{where}.function.name must be a one-line name without commas or brackets")
+        parameters = function.get("parameters") or {}
+        properties = parameters.get("properties", {}) if isinstance(parameters, dict) else None
+        if not isinstance(properties, dict):
+            raise DataError(f"{where}.function.parameters must be a JSON schema object with 'properties'")
+        inputs = tuple(str(p.get("description") or key) if isinstance(p, dict) else str(key)
+                       for key, p in properties.items())
+        specs.append(ToolSpec(name.strip(), str(function.get("description") or "").strip(), inputs,
+                              tuple(str(key) for key in properties)))
+    if len({s.name for s in specs}) != len(specs):
+        raise DataError("'tools' names a function twice")
+    return specs
+
+
+def _text(message: dict[str, Any], index: int) -> str:
+    content = message.get("content")
+    if content is None:
+        return ""
+    if isinstance(content, list):  # OpenAI's content parts: the text ones
+        return "".join(part.get("text", "") for part in content if isinstance(part, dict) and part.get("type") == "text")
+    if not isinstance(content, str):
+        raise DataError(f"messages[{index}].content must be a string")
+    return content
+
+
+def _arguments_text(call: Any, specs: dict[str, ToolSpec], where: str) -> tuple[str, str]:
+    """(tool name, the ``Action Input`` line) of an assistant's tool call."""
+    function = call.get("function") if isinstance(call, dict) else None
+    if not isinstance(function, dict) or function.get("name") not in specs:
+        raise DataError(f"{where} must call one of the request's tools ({', '.join(specs)})")
+    spec = specs[function["name"]]
+    try:
+        arguments = json.loads(function.get("arguments") or "{}")
+    except (TypeError, ValueError):
+        raise DataError(f"{where}.function.arguments must be a JSON object") from None
+    if not isinstance(arguments, dict):
+        raise DataError(f"{where}.function.arguments must be a JSON object")
+    values = [str(arguments[p]) for p in spec.parameters if p in arguments]
+    return spec.name, ", ".join(values)
+
+
+def instruction_from_chat(messages: Any, tools: Sequence[ToolSpec]) -> str:
+    """The GPT4Tools instruction for an OpenAI conversation with tools (module docstring), or a :class:`DataError`
+    naming the message at fault."""
+    if not isinstance(messages, list) or not messages:
+        raise DataError("'messages' must be a non-empty list")
+    for index, message in enumerate(messages):
+        if not isinstance(message, dict) or message.get("role") not in ROLES:
+            raise DataError(f"messages[{index}] must be an object whose role is one of {list(ROLES)}")
+    users = [i for i, m in enumerate(messages) if m["role"] == "user"]
+    if not users:
+        raise DataError("the conversation has no user message to answer")
+    last_user = users[-1]
+    history = [f"{'Human' if m['role'] == 'user' else 'AI'}: {_text(m, i)}"
+               for i, m in enumerate(messages[:last_user]) if m["role"] in ("user", "assistant") and _text(m, i)]
+    specs = {t.name: t for t in tools}
+    steps, pending = [], {}
+    for index, message in enumerate(messages[last_user + 1:], last_user + 1):
+        if message["role"] == "assistant":
+            for k, call in enumerate(message.get("tool_calls") or []):
+                name, arguments = _arguments_text(call, specs, f"messages[{index}].tool_calls[{k}]")
+                pending[str(call.get("id", ""))] = len(steps)
+                steps.append([name, arguments, None])
+        elif message["role"] == "tool":
+            call_id = str(message.get("tool_call_id", ""))
+            slot = pending.pop(call_id, None)
+            if slot is None:
+                raise DataError(f"messages[{index}] answers tool call {call_id!r}, which no assistant message made")
+            steps[slot][2] = _text(message, index)
+    unanswered = [name for name, _, observation in steps if observation is None]
+    if unanswered:
+        raise DataError(f"the call to {unanswered[0]!r} has no tool message with its result")
+    text = tool_list_prompt(tools)
+    if history:
+        text += "Previous conversation:\n" + "\n".join(history) + "\n\n"
+    text += f"New input: {_text(messages[last_user], last_user)}\n"
+    for name, arguments, observation in steps:
+        text += f"{THOUGHT_PREFIX} Yes\nAction: {name}\nAction Input: {arguments}\nObservation: {observation}\n"
+    return text
+
+
+def reply_from_step(text: str, tools: Sequence[ToolSpec]) -> dict[str, Any]:
+    """The model's step as an OpenAI reply: ``{"tool_call": {"name", "arguments"}}`` for a call of a listed tool,
+    else ``{"content": <the AI: reply, or the text itself when the model wrote neither>}``."""
+    steps = parse_react(text).steps
+    step = steps[0] if steps else None
+    specs = {t.name: t for t in tools}
+    if step is not None and step.decision == "Yes" and step.action in specs:
+        spec = specs[step.action]
+        values = split_arguments(step.action_input or "") if step.action_input else []
+        keys = list(spec.parameters)
+        if len(values) > len(keys) and keys:  # more values than parameters: the rest belongs to the last one
+            values = [*values[: len(keys) - 1], ", ".join(values[len(keys) - 1:])]
+        return {"tool_call": {"name": spec.name, "arguments": json.dumps(dict(zip(keys, values)))}}
+    if step is not None and step.reply is not None:
+        return {"content": step.reply}
+    return {"content": text}
