@@ -212,7 +212,7 @@ def run_serve(args: Sequence[str]) -> None:
                         help="largest image decoded (width x height, read from its header first)")
     parser.add_argument("--served-model-name", default=None,
                         help="chat: the model name clients send as 'model' and /v1/models lists (default: the export "
-                             "directory's name)")
+                             "path as given)")
     parser.add_argument("--request", action="append", default=[], help="a JSON request to answer and exit (repeatable)")
     parser.add_argument("--stdin", action="store_true", help="answer JSON requests read from stdin, one per line")
     parsed = parser.parse_args(list(args))

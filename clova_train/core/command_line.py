@@ -15,7 +15,7 @@ from collections.abc import Iterable
 from typing import Any, NoReturn
 
 _UNKNOWN = re.compile(r"unrecognized arguments?: (.*)", re.DOTALL)
-_OPTION = re.compile(r"--?[\w.-]+")
+_OPTION = re.compile(r"(?<!\S)--?[A-Za-z][\w.-]*")
 
 
 def option_strings(parser: argparse.ArgumentParser) -> list[str]:

@@ -174,8 +174,7 @@ class RequestGuard:
 
     def _as_json(self, scope: Scope, body: bytes, receive: Receive) -> tuple[Scope, Receive]:
         """The scope and a ``receive`` for the app: the canonical JSON as the whole body, then the client's own
-        ``receive`` (which reports its disconnect: a streamed response stops when the client goes away, and only
-        then)."""
+        ``receive``, which reports a real disconnect only (a fake one after the body cut every streamed response)."""
         content_type = (_header(scope, b"content-type") or b"").decode("latin-1").lower()
         if content_type.startswith("multipart/"):
             raise RequestRefused(415, "multipart bodies are not accepted: send the request as a JSON object")

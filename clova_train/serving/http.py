@@ -9,7 +9,8 @@ Endpoints (one per export; a server can hold several exports of different kinds)
   prompts formatted by the export's chat template, greedy unless the request sets a ``temperature`` (LitServe's
   request default of 0.7 is not passed on), stopping at the step boundary, ``finish_reason`` ``length`` when
   ``max_tokens`` cut the reply; the request's ``model`` must be empty or the served name (``--served-model-name``,
-  default: the export directory's name; 404 otherwise, as vLLM answers), which ``GET /v1/models`` lists;
+  default: the export path as given, as vLLM names a model by its path; 404 otherwise), which ``GET /v1/models``
+  lists; each row of a batch stops at its own stop string or token limit;
   ``stream: true`` answers with server-sent events, one per generated token; a request's ``tools`` are rendered
   into the GPT4Tools prompt, the model's ``Action:`` / ``Action Input:`` come back as ``tool_calls``
   (``finish_reason`` ``tool_calls``) and ``tool`` messages are fed back as observations
@@ -153,6 +154,7 @@ class ChatRequestBody(ChatCompletionRequest):
 
     tools: Optional[list[dict[str, Any]]] = None
     tool_choice: Optional[Any] = "auto"
+    seed: Optional[int] = None
 
 
 class ToolChatSpec(OpenAISpec):
@@ -183,6 +185,12 @@ class ToolChatSpec(OpenAISpec):
                                      f"{self.served_name!r} (GET /v1/models)")
         if request.n != 1:
             raise HTTPException(400, "'n' must be 1")
+        if request.temperature is not None and not 0 <= request.temperature <= 2:
+            raise HTTPException(400, f"'temperature' must be between 0 and 2, got {request.temperature}")
+        for name in ("max_tokens", "max_completion_tokens"):
+            value = getattr(request, name)
+            if value is not None and value < 1:
+                raise HTTPException(400, f"'{name}' must be at least 1, got {value}")
         if request.tool_choice not in (None, "auto", "none"):
             raise HTTPException(400, "'tool_choice' must be 'auto' or 'none' (the model chooses its tool itself)")
         try:
@@ -217,17 +225,16 @@ class ToolChatSpec(OpenAISpec):
     async def streaming_completion(self, request: ChatCompletionRequest, pipe_responses: list):  # noqa: ANN201
         header = self._header(request, "chat.completion.chunk")  # one id for every chunk of the completion
         lasts: list[dict[str, Any]] = [{} for _ in pipe_responses]
-        started: set[int] = set()
         try:
+            opening = [{"index": i, "delta": {"role": "assistant", "content": ""}, "finish_reason": None}
+                       for i in range(len(pipe_responses))]
+            yield f"data: {json.dumps({**header, 'choices': opening})}\n\n"  # the role first, as OpenAI sends it
             async for steps in azip(*pipe_responses):
                 choices = []
                 for index, (response, status) in enumerate(steps):
                     step = lasts[index] = _step_of(response, status)
                     delta = {key: step[key] for key in ("content", "tool_calls") if step.get(key)}
                     if delta:
-                        if index not in started:
-                            delta = {"role": "assistant", **delta}
-                            started.add(index)
                         choices.append({"index": index, "delta": delta, "finish_reason": None})
                 if choices:
                     yield f"data: {json.dumps({**header, 'choices': choices})}\n\n"
@@ -248,7 +255,7 @@ def requested_temperature(request: ChatCompletionRequest) -> float:
     """The temperature the client asked for; 0 (greedy) when it named none (the request model defaults to 0.7)."""
     if "temperature" not in request.model_fields_set or request.temperature is None:
         return 0.0
-    return float(request.temperature)
+    return float(request.temperature) if request.temperature >= 1e-5 else 0.0  # a vanishing one: greedy
 
 
 @dataclass
@@ -267,13 +274,14 @@ class ToolChatAPI(ls.LitAPI):
         base_model: base model directory overriding the export's.
         max_batch_size: requests generated together.
         batch_timeout: seconds to wait for a batch to fill.
-        served_name: the model name clients address (default: the export directory's name).
+        served_name: the model name clients address (default: the export path as given, as vLLM names a model by
+            its path).
     """
 
     def __init__(self, export: Path, base_model: Optional[str] = None, max_batch_size: int = 4,
                  batch_timeout: float = 0.02, served_name: Optional[str] = None) -> None:
         super().__init__(max_batch_size=max_batch_size, batch_timeout=batch_timeout, stream=True,
-                         spec=ToolChatSpec(served_name or Path(export).resolve().name))
+                         spec=ToolChatSpec(served_name or str(export)))
         self.export, self.base_model = export, base_model
 
     def setup(self, device: str) -> None:
@@ -284,7 +292,7 @@ class ToolChatAPI(ls.LitAPI):
     def decode_request(self, request: ChatRequestBody) -> ServedChat:
         stop = [request.stop] if isinstance(request.stop, str) else list(request.stop or [])
         options = {"max_tokens": request.max_completion_tokens or request.max_tokens, "stop": stop,
-                   "temperature": requested_temperature(request)}
+                   "temperature": requested_temperature(request), "seed": request.seed or 0}
         messages = [m.model_dump() for m in request.messages]
         if request.tools and request.tool_choice != "none":
             tools = specs_from_openai(request.tools)
@@ -333,7 +341,7 @@ class ToolChatAPI(ls.LitAPI):
         if reply.finish_reason is None:
             return {"content": "", "finish_reason": None}
         read = reply_from_step(reply.text, chat.tools or [])
-        if "tool_call" not in read:
+        if "tool_call" not in read or reply.finish_reason != "stop":  # a step max_tokens cut is no call
             return {"content": read["content"], "finish_reason": reply.finish_reason}
         call = {"index": 0, "id": f"call_{uuid.uuid4().hex[:24]}", "type": "function", "function": read["tool_call"]}
         return {"content": "", "tool_calls": [call], "finish_reason": "tool_calls"}

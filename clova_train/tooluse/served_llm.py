@@ -168,7 +168,7 @@ class ServedToolLLM:
 
     def _generate(self, requests: list[ChatRequest], sample: bool) -> list[ChatReply]:
         encoded, options = self._inputs(requests, sample)
-        output = self.model.generate(**encoded, **options)
+        output = self.model.generate(**encoded, **options, stopping_criteria=self._row_stops(requests, encoded))
         width = encoded["input_ids"].shape[1]
         return [self._reply(output[row, width:].tolist(), request, int(encoded["attention_mask"][row].sum()), True)
                 for row, request in enumerate(requests)]
@@ -187,20 +187,54 @@ class ServedToolLLM:
             options.update(temperature=None, top_p=None, top_k=None)
         return encoded, options
 
+    def _row_stops(self, requests: list[ChatRequest], encoded: dict[str, torch.Tensor],
+                   cancelled: Any = None) -> Any:
+        """``generate``'s stopping criteria: a row is done at its own token limit or once its text holds one of its
+        stop strings, and every row when ``cancelled`` (a ``threading.Event``) is set; so a batch stops as soon as
+        each of its requests is answered, not at the largest budget."""
+        from transformers import StoppingCriteria, StoppingCriteriaList
+
+        width = encoded["input_ids"].shape[1]
+        limits = [r.max_tokens or self.max_tokens for r in requests]
+        stops = [self.stops(r) for r in requests]
+        tail = max((len(self.tokenizer(s, add_special_tokens=False)["input_ids"]) for row in stops for s in row),
+                   default=1) + 2
+
+        class RowStops(StoppingCriteria):
+            def __call__(criteria, input_ids: torch.Tensor, scores: Any, **kwargs: Any) -> torch.Tensor:  # noqa: N805
+                done = torch.zeros(input_ids.shape[0], dtype=torch.bool, device=input_ids.device)
+                if cancelled is not None and cancelled.is_set():
+                    return done | True
+                for row in range(input_ids.shape[0]):
+                    new = input_ids[row, width:]
+                    if len(new) >= limits[row]:
+                        done[row] = True
+                    elif stops[row]:
+                        text = self.tokenizer.decode(new[-tail:], skip_special_tokens=True)
+                        done[row] = any(stop in text for stop in stops[row])
+                return done
+
+        return StoppingCriteriaList([RowStops()])
+
     def _reply(self, new: list[int], request: ChatRequest, prompt_tokens: int, complete: bool) -> ChatReply:
         """The reply to ``request`` from its generated tokens ``new``: cut at EOS, at its token limit and after the
         first stop string. ``complete``: generation is over; else ``finish_reason`` stays None until one of those
         ends the reply (streaming)."""
-        ended = self.tokenizer.eos_token_id in new
-        if ended:
-            new = new[: new.index(self.tokenizer.eos_token_id)]
         limit = request.max_tokens or self.max_tokens
-        text, stopped = _cut(self.tokenizer.decode(new[:limit], skip_special_tokens=True), self.stop + list(request.stop))
-        count = len(self.tokenizer(text, add_special_tokens=False)["input_ids"]) if stopped else min(len(new), limit)
-        finish = "stop" if stopped or (ended and len(new) <= limit) else "length"
+        kept = new[:limit]
+        ended = self.tokenizer.eos_token_id in kept
+        if ended:
+            kept = kept[: kept.index(self.tokenizer.eos_token_id)]
+        text, stopped = _cut(self.tokenizer.decode(kept, skip_special_tokens=True), self.stops(request))
+        count = len(self.tokenizer(text, add_special_tokens=False)["input_ids"]) if stopped else len(kept)
+        finish = "stop" if stopped or ended else "length"
         if not (complete or stopped or ended or len(new) >= limit):
             finish = None
         return ChatReply(text, prompt_tokens, count, finish)
+
+    def stops(self, request: ChatRequest) -> list[str]:
+        """The stop strings of ``request``: the export's and its own."""
+        return self.stop + list(request.stop)
 
     @torch.no_grad()
     def stream_batch(self, requests: list[ChatRequest]) -> Iterator[list[ChatReply]]:
@@ -225,11 +259,13 @@ class ServedToolLLM:
         prompt_tokens = [int(n) for n in encoded["attention_mask"].sum(1)]
         steps = _TokenSteps()
         failure: list[BaseException] = []
+        cancelled = threading.Event()
+        stopping = self._row_stops(requests, encoded, cancelled)
 
         def generate() -> None:
             try:
                 with torch.no_grad():
-                    self.model.generate(**encoded, **options, streamer=steps)
+                    self.model.generate(**encoded, **options, streamer=steps, stopping_criteria=stopping)
             except BaseException as err:  # noqa: BLE001 (handed to the consumer, which raises it)
                 failure.append(err)
             finally:
@@ -238,11 +274,14 @@ class ServedToolLLM:
         worker = threading.Thread(target=generate, daemon=True)
         worker.start()
         tokens: list[list[int]] = [[] for _ in requests]
-        for step in steps:
-            for row, token in enumerate(step):
-                tokens[row].append(token)
-            yield [self._reply(t, r, n, False) for t, r, n in zip(tokens, requests, prompt_tokens)]
-        worker.join()
+        try:
+            for step in steps:
+                for row, token in enumerate(step):
+                    tokens[row].append(token)
+                yield [self._reply(t, r, n, False) for t, r, n in zip(tokens, requests, prompt_tokens)]
+        finally:  # the consumer stopped early (an error, a closed stream): stop generating, then wait for it
+            cancelled.set()
+            worker.join()
         if failure:
             raise failure[0]
         yield [self._reply(t, r, n, True) for t, r, n in zip(tokens, requests, prompt_tokens)]

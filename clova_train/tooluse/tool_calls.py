@@ -25,6 +25,7 @@ from clova_train.core.errors import DataError
 from clova_train.tooluse.react import THOUGHT_PREFIX, parse_react, split_arguments
 
 ROLES = ("system", "user", "assistant", "tool")
+MAX_TEXT = 1000  # characters of a tool's description or input label in the prompt
 
 
 @dataclass(frozen=True)
@@ -72,19 +73,26 @@ def specs_from_openai(tools: Any) -> list[ToolSpec]:
         if not isinstance(tool, dict) or tool.get("type", "function") != "function" or not isinstance(function, dict):
             raise DataError(f"{where} must be {{'type': 'function', 'function': {{'name', 'description', 'parameters'}}}}")
         name = function.get("name")
-        if not isinstance(name, str) or not name.strip() or any(c in name for c in "\n,[]"):
-            raise DataError(f"{where}.function.name must be a one-line name without commas or brackets")
+        if (not isinstance(name, str) or not name.strip() or len(name) > 64 or any(c in name for c in ",[]:")
+                or not name.isprintable()):
+            raise DataError(f"{where}.function.name must be a printable name of at most 64 characters without "
+                            "commas, brackets or colons")
         parameters = function.get("parameters") or {}
         properties = parameters.get("properties", {}) if isinstance(parameters, dict) else None
         if not isinstance(properties, dict):
             raise DataError(f"{where}.function.parameters must be a JSON schema object with 'properties'")
-        inputs = tuple(str(p.get("description") or key) if isinstance(p, dict) else str(key)
+        inputs = tuple(_one_line(p.get("description") or key if isinstance(p, dict) else key).replace(",", " ")
                        for key, p in properties.items())
-        specs.append(ToolSpec(name.strip(), str(function.get("description") or "").strip(), inputs,
+        specs.append(ToolSpec(_one_line(name), _one_line(function.get("description") or ""), inputs,
                               tuple(str(key) for key in properties)))
     if len({s.name for s in specs}) != len(specs):
         raise DataError("'tools' names a function twice")
     return specs
+
+
+def _one_line(text: Any) -> str:
+    """``text`` with every run of whitespace (newlines included) one space: a tool's line stays one line."""
+    return " ".join(str(text).split())[:MAX_TEXT]
 
 
 def _text(message: dict[str, Any], index: int) -> str:

@@ -50,6 +50,7 @@ def test_suggestions_only_for_close_names() -> None:
     assert with_suggestions("the following arguments are required: --output", ["--output"]) == \
         "the following arguments are required: --output"
     assert "did you mean --port?" in with_suggestions("unrecognized arguments: --prot=1", ["--port", "--host"])
+    assert with_suggestions("unrecognized arguments: runs/a-port", ["--port"]) == "unrecognized arguments: runs/a-port"
 
 
 def test_pretraining_logs_progress_lines_when_not_on_a_terminal(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -84,7 +84,7 @@ def test_chat_completions_match_the_in_process_model(server: str, lora_export: P
     expected = [r.text for r in llm.chat_batch([ChatRequest(m, max_tokens=12) for m in conversations])]
 
     def ask(messages: list) -> tuple[int, dict]:  # no temperature: greedy, as the in-process default
-        return post(server + "/v1/chat/completions", {"model": lora_export.name, "messages": messages, "max_tokens": 12})
+        return post(server + "/v1/chat/completions", {"model": str(lora_export), "messages": messages, "max_tokens": 12})
 
     with ThreadPoolExecutor(4) as pool:  # concurrent requests: batched by the server
         results = list(pool.map(ask, conversations))
@@ -107,22 +107,26 @@ def test_bad_chat_requests_get_400(server: str, messages: list, message: str) ->
 
 
 def test_the_official_sdk_sees_the_model_finish_reasons_and_errors(server: str, lora_export: Path) -> None:
-    """As vLLM serves it: /v1/models lists the served name (the export directory's), another model is a 404 in
+    """As vLLM serves it: /v1/models lists the served name (the export path as given), another model is a 404 in
     OpenAI's error shape, a reply that max_tokens cut ends with finish_reason 'length', and a request that names no
     temperature is answered greedily (the same text twice)."""
     import openai
 
     client = openai.OpenAI(base_url=server + "/v1", api_key="unused", max_retries=0, timeout=120)
-    assert [m.id for m in client.models.list().data] == [lora_export.name]
+    assert [m.id for m in client.models.list().data] == [str(lora_export)]
     messages = [{"role": "user", "content": "Describe image/7.png"}]
-    cut = client.chat.completions.create(model=lora_export.name, messages=messages, max_tokens=2)
+    cut = client.chat.completions.create(model=str(lora_export), messages=messages, max_tokens=2)
     assert cut.choices[0].finish_reason == "length" and cut.usage.completion_tokens == 2
-    again = client.chat.completions.create(model=lora_export.name, messages=messages, max_tokens=2)
+    again = client.chat.completions.create(model=str(lora_export), messages=messages, max_tokens=2)
     assert again.choices[0].message.content == cut.choices[0].message.content
     with pytest.raises(openai.NotFoundError, match="does not exist: this server serves"):
         client.chat.completions.create(model="gpt-4o", messages=messages, max_tokens=2)
+    with pytest.raises(openai.BadRequestError, match="'temperature' must be between 0 and 2"):
+        client.chat.completions.create(model=str(lora_export), messages=messages, temperature=5)
+    with pytest.raises(openai.BadRequestError, match="'max_tokens' must be at least 1"):
+        client.chat.completions.create(model=str(lora_export), messages=messages, max_tokens=0)
     with pytest.raises(openai.BadRequestError, match="last message must be the user's"):
-        client.chat.completions.create(model=lora_export.name, max_tokens=2,
+        client.chat.completions.create(model=str(lora_export), max_tokens=2,
                                        messages=[*messages, {"role": "assistant", "content": "x"}])
 
 
@@ -133,8 +137,8 @@ def test_streaming_sends_the_reply_token_by_token(server: str, lora_export: Path
 
     client = openai.OpenAI(base_url=server + "/v1", api_key="unused", max_retries=0, timeout=120)
     messages = [{"role": "user", "content": "Describe image/3.png"}]
-    plain = client.chat.completions.create(model=lora_export.name, messages=messages, max_tokens=8)
-    chunks = list(client.chat.completions.create(model=lora_export.name, messages=messages, max_tokens=8, stream=True))
+    plain = client.chat.completions.create(model=str(lora_export), messages=messages, max_tokens=8)
+    chunks = list(client.chat.completions.create(model=str(lora_export), messages=messages, max_tokens=8, stream=True))
     texts = [c.choices[0].delta.content for c in chunks if c.choices and c.choices[0].delta.content]
     assert "".join(texts) == plain.choices[0].message.content
     assert len(texts) > 1  # not the whole text in one chunk
@@ -230,7 +234,7 @@ def test_tools_go_into_the_prompt_and_tool_messages_come_back_as_observations(se
         instruction = instruction_from_chat(messages, specs_from_openai(tools))
         local = llm.chat_batch([ChatRequest([{"role": "user", "content": instruction}], max_tokens=16)])[0]
         expected = reply_from_step(local.text, specs_from_openai(tools))
-        reply = client.chat.completions.create(model=lora_export.name, messages=messages, tools=tools, max_tokens=16)
+        reply = client.chat.completions.create(model=str(lora_export), messages=messages, tools=tools, max_tokens=16)
         choice = reply.choices[0]
         if "tool_call" in expected:
             assert choice.finish_reason == "tool_calls"
@@ -238,9 +242,9 @@ def test_tools_go_into_the_prompt_and_tool_messages_come_back_as_observations(se
             assert choice.message.tool_calls[0].function.arguments == expected["tool_call"]["arguments"]
         else:
             assert choice.message.content == expected["content"] and choice.finish_reason == local.finish_reason
-        streamed = list(client.chat.completions.create(model=lora_export.name, messages=messages, tools=tools,
+        streamed = list(client.chat.completions.create(model=str(lora_export), messages=messages, tools=tools,
                                                        max_tokens=16, stream=True))
         assert streamed[-1].choices[0].finish_reason == choice.finish_reason
     forged = [*first, {"role": "tool", "tool_call_id": "nope", "content": "x"}]
     with pytest.raises(openai.BadRequestError, match="which no assistant message made"):
-        client.chat.completions.create(model=lora_export.name, messages=forged, tools=tools, max_tokens=4)
+        client.chat.completions.create(model=str(lora_export), messages=forged, tools=tools, max_tokens=4)
