@@ -30,8 +30,7 @@ def with_suggestions(message: str, known: Iterable[str]) -> str:
         return message
     known = list(known)
     hints = []
-    for option in dict.fromkeys(_OPTION.findall(found.group(1))):
-        name = option.split("=", 1)[0]
+    for name in dict.fromkeys(_OPTION.findall(found.group(1))):  # the pattern stops before any "=value"
         close = difflib.get_close_matches(name, known, n=2, cutoff=0.75)
         if close and name not in close:
             hints.append(f"{name}: did you mean {' or '.join(close)}?")

@@ -341,8 +341,10 @@ class ToolChatAPI(ls.LitAPI):
         if reply.finish_reason is None:
             return {"content": "", "finish_reason": None}
         read = reply_from_step(reply.text, chat.tools or [])
-        if "tool_call" not in read or reply.finish_reason != "stop":  # a step max_tokens cut is no call
+        if "tool_call" not in read:
             return {"content": read["content"], "finish_reason": reply.finish_reason}
+        if reply.finish_reason != "stop":  # a step max_tokens cut is no call: its text as written
+            return {"content": reply.text, "finish_reason": reply.finish_reason}
         call = {"index": 0, "id": f"call_{uuid.uuid4().hex[:24]}", "type": "function", "function": read["tool_call"]}
         return {"content": "", "tool_calls": [call], "finish_reason": "tool_calls"}
 
@@ -385,7 +387,7 @@ def serve_http(
 
     ``api_key``: the bearer token every ``/v1/...`` request must carry (``None``: none required); ``limits``: what one
     request may hold (see :class:`~clova_train.serving.guard.RequestLimits`); ``served_model_name``: the chat model's
-    name (default: the export directory's name)."""
+    name (default: the export path as given)."""
     apis = build_apis(exports, top_k, base_model, max_batch_size, batch_timeout, Path(output_dir),
                       limits.max_image_pixels, served_model_name)
     for api in apis:  # fail here, with the clova-train message, rather than inside a worker process

@@ -105,3 +105,13 @@ def test_the_chat_api_sends_a_call_once_with_its_finish_reason(tmp_path) -> None
     assert tool_steps[1]["tool_calls"][0]["function"] == {"name": "Predict Depth On Image",
                                                           "arguments": json.dumps({"image": "image/a.png"})}
     assert "".join(s["content"] for s in plain_steps) == "xyz" and plain_steps[-1]["finish_reason"] == "length"
+
+
+def test_a_call_that_max_tokens_cut_comes_back_as_its_text(tmp_path) -> None:
+    from clova_train.serving.http import ServedChat, ToolChatAPI
+    from clova_train.tooluse.served_llm import ChatReply, ChatRequest
+
+    cut = "Thought: Do I need to use a tool? Yes\nAction: Predict Depth On Image\nAction Input: ima"
+    chat = ServedChat(ChatRequest([{"role": "user", "content": "depth"}]), specs_from_openai([DEPTH]))
+    step = ToolChatAPI._tool_reply(chat, ChatReply(cut, 5, 16, "length"))
+    assert step == {"content": cut, "finish_reason": "length"}
