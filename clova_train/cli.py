@@ -171,11 +171,20 @@ def run_export(args: Sequence[str]) -> None:
     parser.add_argument("--merged", action="store_true", help="LoRA runs: also write the merged model")
     parser.add_argument("--copy-base", action="store_true",
                         help="copy the frozen base model into the export (base/), so it loads with nothing outside it")
+    parser.add_argument("--base-model-id", default=None, metavar="HUB_ID",
+                        help="LoRA runs: the hub id the adapter names as its base (adapter_config.json and the model "
+                        "card) when it was trained from a local copy of that model")
+    parser.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float16", "float32"),
+                        help="LoRA runs with --merged: the merged model's dtype (merged in float32 first)")
     parsed = parser.parse_args(list(args))
     from clova_train.export import export_run
+    from clova_train.export.lora import adapter_base_note
 
-    out = export_run(parsed.source, parsed.output, parsed.merged, parsed.copy_base)
+    out = export_run(parsed.source, parsed.output, parsed.merged, parsed.copy_base, parsed.base_model_id, parsed.dtype)
     print(f"exported to {out}")
+    note = adapter_base_note(out)
+    if note:
+        print(note, file=sys.stderr)
 
 
 API_KEY_ENV = "CLOVA_TRAIN_API_KEY"

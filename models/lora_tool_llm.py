@@ -56,7 +56,7 @@ def check_lora_targets(model: nn.Module, targets: list[str]) -> None:
         )
 
 
-def load_causal_lm(name_or_path: str) -> nn.Module:
+def load_causal_lm(name_or_path: str, dtype: torch.dtype | None = None) -> nn.Module:
     """``AutoModelForCausalLM`` from a hub id or a local directory (kept as an absolute path in the model's
     ``name_or_path``, so the adapter written from it names its base portably)."""
     from transformers import AutoModelForCausalLM
@@ -64,7 +64,8 @@ def load_causal_lm(name_or_path: str) -> nn.Module:
     from clova_train.tools.pretrained import absolute_model_name
 
     try:
-        return AutoModelForCausalLM.from_pretrained(absolute_model_name(name_or_path))
+        options = {} if dtype is None else {"dtype": dtype}
+        return AutoModelForCausalLM.from_pretrained(absolute_model_name(name_or_path), **options)
     except (OSError, ValueError) as err:
         raise ModelError(f"cannot load causal LM {name_or_path!r}: {err}") from err
 

@@ -20,10 +20,8 @@ import email.utils
 import json
 import math
 import os
-import re
 import threading
 import time
-import zlib
 from abc import ABC, abstractmethod
 from typing import Any
 
@@ -32,6 +30,7 @@ import httpx2
 import numpy as np
 
 from clova_train.core.errors import ClovaTrainError
+from clova_train.core.observation_builder import hashing_embedding
 
 Message = dict[str, str]
 
@@ -446,9 +445,6 @@ class TransformersEmbeddingBackend(EmbeddingBackend):
 
 
 # ------------------------------------------------------------------------------------------------ offline
-_WORD = re.compile(r"[a-z0-9_]+|[^\sa-z0-9_]")
-
-
 class HashingEmbedder(EmbeddingBackend):
     """Signed feature hashing of lower-cased word unigrams and bigrams, L2-normalised.
 
@@ -467,16 +463,4 @@ class HashingEmbedder(EmbeddingBackend):
         return {"kind": "hashing", "dim": self.dim}
 
     def embed(self, texts: list[str]) -> np.ndarray:
-        out = np.zeros((len(texts), self.dim), dtype=np.float32)
-        for row, text in enumerate(texts):
-            words = _WORD.findall(text.lower())
-            for feature in words + [f"{a} {b}" for a, b in zip(words, words[1:])]:
-                try:
-                    h = zlib.crc32(feature.encode())
-                except UnicodeEncodeError:  # a lone surrogate: hashed as its raw code units
-                    h = zlib.crc32(feature.encode("utf-8", "surrogatepass"))
-                out[row, h % self.dim] += 1.0 if (h >> 31) & 1 else -1.0
-            norm = np.linalg.norm(out[row])
-            if norm > 0:
-                out[row] /= norm
-        return out
+        return hashing_embedding(texts, self.dim)

@@ -1,16 +1,20 @@
-"""Export a trained controller for serving: the SB3 ``.zip``, a TorchScript Q-network and a JSON description.
+"""Export a trained controller for serving: the SB3 ``.zip``, a TorchScript Q-network, a JSON description and a
+standalone observation builder.
 
 The directory is staged and swapped in atomically and carries the same ``export.json`` / ``versions.json``
 as every other export (``clova_train.core.manifest``).
 
-``controller.json`` says how to rebuild the observation (the text template, the layout, the embedder's
-identity and dimension, N) and what each action means, so a serving stack can embed its own planner
-output, run ``q_network.pt`` (``torch.jit.load``; input ``[batch, observation_dim]`` float32, output
-``[batch, N + 1]`` Q-values; pick the argmax) and never import clova-train or stable-baselines3.
+``controller.json`` says how to rebuild the observation (its named parts and their offsets, which parts are texts,
+the embedder's identity and dimension) and what each action means. ``observation.py`` (numpy only; the very
+module the environments build their observations with, ``clova_train.core.observation_builder``) turns the
+planner's output into that vector, so a serving stack can run ``q_network.pt`` (``torch.jit.load``; input
+``[batch, observation_dim]`` float32, output ``[batch, n_actions]`` Q-values) or ``DQN.load("controller.zip")``
+and never import clova-train. ``README.md`` in the export shows the calls.
 """
 
 from __future__ import annotations
 
+import json
 import shutil
 from dataclasses import replace
 import warnings
@@ -18,12 +22,57 @@ from pathlib import Path
 
 import torch
 
+from clova_train.core import observation_builder
 from clova_train.core.atomic import write_json_atomic
 from clova_train.core.manifest import staged_directory, write_manifest
 from clova_train.controller.trainer import ControllerConfig
 from clova_train.envs import make_env
 from clova_train.core.errors import ExportError
 from clova_train.envs.common.selection import ACTION_RULES, MASKED_RULE
+
+
+OBSERVATION_MODULE = "observation.py"
+
+
+def controller_card(description: dict, n_actions: int, rule: str) -> str:
+    """The export's README: what the files are and how to choose an action without clova-train."""
+    environment = description.get("environment", "hydra")
+    if environment == "hydra":
+        parts = ("parts = observation.hydra_parts(description, question, iteration, memory_lines, samples)\n"
+                 "# iteration: 1-based step; memory_lines: the State Memory Bank's lines; samples: the planner's N\n"
+                 "# (instruction, probability) pairs in action order")
+    else:
+        names = [name for name in description["observation_parts"] if name not in description.get("text_parts", {})]
+        parts = ('parts = {"question": question, "memory": observation.memory_text(memory_lines, last=8),\n'
+                 + "".join(f'         "{name}": ...,\n' for name in names)
+                 + "}  # flags over description['actions'] (or 'states'): observation.one_hot(names, chosen)")
+    actions = "\n".join(f"| {index} | {meaning} |" for index, meaning in description["actions"].items())
+    return f"""# {environment} controller (DQN, stable-baselines3)
+
+Exported by clova-train. Files: `controller.zip` (stable-baselines3 DQN), `q_network.pt` (TorchScript Q-network),
+`controller.json` (observation layout, embedder, actions, environment settings), `observation.py` (builds the
+observation; numpy only), `export.json` and `versions.json`.
+
+## Choosing an action without clova-train
+
+```python
+import json, numpy as np, torch
+import observation                      # this directory's observation.py
+description = json.load(open("controller.json"))
+embed = observation.embedder_from_description(description["embedder"])  # 'hashing'; else your own embed(texts)
+{parts}
+x = observation.build_observation(description, parts, embed)            # float32 [{description["observation_dim"]}]
+q_values = torch.jit.load("q_network.pt")(torch.from_numpy(x)[None])     # [1, {n_actions}]
+# or: from stable_baselines3 import DQN; DQN.load("controller.zip").predict(x, deterministic=True)
+```
+
+Action rule: {rule} (`controller.zip`'s plain `predict` takes the argmax over every action).
+Observation parts (`[start, end)`): {json.dumps(description["observation_parts"])}.
+
+| action | meaning |
+| --- | --- |
+{actions}
+"""
 
 
 def export_controller(checkpoint: str | Path, output: str | Path, config: ControllerConfig) -> Path:
@@ -43,6 +92,7 @@ def export_controller(checkpoint: str | Path, output: str | Path, config: Contro
     if model.observation_space.shape != expected:
         raise ExportError(f"{checkpoint} takes observations of shape {model.observation_space.shape}, but the "
                           f"configured environment gives {expected}: export with the config it was trained with")
+    rule = MASKED_RULE if model.mask_size else ACTION_RULES[config.dqn.action_selection]
     q_net = model.q_net.eval()
     example = torch.rand(4, *expected) * 2 - 1
     with torch.no_grad(), warnings.catch_warnings():
@@ -54,13 +104,16 @@ def export_controller(checkpoint: str | Path, output: str | Path, config: Contro
     with staged_directory(output) as staging:
         shutil.copyfile(checkpoint, staging / "controller.zip")
         scripted.save(str(staging / "q_network.pt"))
+        shutil.copyfile(observation_builder.__file__, staging / OBSERVATION_MODULE)
         write_json_atomic(staging / "controller.json", {
             **description,
             "q_network": {"file": "q_network.pt", "format": "torchscript", "input_shape": ["batch", *expected],
                           "output_shape": ["batch", int(model.action_space.n)],
-                          "action": MASKED_RULE if model.mask_size else ACTION_RULES[config.dqn.action_selection]},
+                          "action": rule},
             "action_selection": config.dqn.action_selection,
             "sb3_zip": "controller.zip",
+            "observation_builder": OBSERVATION_MODULE,
         })
+        (staging / "README.md").write_text(controller_card(description, int(model.action_space.n), rule))
         write_manifest(staging, "controller", {"kind": "checkpoint", "path": str(checkpoint.resolve())})
     return output

@@ -15,12 +15,15 @@ from clova_train.export.prompt_tool import export_prompt_tool_run
 
 
 def export_run(
-    source: str | os.PathLike[str], output: str | os.PathLike[str], merged: bool = False, copy_base: bool = False
+    source: str | os.PathLike[str], output: str | os.PathLike[str], merged: bool = False, copy_base: bool = False,
+    base_model_id: str | None = None, dtype: str = "bfloat16",
 ) -> Path:
     """Export a prompt-tuning or LoRA run (directory or checkpoint) to ``output`` (replaced atomically).
 
     ``merged`` (LoRA runs only) also writes the adapter merged into its base model. ``copy_base`` copies the
-    frozen base model into the export (``base/``), which then loads with nothing outside it.
+    frozen base model into the export (``base/``), which then loads with nothing outside it. LoRA runs:
+    ``base_model_id`` is the hub id the adapter names as its base (instead of a local path), ``dtype`` the merged
+    model's.
     """
     source = Path(source)
     if not source.exists():
@@ -31,15 +34,21 @@ def export_run(
         if source.is_dir() and not is_distributed_checkpoint(source):
             lora = is_lora_run_dir(source)
             if lora:
-                origin = export_lora_run(source, staging, merged, copy_base=copy_base)
+                origin = export_lora_run(source, staging, merged, copy_base=copy_base, base_model_id=base_model_id,
+                                         dtype=dtype)
             else:
                 origin = export_prompt_tool_run(source, staging, copy_base=copy_base)
         else:
             checkpoint = load_checkpoint(source)
             lora = LORA_CHECKPOINT_KEY in checkpoint
             if lora:
-                origin = export_lora_run(source, staging, merged, checkpoint, copy_base=copy_base)
+                origin = export_lora_run(source, staging, merged, checkpoint, copy_base=copy_base,
+                                         base_model_id=base_model_id, dtype=dtype)
             else:
                 origin = export_prompt_tool_run(source, staging, checkpoint, copy_base)
-        write_manifest(staging, "lora_tool_llm" if lora else "prompt_tool", origin, merged=merged, base_copied=copy_base)
+        if not lora and base_model_id is not None:
+            raise ExportError("--base-model-id applies to LoRA runs; a prompt tool names its base in tool.json "
+                              "(serve it with --base-model to override)")
+        write_manifest(staging, "lora_tool_llm" if lora else "prompt_tool", origin, merged=merged, base_copied=copy_base,
+                       **({"merged_dtype": dtype} if lora and merged else {}))
     return Path(output)

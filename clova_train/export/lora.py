@@ -11,7 +11,10 @@ Layout::
 
 Both load with no clova-train code: ``PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(base),
 "adapter")`` or ``AutoModelForCausalLM.from_pretrained("merged")``. ``adapter_config.json`` names the base by
-its absolute path (or hub id); with ``--copy-base``, load ``base/`` instead when the export has moved.
+its hub id (``--base-model-id``, or the hub id it was trained from) or else by its absolute path; with
+``--copy-base``, load ``base/`` instead when the export has moved. Each directory's ``README.md`` is its model
+card (base, data, settings, last validation metrics, how to load). The merged model is saved in bfloat16 by
+default (``--dtype``), merged in float32 first; tokenizers carry the base's real context length.
 
 Stopping: training ends every response with the EOS token, right after the step's stop string
 (``Observation:``), so plain ``generate()`` and ``pipeline("text-generation")`` stop at the step boundary
@@ -94,19 +97,74 @@ def _point_adapter_at(adapter: Path, base_name: str) -> None:
     write_json_atomic(config_file, config)
 
 
+MERGED_DTYPES = ("bfloat16", "float16", "float32")
+
+
+def adapter_base_note(export: Path) -> str | None:
+    """A note for a LoRA export whose adapter names its base by a path on this machine only, else ``None``."""
+    from clova_train.core.manifest import BASE_DIR
+    from clova_train.tools.pretrained import local_model_path
+
+    config = export / "adapter" / "adapter_config.json"
+    if not config.is_file() or (export / BASE_DIR).is_dir():
+        return None
+    base = str(read_json_object(config, "adapter config").get("base_model_name_or_path", ""))
+    if local_model_path(base) is None:
+        return None
+    return (f"note: the adapter names its base by the local path {base}; on another machine pass "
+            "--base-model-id <hub id> or --copy-base when exporting, or load the base from where you copied it")
+
+
+def run_hyperparameters(source: Path, checkpoint: dict[str, Any] | None) -> dict[str, Any]:
+    """The LoRA module's settings: the checkpoint's hyperparameters, or the run's ``config.yaml`` model arguments."""
+    import yaml
+
+    from clova_train.export.model_card import run_directory
+
+    if checkpoint is not None:
+        return dict(checkpoint.get("hyper_parameters") or {})
+    run_dir = run_directory(source)
+    configs = sorted(run_dir.rglob("config.yaml"), key=lambda p: p.stat().st_mtime) if run_dir else []
+    try:
+        model = (yaml.safe_load(configs[-1].read_text()) or {}).get("model") or {} if configs else {}
+    except yaml.YAMLError:
+        return {}
+    return dict(model.get("init_args") or {}) if isinstance(model, dict) else {}
+
+
+def with_real_max_length(tokenizer: Any, base_name: str) -> Any:
+    """``tokenizer`` whose ``model_max_length`` is at most the base model's context length (tokenizers saved
+    without one report 1e30, which servers read as "no limit")."""
+    from transformers import AutoConfig
+
+    try:
+        config = AutoConfig.from_pretrained(base_name)
+    except (OSError, ValueError):
+        return tokenizer
+    context = getattr(config, "max_position_embeddings", None)
+    if isinstance(context, int) and context > 0 and (tokenizer.model_max_length or 0) > context:
+        tokenizer.model_max_length = context
+    return tokenizer
+
+
 def export_lora_run(
-    source: Path, staging: Path, merged: bool, checkpoint: dict[str, Any] | None = None, copy_base: bool = False
+    source: Path, staging: Path, merged: bool, checkpoint: dict[str, Any] | None = None, copy_base: bool = False,
+    base_model_id: str | None = None, dtype: str = "bfloat16",
 ) -> dict[str, Any]:
     """Fill ``staging`` with the adapter (and merged model, and base); returns the origin description.
 
     ``source`` is a run directory, or a checkpoint (a file, or a sharded checkpoint directory) whose loaded
-    contents are ``checkpoint``.
+    contents are ``checkpoint``. ``base_model_id`` (a hub id) is what the adapter names as its base instead of the
+    local path it was trained from; ``dtype`` is the merged model's.
     """
     from transformers import AutoTokenizer
 
     from clova_train.export.common import copy_base_model, copy_tree
+    from clova_train.export.model_card import lora_model_card
     from clova_train.tools.pretrained import absolute_model_name
 
+    if dtype not in MERGED_DTYPES:
+        raise ExportError(f"--dtype must be one of {', '.join(MERGED_DTYPES)}, got {dtype!r}")
     if checkpoint is None:
         adapter = source / "adapter"
         copy_tree(adapter, staging / "adapter")
@@ -119,23 +177,34 @@ def export_lora_run(
         tokenizer_name = tokenizer_name or base_name
         origin = {"kind": "lora_checkpoint", "path": str(source.resolve())}
     base_name = absolute_model_name(base_name)
-    _point_adapter_at(staging / "adapter", base_name)
+    named_base = base_model_id or base_name
+    _point_adapter_at(staging / "adapter", named_base)
     if copy_base:
         copy_base_model(base_name, staging)
-    tokenizer = with_chat_template(AutoTokenizer.from_pretrained(tokenizer_name), template)
+    tokenizer = with_real_max_length(with_chat_template(AutoTokenizer.from_pretrained(tokenizer_name), template),
+                                     base_name)
     write_llm_files(staging / "adapter", tokenizer, template)
+    hparams = run_hyperparameters(source, checkpoint)
+    card = {"base_name": named_base, "base_copied": copy_base, "source": source.resolve(), "hparams": hparams,
+            "adapter_config": read_json_object(staging / "adapter" / "adapter_config.json", "adapter config")}
+    (staging / "adapter" / "README.md").write_text(lora_model_card(kind="adapter", **card))
     if merged:
-        write_merged(base_name, staging / "adapter", staging / "merged", tokenizer, template)
+        write_merged(base_name, staging / "adapter", staging / "merged", tokenizer, template, dtype)
+        (staging / "merged" / "README.md").write_text(lora_model_card(kind="merged", dtype=dtype, **card))
     return origin
 
 
-def write_merged(base_name: str, adapter: Path, out: Path, tokenizer: Any, template: PromptTemplate) -> Path:
-    """``merge_and_unload`` the adapter into its base model and save a plain model directory."""
+def write_merged(base_name: str, adapter: Path, out: Path, tokenizer: Any, template: PromptTemplate,
+                 dtype: str = "bfloat16") -> Path:
+    """``merge_and_unload`` the adapter into its base model (in float32) and save a plain model directory in
+    ``dtype``."""
+    import torch
     from peft import PeftModel
 
     from clova_train.models.lora_tool_llm import load_causal_lm
 
-    merged = PeftModel.from_pretrained(load_causal_lm(base_name), str(adapter)).merge_and_unload()
+    base = load_causal_lm(base_name, dtype=torch.float32)
+    merged = PeftModel.from_pretrained(base, str(adapter)).merge_and_unload().to(getattr(torch, dtype))
     generation = merged.generation_config
     generation.stop_strings = None
     generation.do_sample = False

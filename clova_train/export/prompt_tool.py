@@ -8,6 +8,7 @@ Export layout (``export.json`` describes it)::
     config.yaml        the resolved LightningCLI config of the run (when found)
     textual_inversion/ REPLACE only: each concept's token in diffusers' textual-inversion format
     base/              with --copy-base: the frozen base model itself
+    README.md          what the pool holds, how to serve it, and how to read and ensemble it without clova-train
     versions.json      python, torch, open_clip, lightning and clova-train versions
     export.json        format version, source, file list
 
@@ -69,12 +70,20 @@ def _from_run_dir(run_dir: Path, staging: Path, copy_base: bool = False) -> dict
     pool.save(staging / "pool.safetensors")
     write_json_atomic(staging / "tool.json", tool)
     _write_tool_formats(pool, tool, staging)
+    write_pool_card(pool, tool, staging)
     if (run_dir / "summary.json").is_file():
         shutil.copyfile(run_dir / "summary.json", staging / "summary.json")
     config = _find_config(run_dir)
     if config is not None:
         shutil.copyfile(config, staging / "config.yaml")
     return {"kind": "run_dir", "path": str(run_dir.resolve())}
+
+
+def write_pool_card(pool: PromptPool, tool: dict[str, Any], staging: Path) -> None:
+    """The export's ``README.md`` (see :mod:`clova_train.export.pool_card`)."""
+    from clova_train.export.pool_card import pool_card
+
+    (staging / "README.md").write_text(pool_card(pool, tool))
 
 
 def _write_tool_formats(pool: PromptPool, tool: dict[str, Any], staging: Path) -> None:
@@ -100,6 +109,7 @@ def _from_checkpoint(ckpt: Path, checkpoint: dict[str, Any], staging: Path, copy
     pool.save(staging / "pool.safetensors")
     write_json_atomic(staging / "tool.json", tool)
     _write_tool_formats(pool, tool, staging)
+    write_pool_card(pool, tool, staging)
     write_json_atomic(
         staging / "summary.json",
         {

@@ -10,6 +10,9 @@
 * parses the body once with the package's safe JSON reader (depth limit, duplicate keys refused) whatever the
   ``Content-Type`` (curl's form default included), refuses any list longer than ``max_list_items``, and hands the
   app the canonical JSON it parsed;
+* turns a ``multipart/form-data`` body (``curl -F``) into that same JSON object: each uploaded file becomes a
+  ``data:`` URL (:mod:`clova_train.serving.data_urls`), a text field its value (JSON when it reads as a list, an
+  object or a number), and a repeated field (or ``images``) a list;
 
 and answers every refusal, like every error of the app (see :func:`install_error_handlers`), with OpenAI's error
 shape ``{"error": {"message", "type", "param", "code"}}``: 401, 400, 413 or 415, never a 500 with a traceback.
@@ -128,7 +131,8 @@ class RequestGuard:
             self._authorise(scope)
             if scope["method"] in ("POST", "PUT", "PATCH"):
                 body = await self._read_body(scope, receive)
-                scope, receive = self._as_json(scope, body, receive)
+                value = await self._parse(scope, body)
+                scope, receive = self._as_json(scope, value, receive)
         except RequestRefused as refused:
             await send_error(send, refused.status, str(refused),
                              {"www-authenticate": "Bearer"} if refused.status == 401 else None)
@@ -172,18 +176,21 @@ class RequestGuard:
             return _inflate(body, encoding, limit)
         raise RequestRefused(415, f"Content-Encoding {encoding!r} is not accepted (send identity, gzip or deflate)")
 
-    def _as_json(self, scope: Scope, body: bytes, receive: Receive) -> tuple[Scope, Receive]:
-        """The scope and a ``receive`` for the app: the canonical JSON as the whole body, then the client's own
-        ``receive``, which reports a real disconnect only (a fake one after the body cut every streamed response)."""
+    async def _parse(self, scope: Scope, body: bytes) -> Any:
+        """The body as a JSON value: parsed safely, or (multipart) converted field by field."""
         content_type = (_header(scope, b"content-type") or b"").decode("latin-1").lower()
         if content_type.startswith("multipart/"):
-            raise RequestRefused(415, "multipart bodies are not accepted: send the request as a JSON object")
+            return await form_as_json(scope, body, self.limits)
         if not body.strip():
             raise RequestRefused(400, "the request body is empty: send a JSON object")
         try:
-            value = parse_json(body, "the request body", self.json_limits)
+            return parse_json(body, "the request body", self.json_limits)
         except DataError as err:
             raise RequestRefused(400, str(err)) from None
+
+    def _as_json(self, scope: Scope, value: Any, receive: Receive) -> tuple[Scope, Receive]:
+        """The scope and a ``receive`` for the app: the canonical JSON as the whole body, then the client's own
+        ``receive``, which reports a real disconnect only (a fake one after the body cut every streamed response)."""
         items, where = longest_list(value)
         if items > self.limits.max_list_items:
             raise RequestRefused(413, f"{where} has {items:,} items, more than the {self.limits.max_list_items:,} "
@@ -203,6 +210,49 @@ class RequestGuard:
             return {"type": "http.request", "body": canonical, "more_body": False}
 
         return {**scope, "headers": headers}, replay
+
+
+LIST_FIELDS = ("images",)  # a form field that is a list even when sent once
+
+
+def _form_value(text: str) -> Any:
+    """A text form field: JSON when it reads as a list, an object or a number (``labels=["red","blue"]``,
+    ``seed=3``), else the text itself (``concept=red``)."""
+    stripped = text.strip()
+    if stripped[:1] in ("[", "{") or stripped.lstrip("-").replace(".", "", 1).isdigit():
+        try:
+            return json.loads(stripped)
+        except json.JSONDecodeError:
+            return text
+    return text
+
+
+async def form_as_json(scope: Scope, body: bytes, limits: RequestLimits) -> dict[str, Any]:
+    """A ``multipart/form-data`` body as the JSON object a prompt tool takes (see the module docstring)."""
+    from starlette.requests import Request
+
+    from clova_train.serving.data_urls import as_data_url
+
+    async def whole_body() -> Message:
+        return {"type": "http.request", "body": body, "more_body": False}
+
+    try:
+        form = await Request(scope, whole_body).form(max_files=limits.max_list_items, max_fields=limits.max_list_items,
+                                                     max_part_size=limits.max_body_bytes)
+    except Exception as err:  # starlette/python-multipart raise several kinds for a malformed body
+        raise RequestRefused(400, f"the multipart body cannot be parsed: {getattr(err, 'detail', err)}") from None
+    fields: dict[str, list[Any]] = {}
+    try:
+        for name, item in form.multi_items():
+            if isinstance(item, str):
+                fields.setdefault(name, []).append(_form_value(item))
+            else:
+                fields.setdefault(name, []).append(as_data_url(await item.read(), item.content_type))
+    finally:
+        await form.close()
+    if not fields:
+        raise RequestRefused(400, "the multipart body has no fields: send the request's fields (files as uploads)")
+    return {name: values if (len(values) > 1 or name in LIST_FIELDS) else values[0] for name, values in fields.items()}
 
 
 def _header(scope: Scope, name: bytes) -> bytes | None:

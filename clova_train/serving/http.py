@@ -120,11 +120,17 @@ class PromptToolAPI(ls.LitAPI):
         return request
 
     def predict(self, request: dict[str, Any]) -> dict[str, Any]:
+        from clova_train.serving.data_urls import materialised_images
         from clova_train.tools.images import ImageReadError
 
+        origins: dict[str, str] = {}
         try:
-            return self.server.serve(request)
+            with materialised_images(request) as (request, origins):
+                return self.server.serve(request)
         except ImageReadError as err:
+            if err.path in origins:
+                raise HTTPException(400, f"{origins[err.path]} is not a readable image of at most "
+                                         f"{self.max_image_pixels:,} pixels") from None
             raise HTTPException(400, unreadable_image_message(err.path, self.max_image_pixels)) from None
         except ClovaTrainError as err:
             raise HTTPException(400, str(err)) from None

@@ -50,7 +50,7 @@ from clova_train.envs.avis.world import GOOD_PATHS, SeekingTools, check_kinds, t
 from clova_train.envs.common.budget import BudgetedChat, BudgetSpent, CallBudget
 from clova_train.envs.common.config import coerce_models, observation_embedder, shared_problems
 from clova_train.envs.common.scripted import ScriptedReasoningLLM
-from clova_train.envs.common.selection import ObservationTail, observation_with_mask
+from clova_train.envs.common.selection import MEMORY_TEXT_HELP, ObservationTail, observation_with_mask, part_offsets
 from clova_train.envs.common.transition_graph import TransitionGraph, load_graph, restrict
 from clova_train.envs.common.world import Task, normalise_answer
 
@@ -191,15 +191,6 @@ def coerce_parts(config: Any) -> None:
     """Nested parts of an AVIS or HAMMR config given as plain dicts (YAML, ``gymnasium.make`` kwargs) made typed."""
     coerce_models(config)
     config.agents = as_specs(config.agents)
-
-
-def part_offsets(parts: list[tuple[str, int]]) -> dict[str, list[int]]:
-    """``[start, end)`` of each named part of a concatenated observation, for ``describe()``."""
-    offsets, start = {}, 0
-    for name, size in parts:
-        offsets[name] = [start, start + size]
-        start += size
-    return offsets
 
 
 def examples_of(raw: list[dict[str, Any]], kinds: tuple[str, ...]) -> tuple[Example, ...]:
@@ -398,6 +389,7 @@ class InformationSeekingEnv(gym.Env):
         offsets = part_offsets([("question", d), ("memory", d), ("state", len(self.states)), ("excluded", n),
                                 ("suggested", n), ("action_mask", n)])
         return {"environment": "avis", "observation_dim": self.dim, "observation_parts": offsets,
+                "text_parts": {"question": "the question", "memory": MEMORY_TEXT_HELP},
                 "states": list(self.states), "actions": dict(enumerate(self.graph.actions)),
                 "action_mask": "the last len(actions) observation entries (1: feasible)",
                 "graph": self.graph.to_dict(), "embedder": self.embedder.identity(), "world": self.world.identity(),

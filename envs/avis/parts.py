@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from clova_train.agents.backends import ChatBackend, ask
+from clova_train.core.observation_builder import memory_text
 
 Label = Literal["informative", "uninformative", "answer"]
 MAX_QUERY_CHARS = 300
@@ -47,7 +48,7 @@ class WorkingMemory:
         self.entries.append(entry)
 
     def text(self, last: int = 8) -> str:
-        return "\n".join(e.line() for e in self.entries[-last:]) if self.entries else "(empty)"
+        return memory_text([e.line() for e in self.entries], last)
 
 
 @dataclass(frozen=True)

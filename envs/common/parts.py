@@ -19,12 +19,10 @@ import numpy as np
 
 from clova_train.agents.backends import ChatBackend, EmbeddingBackend, ask
 from clova_train.agents.sandbox import ExecutionResult
+from clova_train.core.observation_builder import (HYDRA_TASK_DESCRIPTION, MEMORY_LINES_SHOWN, hydra_context_text,
+                                                  hydra_samples_text, memory_text)
 
-TASK_DESCRIPTION = (
-    "Answer a question about an image by running short Python programs against the ImagePatch API "
-    "(find, exists, verify_property, simple_query, crop, compute_depth, llm_query). "
-    "Assign final_answer to finish."
-)
+TASK_DESCRIPTION = HYDRA_TASK_DESCRIPTION
 PLACEHOLDER_INSTRUCTION = "(no instruction)"
 MAX_INSTRUCTION_CHARS = 500
 SHORT_REPR_CHARS = 200
@@ -86,8 +84,8 @@ class MemoryBank:
     def add(self, entry: str) -> None:
         self.entries.append(entry)
 
-    def text(self, last: int = 6) -> str:
-        return "\n".join(self.entries[-last:]) if self.entries else "(empty)"
+    def text(self, last: int = MEMORY_LINES_SHOWN) -> str:
+        return memory_text(self.entries, last)
 
 
 class Planner:
@@ -202,14 +200,19 @@ class ObservationEncoder:
         else:
             self.dim = (num_samples + 1) * d + num_samples
 
+    def parts(self) -> list[tuple[str, int]]:
+        """The observation's named parts and their sizes, in order (``controller.json``'s ``observation_parts``)."""
+        d, n = self.embedder.dim, self.num_samples
+        if self.layout == "joint":
+            return [("text", d)] + ([("probabilities", n)] if self.has_probabilities else [])
+        return [("context", d)] + [(f"sample_{i + 1}", d) for i in range(n)] + [("probabilities", n)]
+
     @staticmethod
     def context_text(question: str, iteration: int, max_iterations: int, memory: MemoryBank) -> str:
-        return (f"Task: {TASK_DESCRIPTION}\nQuestion: {question}\nIteration: {iteration} of {max_iterations}\n"
-                f"Memory:\n{memory.text()}")
+        return hydra_context_text(question, iteration, max_iterations, memory.entries)
 
     def text(self, context: str, samples: list[tuple[str, float]]) -> str:
-        lines = "\n".join(f"{i + 1}. (p={p:.2f}) {s}" for i, (s, p) in enumerate(samples))
-        return f"{context}\nSamples:\n{lines}"
+        return hydra_samples_text(context, samples)
 
     def encode(self, context: str, samples: list[tuple[str, float]]) -> np.ndarray:
         probabilities = np.asarray([p for _, p in samples], dtype=np.float32)

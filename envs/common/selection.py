@@ -66,6 +66,19 @@ class ObservationTail:
     mask: bool = False
 
 
+def part_offsets(parts: list[tuple[str, int]]) -> dict[str, list[int]]:
+    """``[start, end)`` of each named part of a concatenated observation, for ``describe()``."""
+    offsets, start = {}, 0
+    for name, size in parts:
+        offsets[name] = [start, start + size]
+        start += size
+    return offsets
+
+
+MEMORY_TEXT_HELP = ("the working memory as observation.memory_text(lines, last=8) gives it, one line per tool result: "
+                    "'[<label>] <action> -> <output>'")
+
+
 def observation_with_mask(parts: Sequence[np.ndarray], mask: np.ndarray) -> np.ndarray:
     """The float32 observation ``[*parts, mask]`` in [-1, 1]: the mask (booleans over the actions) last."""
     return np.clip(np.concatenate([*parts, np.asarray(mask, dtype=np.float32)]).astype(np.float32), -1.0, 1.0)

@@ -30,7 +30,7 @@ from clova_train.agents.config import EmbedderConfig, LLMConfig
 from clova_train.agents.llm_cache import CacheMode, CallCache
 from clova_train.envs.avis.agents import AgentSpec, AgentTools
 from clova_train.envs.avis.information_seeking import (
-    MaskedObservation, agent_env, build_chat, coerce_parts, default_examples, hydra_chat_for, part_offsets,
+    MaskedObservation, agent_env, build_chat, coerce_parts, default_examples, hydra_chat_for,
     seeking_problems,
 )
 from clova_train.envs.avis.parts import Dispatcher, MemoryEntry, WorkingMemory
@@ -38,7 +38,7 @@ from clova_train.envs.avis.seeking_world import SEEKING_KINDS, load_seeking_worl
 from clova_train.envs.avis.world import check_kinds, task_from_options
 from clova_train.envs.common.budget import BudgetedChat, BudgetSpent, CallBudget
 from clova_train.envs.common.config import observation_embedder
-from clova_train.envs.common.selection import observation_with_mask
+from clova_train.envs.common.selection import MEMORY_TEXT_HELP, observation_with_mask, part_offsets
 from clova_train.envs.common.world import Task, normalise_answer
 
 
@@ -247,6 +247,7 @@ class AgentDispatchEnv(gym.Env):
         n, d = len(self.names), self.embedder.dim
         offsets = part_offsets([("question", d), ("memory", d), ("called", n), ("llm_choice", n), ("action_mask", n)])
         return {"environment": "hammr", "observation_dim": self.dim, "observation_parts": offsets,
+                "text_parts": {"question": "the question", "memory": MEMORY_TEXT_HELP},
                 "actions": {i: f"call agent {name}" for i, name in enumerate(self.names)},
                 "action_mask": "the last len(actions) observation entries (1: not yet called)",
                 "agents": [asdict(spec) for spec in self.specs], "embedder": self.embedder.identity(),

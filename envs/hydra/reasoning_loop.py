@@ -43,7 +43,7 @@ from clova_train.envs.common.parts import MemoryBank, ObservationEncoder, Planne
 from clova_train.core.errors import DataError
 from clova_train.envs.common.reasoning_world import ReasoningWorld, load_world
 from clova_train.envs.common.scripted import ScriptedReasoningLLM
-from clova_train.envs.common.selection import ObservationTail
+from clova_train.envs.common.selection import ObservationTail, part_offsets
 from clova_train.envs.common.world import COLOURS, SIZE, SceneTools, Task, make_task, normalise_answer, task_id_option
 
 MAX_ANSWER_CHARS = 200
@@ -301,7 +301,13 @@ class ReasoningLoopEnv(gym.Env):
     def describe(self) -> dict[str, Any]:
         """What a serving stack needs to rebuild the observation: template, layout, embedder, sizes."""
         return {
+            "environment": "hydra",
             "observation_template": ObservationEncoder.__doc__,
+            "observation_parts": part_offsets(self.encoder.parts()),
+            "text_parts": {"text": "joint layout: observation.hydra_samples_text(context, samples)",
+                           "context": "observation.hydra_context_text(question, iteration, max_iterations, memory)",
+                           **{f"sample_{i + 1}": f"the planner's instruction {i + 1}"
+                              for i in range(self.config.num_samples)}},
             "layout": self.config.layout,
             "probabilities_in_last_entries": self.encoder.has_probabilities,
             "observation_dim": self.encoder.dim,

@@ -10,6 +10,7 @@ import sys
 import time
 import urllib.request
 from collections.abc import Iterator
+from pathlib import Path
 from contextlib import contextmanager
 
 import pytest
@@ -24,13 +25,14 @@ def free_port() -> int:
 
 
 @contextmanager
-def serving(args: list[str], env: dict[str, str] | None = None) -> Iterator[tuple[str, subprocess.Popen]]:
+def serving(args: list[str], env: dict[str, str] | None = None,
+            cwd: Path = REPO) -> Iterator[tuple[str, subprocess.Popen]]:
     """``clova-train serve ARGS`` on 127.0.0.1 in its own process group: (base URL, process) once /health answers;
     stopped (SIGTERM, then SIGKILL) on exit."""
     port = free_port()
     process = subprocess.Popen(
         [sys.executable, "-m", "clova_train", "serve", *args, "--port", str(port)],
-        cwd=REPO, env={**os.environ, "PYTHONWARNINGS": "ignore", **(env or {})}, stdout=subprocess.PIPE,
+        cwd=cwd, env={**os.environ, "PYTHONWARNINGS": "ignore", **(env or {})}, stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT, text=True, start_new_session=True,
     )
     base = f"http://127.0.0.1:{port}"

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
@@ -108,3 +109,33 @@ def test_server_refuses_export_for_other_weights(finished_run: Path, tmp_path: P
     (out / "pool.safetensors").unlink()
     with pytest.raises(ExportError, match="pool.safetensors missing"):
         PromptToolServer.from_export(out)
+
+
+def test_export_card_reads_and_ensembles_the_pool_without_clova_train(finished_run: Path, tmp_path: Path) -> None:
+    """The card's own code block, run with clova-train blocked, gives the server's ensembled prompts."""
+    import re
+
+    from helpers.standalone import run_without_package
+
+    out = tmp_path / "export"
+    assert main(["export", str(finished_run), "--output", str(out)]) == 0
+    card = (out / "README.md").read_text()
+    assert "clova-train serve" in card and "How the prompts enter the tool" in card
+    (code,) = re.findall(r"```python\n(.*?)```", card, re.S)
+    pool = PromptPool.load(out / "pool.safetensors")
+    queries = torch.randn(6, pool.spec.feature_dim, generator=torch.Generator().manual_seed(0))
+    cases = [(concept, top_k) for concept in [*pool.concepts, "no-such-concept"] for top_k in (None, 1, 2)]
+    got = run_without_package(code + f"""
+queries = np.asarray({queries.tolist()!r}, dtype=np.float32)
+results = []
+for concept, top_k in {cases!r}:
+    prompts = [ensemble(concept, q, top_k) for q in queries]
+    results.append(None if prompts[0] is None else np.stack(prompts).tolist())
+print(json.dumps(results))
+""", cwd=out)
+    for (concept, top_k), result in zip(cases, got):
+        expected = pool.retrieve(concept, queries, top_k=top_k)
+        if expected is None:
+            assert result is None, concept
+        else:
+            np.testing.assert_allclose(np.asarray(result), expected.numpy(), atol=1e-5, err_msg=f"{concept} {top_k}")

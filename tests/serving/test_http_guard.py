@@ -123,9 +123,35 @@ def test_json_is_accepted_whatever_the_content_type(content_type: str) -> None:
     assert dict(scope["headers"])[b"content-type"] == b"application/json"
 
 
-def test_multipart_is_refused_with_415() -> None:
-    guard, _ = guarded()
-    assert_openai_error(*call(guard, b"--x\r\n", {**AUTH, "Content-Type": "multipart/form-data; boundary=x"}), 415, "JSON")
+def multipart(parts: list[tuple[str, str | None, bytes]], boundary: str = "b0undary") -> tuple[bytes, dict[str, str]]:
+    """A multipart/form-data body of ``(name, filename or None, content)`` parts, and its headers."""
+    body = b""
+    for name, filename, content in parts:
+        disposition = f'form-data; name="{name}"' + (f'; filename="{filename}"' if filename else "")
+        kind = "Content-Type: image/png\r\n" if filename else ""
+        body += f"--{boundary}\r\nContent-Disposition: {disposition}\r\n{kind}\r\n".encode() + content + b"\r\n"
+    body += f"--{boundary}--\r\n".encode()
+    return body, {**AUTH, "Content-Type": f"multipart/form-data; boundary={boundary}"}
+
+
+def test_multipart_uploads_become_the_json_request_with_data_urls() -> None:
+    guard, app = guarded()
+    body, headers = multipart([("images", "a.png", b"\x89PNG-a"), ("images", "b.png", b"\x89PNG-b"),
+                               ("labels", None, b'["red", "blue"]'), ("concept", None, b"purple"), ("seed", None, b"3")])
+    status, seen = call(guard, body, headers)
+    assert status == 200 and seen == {"images": ["data:image/png;base64,iVBORy1h", "data:image/png;base64,iVBORy1i"],
+                                      "labels": ["red", "blue"], "concept": "purple", "seed": 3}
+    body, headers = multipart([("images", "a.png", b"x")])
+    assert call(guard, body, headers)[1] == {"images": ["data:image/png;base64,eA=="]}  # a list even when sent once
+
+
+@pytest.mark.parametrize("body, words", [
+    (b"--x\r\n", "cannot be parsed"), (b"--b0undary--\r\n", "no fields"), (b"garbage", "cannot be parsed"),
+])
+def test_malformed_multipart_gets_400(body: bytes, words: str) -> None:
+    guard, app = guarded()
+    status, reply = call(guard, body, {**AUTH, "Content-Type": "multipart/form-data; boundary=b0undary"})
+    assert status == 400 and words in reply["error"]["message"] and not app.seen, reply
 
 
 @pytest.mark.parametrize("split", [1, 3])
@@ -251,6 +277,35 @@ def test_the_server_answers_bad_requests_in_openai_shape(server, concept_root: P
                             {"Authorization": f"Bearer {KEY}", "Content-Type": "application/x-www-form-urlencoded"})
     assert status == 200 and reply["labels"] == ["red"]  # curl -d's default content type
     assert request(base + "/health", None, {})[0] == 200
+
+
+@pytest.mark.parametrize("image, words", [
+    ("data:image/png;base64,@@@", "request field 'images'[0] is a data: URL whose base64 data is malformed"),
+    ("data:text/plain;base64,aGk=", "request field 'images'[0] is a data: URL of 'text/plain', not an image"),
+    ("data:image/png;base64", "request field 'images'[0] is not a valid data: URL"),
+    ("data:image/png;base64,", "request field 'images'[0] is an empty data: URL"),
+    ("data:image/png;base64,aGVsbG8=", "request field 'images'[0] is not a readable image of at most 250,000 pixels"),
+])
+def test_bad_data_url_images_get_400_naming_the_field(server, image: str, words: str) -> None:
+    base, process = server
+    assert_openai_error(*classify(base, [image]), 400, words)
+    assert process.poll() is None
+
+
+def test_an_upload_over_the_pixel_limit_is_refused_and_a_good_one_served(server, concept_root: Path) -> None:
+    import io
+
+    from PIL import Image
+
+    base, _ = server
+    huge = io.BytesIO()
+    Image.new("L", (600, 600)).save(huge, format="PNG")
+    body, headers = multipart([("images", "big.png", huge.getvalue()), ("labels", None, b'["red", "purple"]')])
+    assert_openai_error(*request(base + "/v1/clip", body, headers), 400, "request field 'images'[0] is not a readable")
+    good = (concept_root / "red" / "red_000.png").read_bytes()
+    body, headers = multipart([("images", "red.png", good), ("labels", None, b'["red", "purple"]')])
+    status, reply = request(base + "/v1/clip", body, headers)
+    assert status == 200 and reply["labels"] == ["red"], reply
 
 
 @pytest.mark.slow

@@ -248,3 +248,39 @@ def test_tools_go_into_the_prompt_and_tool_messages_come_back_as_observations(se
     forged = [*first, {"role": "tool", "tool_call_id": "nope", "content": "x"}]
     with pytest.raises(openai.BadRequestError, match="which no assistant message made"):
         client.chat.completions.create(model=str(lora_export), messages=forged, tools=tools, max_tokens=4)
+
+
+def test_the_http_documentation_examples_run_against_a_live_server(clip_export: Path, lora_export: Path,
+                                                                     concept_root: Path, tmp_path: Path) -> None:
+    """Every curl line of docs/http-api.md for the CLIP, chat and model-list endpoints, as written (JSON with and
+    without its header, data: URLs, multipart uploads, streaming, tools), with the images it names in the server's
+    working directory; the other tools' requests are served in tests/tools/test_conformance.py."""
+    import shutil
+    import subprocess
+
+    from helpers.common import REPO
+    from helpers.docs import shell_commands, without_comment
+
+    shutil.copyfile(concept_root / IMAGES[1], tmp_path / "a.png")
+    shutil.copyfile(concept_root / IMAGES[0], tmp_path / "b.png")
+    served = "checkpoints/quickstart_llm/export"
+    commands = [without_comment(c) for c in shell_commands(REPO / "docs" / "http-api.md") if c.startswith("curl ")]
+    live = [c for c in commands if any(p in c for p in ("/v1/clip", "/v1/chat/", "/v1/models"))]
+    assert len(live) >= 9 and any(" -F " in c for c in live) and any("data:image" in c for c in live), live
+    with serving([str(clip_export), str(lora_export), "--served-model-name", served], cwd=tmp_path) as (base, _):
+        for command in live:
+            run = subprocess.run(["bash", "-c", command.replace("localhost:8000", base.removeprefix("http://"))],
+                                 cwd=tmp_path, capture_output=True, text=True, timeout=120)
+            assert run.returncode == 0, (command, run.stderr)
+            if '"stream": true' in command:
+                events = [line.removeprefix("data: ") for line in run.stdout.splitlines() if line.startswith("data: ")]
+                assert events[-1] == "[DONE]" and all("error" not in json.loads(e) for e in events[:-1]), run.stdout
+                continue
+            reply = json.loads(run.stdout)
+            assert "error" not in reply, (command, reply)
+            if "/v1/clip" in command:
+                assert ("labels" in reply) != ("index" in reply), reply
+            elif "/v1/models" in command:
+                assert [m["id"] for m in reply["data"]] == [served]
+            else:
+                assert reply["choices"][0]["finish_reason"] in ("stop", "length", "tool_calls"), reply

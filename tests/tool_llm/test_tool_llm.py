@@ -162,7 +162,7 @@ def test_export_loads_with_plain_transformers_and_matches_module(trained, tmp_pa
 
     module, dm, run_dir, _, _ = trained
     out = tmp_path / "export"
-    assert main(["export", str(run_dir), "-o", str(out), "--merged"]) == 0
+    assert main(["export", str(run_dir), "-o", str(out), "--merged", "--dtype=float32"]) == 0  # exact comparison
     record = dm.splits["val"].records[0]
     prompt = dm.template.prompt(record["instruction"], record["input"])
     encoded = dm.tokenizer(prompt, return_tensors="pt")
@@ -232,7 +232,7 @@ def test_merged_model_generates_with_plain_transformers_and_stops_at_the_step(tr
 
     module, dm, run_dir, _, _ = trained
     out = tmp_path / "export"
-    assert main(["export", str(run_dir), "-o", str(out), "--merged"]) == 0
+    assert main(["export", str(run_dir), "-o", str(out), "--merged", "--dtype=float32"]) == 0  # exact comparison
     generation = json.loads((out / "merged" / "generation_config.json").read_text())
     assert "stop_strings" not in generation or generation["stop_strings"] is None
     tool_records = [r for r in dm.splits["val"].records if r["output"].endswith("Observation:")][:4]
@@ -267,6 +267,55 @@ print(json.dumps([texts, piped]))
     # generation stops right after the step's "Observation:" (what the model chooses to do is the SR tests' job)
     assert any(text.endswith("Observation:") for text in texts), texts
     assert all(text.endswith("Observation:") for text in texts if "Observation:" in text), texts
+
+
+def test_exports_stand_alone_named_by_hub_id_or_carrying_their_base(trained, tmp_path: Path, capsys) -> None:
+    """The default export: a bf16 merged model with a real context length and filled model cards; the adapter names
+    a hub id when given one and else warns; with --copy-base, a moved export loads with clova-train blocked."""
+    import shutil
+
+    from clova_train.cli import main
+    from helpers.standalone import run_without_package
+
+    module, _, run_dir, _, _ = trained
+    context = module.model.config.max_position_embeddings
+    assert main(["export", str(run_dir), "-o", str(tmp_path / "local")]) == 0
+    assert "names its base by the local path" in capsys.readouterr().err
+    assert main(["export", str(run_dir), "-o", str(tmp_path / "hub"), "--base-model-id", "lmsys/vicuna-13b-v1.5"]) == 0
+    assert "local path" not in capsys.readouterr().err
+    hub = tmp_path / "hub" / "adapter"
+    assert json.loads((hub / "adapter_config.json").read_text())["base_model_name_or_path"] == "lmsys/vicuna-13b-v1.5"
+    card = (hub / "README.md").read_text()
+    assert card.startswith("---\n") and "base_model: lmsys/vicuna-13b-v1.5" in card and "library_name: peft" in card
+    assert '"r": 16' in card and '"target_modules"' in card and "PeftModel.from_pretrained" in card
+    assert "No validation metrics were logged" in card  # this fixture's trainer has no logger (see test_model_card)
+
+    out = tmp_path / "export"
+    assert main(["export", str(run_dir), "-o", str(out), "--merged", "--copy-base"]) == 0
+    assert "local path" not in capsys.readouterr().err
+    moved = tmp_path / "elsewhere" / "export"
+    shutil.move(str(out), moved)
+    merged_card = (moved / "merged" / "README.md").read_text()
+    assert "bfloat16" in merged_card and "library_name: transformers" in merged_card
+    assert "base/" in (moved / "adapter" / "README.md").read_text()
+    got = run_without_package("""
+import json, torch
+from peft import PeftModel
+from transformers import AutoModelForCausalLM, AutoTokenizer
+merged = AutoModelForCausalLM.from_pretrained("export/merged")
+adapter = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained("export/base"), "export/adapter")
+tokenizer = AutoTokenizer.from_pretrained("export/merged")
+ids = tokenizer("Human: hello", return_tensors="pt")["input_ids"]
+with torch.no_grad():
+    a, b = merged(ids).logits.float(), adapter(ids).logits
+print(json.dumps({"dtype": str(merged.dtype), "config_dtype": str(merged.config.dtype),
+                  "max_length": tokenizer.model_max_length, "adapter_max_length":
+                  AutoTokenizer.from_pretrained("export/adapter").model_max_length,
+                  "agree": (a.argmax(-1) == b.argmax(-1)).float().mean().item()}))
+""", cwd=moved.parent)
+    assert got["dtype"] == "torch.bfloat16" and "bfloat16" in got["config_dtype"]
+    assert 0 < got["max_length"] <= context and 0 < got["adapter_max_length"] <= context
+    assert got["agree"] >= 0.9, got  # bf16 rounding may flip a near tie, not the model
 
 
 def test_served_llm_from_moved_export_with_copied_base(trained, tmp_path: Path, tiny_llama_dir: Path) -> None:

@@ -70,7 +70,7 @@ def test_tool_keeps_the_prompt_tool_contract(recipe: ToolRecipe,
 
 @pytest.mark.parametrize("recipe", RECIPES)
 def test_a_short_fit_exports_and_serves(recipe: ToolRecipe, built_tools: Callable[[ToolRecipe], BuiltTool],
-                                        tmp_path: Path) -> None:
+                                        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     built = built_tools(recipe)
     run_dir = fit_briefly(built, tmp_path / "run")
     request = served_query(built, tmp_path)
@@ -81,3 +81,30 @@ def test_a_short_fit_exports_and_serves(recipe: ToolRecipe, built_tools: Callabl
             raise
         pytest.fail(f"the guessed request {request} does not fit the {recipe.name!r} tool ({err}); add its request to "
                     f"SERVED_QUERIES in tests/helpers/conformance.py")
+    check_documented_requests(recipe, tmp_path / "export", tmp_path / "docs", monkeypatch)
+
+
+def check_documented_requests(recipe: ToolRecipe, export: Path, workdir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """docs/http-api.md's JSON requests for this tool's endpoint, with the images they name in the working
+    directory, are answered by the export (the live server runs the CLIP ones: tests/serving/test_http_serving.py)."""
+    import json
+    import re
+
+    from clova_train.tools.serving import PromptToolServer
+    from helpers.common import REPO
+    from helpers.conformance import write_image
+    from helpers.docs import shell_commands
+
+    endpoint = f"/v1/{recipe.tool_class().name} "
+    bodies = [json.loads(m.group(1)) for c in shell_commands(REPO / "docs" / "http-api.md")
+              if endpoint in c + " " and (m := re.search(r"-d '(\{.*?\})'", c))]
+    if recipe.tool_class().__module__.startswith("clova_train.tools."):
+        assert bodies, f"docs/http-api.md shows no JSON request for {endpoint.strip()}"
+    workdir.mkdir()
+    monkeypatch.chdir(workdir)
+    write_image(workdir / "a.png", 64)
+    write_image(workdir / "b.png", 64, seed=1)
+    server = PromptToolServer.from_export(export)
+    for body in bodies:
+        reply = server.serve(body)
+        assert isinstance(reply, dict) and reply and json.dumps(reply), (body, reply)
