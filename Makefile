@@ -16,7 +16,7 @@ SEG_RUN := checkpoints/quickstart_seg
 TINY_SD := checkpoints/models/tiny-sd-inpaint
 REPLACE_RUN := checkpoints/quickstart_replace
 
-# The demos run ATen on its portable kernels, so that they print the README's figures on any x86 host: the tiny
+# The demos run ATen on its portable kernels, so that they print the documentation's figures on any x86 host: the tiny
 # models are pretrained for minutes, and AVX2 or AVX-512 rounding builds other (equally good, not identical)
 # models. The tests and benchmarks run on the host's own kernels (the learning tests assert effects over seeds
 # that hold on either; tests/tools/test_*_learning.py).
@@ -43,6 +43,7 @@ demo: $(STAMP) $(TINY_CLIP)/open_clip_config.json
 	$(BIN)/clova-train fit --config configs/quickstart/clip_prompt.yaml --model.init_args.on_existing_pool=overwrite
 	$(BIN)/clova-train export $(DEMO_RUN) --output $(DEMO_RUN)/export
 	$(BIN)/python -m clova_train.quickstart.demos.clip $(DEMO_RUN)/export
+	$(BIN)/clova-train report $(DEMO_RUN)
 
 # The VQA prompt tool (BLIP): fit on a tiny BLIP and synthetic shape questions, export, then serve held-out
 # questions without Lightning (per-answer accuracy without prompts and with the pool; one JSON request too).
@@ -53,6 +54,7 @@ demo-vqa: $(STAMP) $(TINY_BLIP)/config.json
 	$(BIN)/clova-train fit --config configs/quickstart/vqa_prompt.yaml --model.init_args.on_existing_pool=overwrite
 	$(BIN)/clova-train export $(VQA_RUN) --output $(VQA_RUN)/export
 	$(BIN)/python -m clova_train.quickstart.demos.vqa $(VQA_RUN)/export
+	$(BIN)/clova-train report $(VQA_RUN)
 	$(BIN)/clova-train serve $(VQA_RUN)/export --request '{"image": "checkpoints/data/synthetic_vqa/images/eval_orange_000.png", "question": "what colour is the circle?"}'
 
 # The LOC prompt tool (OWL-ViT): fit on a tiny detector and synthetic COCO-format scenes, export, then serve
@@ -65,6 +67,7 @@ demo-loc: $(STAMP) $(TINY_OWLVIT)/config.json
 	$(BIN)/clova-train fit --config configs/quickstart/loc_prompt.yaml --model.init_args.on_existing_pool=overwrite
 	$(BIN)/clova-train export $(LOC_RUN) --output $(LOC_RUN)/export
 	$(BIN)/python -m clova_train.quickstart.demos.grounding $(LOC_RUN)/export
+	$(BIN)/clova-train report $(LOC_RUN)
 	$(BIN)/clova-train serve $(LOC_RUN)/export --request '{"image": "checkpoints/data/synthetic_loc/images/00001.png", "concept": "purple circle", "other_queries": ["red square", "blue triangle"]}'
 
 # The SEG prompt tool (MaskFormer): the same on a tiny MaskFormer; the picture has the masks drawn.
@@ -75,6 +78,7 @@ demo-seg: $(STAMP) $(TINY_MASKFORMER)/config.json
 	$(BIN)/clova-train fit --config configs/quickstart/seg_prompt.yaml --model.init_args.on_existing_pool=overwrite
 	$(BIN)/clova-train export $(SEG_RUN) --output $(SEG_RUN)/export
 	$(BIN)/python -m clova_train.quickstart.demos.grounding $(SEG_RUN)/export
+	$(BIN)/clova-train report $(SEG_RUN)
 	$(BIN)/clova-train serve $(SEG_RUN)/export --request '{"image": "checkpoints/data/synthetic_seg_red_circle/images/00001.png", "concept": "purple circle"}'
 
 # The REPLACE prompt tool (textual inversion on Stable Diffusion inpainting): fit on a tiny inpainting
@@ -88,6 +92,7 @@ demo-replace: $(STAMP) $(TINY_SD)/model_index.json
 	$(BIN)/clova-train fit --config configs/quickstart/replace_prompt.yaml --model.init_args.on_existing_pool=overwrite
 	$(BIN)/clova-train export $(REPLACE_RUN) --output $(REPLACE_RUN)/export
 	$(BIN)/python -m clova_train.quickstart.demos.replace $(REPLACE_RUN)/export
+	$(BIN)/clova-train report $(REPLACE_RUN)
 	$(BIN)/clova-train serve $(REPLACE_RUN)/export --request '{"image": "checkpoints/data/synthetic_masked_concepts/orange_circle/orange_circle_000.png", "mask": "checkpoints/data/synthetic_masked_concepts/orange_circle/masks/orange_circle_000.png", "concept": "orange_circle", "output": "$(REPLACE_RUN)/export/demo/served.png", "seed": 0}'
 
 # The tool-using LLM quickstart (LoRA on a tiny Llama, synthetic GPT4Tools data, CPU).
@@ -97,18 +102,21 @@ $(TINY_LLAMA)/config.json: | $(STAMP)
 demo-llm: $(STAMP) $(TINY_LLAMA)/config.json
 	$(BIN)/clova-train fit --config configs/quickstart/tool_llm_lora.yaml
 	$(BIN)/clova-train export checkpoints/quickstart_llm --output checkpoints/quickstart_llm/export --merged
+	$(BIN)/clova-train report checkpoints/quickstart_llm
 
 # The HYDRA controller quickstart (DQN on the offline reasoning world, CPU, 2-3 minutes on 2 cores). Starts afresh.
 demo-controller: $(STAMP)
 	rm -rf checkpoints/controller_quickstart
 	$(BIN)/clova-train controller fit --config configs/quickstart/controller_dqn.yaml
 	$(BIN)/clova-train controller export --config configs/quickstart/controller_dqn.yaml --output checkpoints/controller_quickstart/export
+	$(BIN)/clova-train report checkpoints/controller_quickstart
 
 # The same world with HYDRA's observation layout (one joint embedding plus the planner probabilities).
 demo-controller-joint: $(STAMP)
 	rm -rf checkpoints/controller_quickstart_joint
 	$(BIN)/clova-train controller fit --config configs/quickstart/controller_dqn_joint.yaml
 	$(BIN)/clova-train controller export --config configs/quickstart/controller_dqn_joint.yaml --output checkpoints/controller_quickstart_joint/export
+	$(BIN)/clova-train report checkpoints/controller_quickstart_joint
 
 # AVIS: the controller picks the next tool within the transition graph (the paper's Figure 3, adapted), honouring
 # its action mask; working memory and backtracking. About a minute on 2 cores. Starts afresh.
@@ -116,6 +124,7 @@ demo-avis: $(STAMP)
 	rm -rf checkpoints/controller_avis
 	$(BIN)/clova-train controller fit --config configs/quickstart/controller_avis.yaml
 	$(BIN)/clova-train controller export --config configs/quickstart/controller_avis.yaml --output checkpoints/controller_avis/export
+	$(BIN)/clova-train report checkpoints/controller_avis
 
 # HAMMR: a dispatcher learns which agent answers each kind of question (specialists, one of which calls another
 # agent as a tool, and a generic agent with every tool). About a minute on 2 cores. Starts afresh.
@@ -123,6 +132,7 @@ demo-hammr: $(STAMP)
 	rm -rf checkpoints/controller_hammr
 	$(BIN)/clova-train controller fit --config configs/quickstart/controller_hammr.yaml
 	$(BIN)/clova-train controller export --config configs/quickstart/controller_hammr.yaml --output checkpoints/controller_hammr/export
+	$(BIN)/clova-train report checkpoints/controller_hammr
 
 # CLOVA's closed loop on the offline world (tiny CLIP, scripted LLM): the test stage, the training stage
 # (reflection, data collection, one `clova-train fit` per blamed concept) and the test stage again; about a

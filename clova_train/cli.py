@@ -46,6 +46,7 @@ COMMANDS = {
     "controller": "train, evaluate and export HYDRA's DQN controller (stable-baselines3)",
     "loop": "run CLOVA's closed loop (inference, reflection, data collection, prompt tuning) over a task file",
     "tiny-model": "write a tiny model of a real architecture (offline quickstarts and tests)",
+    "report": "turn a run directory into pictures and a markdown page (learning curves, gate, metrics, controls)",
 }
 
 
@@ -164,7 +165,8 @@ def run_export(args: Sequence[str]) -> None:
         description="Write a serving directory from a finished run directory or a Lightning checkpoint: "
         "for tool prompts the pool, tool description, config and versions; for a LoRA run the PEFT adapter "
         "(and with --merged the merged model) with its tokenizer, chat template, prompt template and stop "
-        "strings. Model paths inside are absolute; --copy-base makes the export self-contained.",
+        "strings. Model paths inside are absolute (a LoRA base may be named by hub id instead, --base-model-id); "
+        "--copy-base makes the export self-contained.",
     )
     parser.add_argument("source", help="run directory (pool.safetensors or adapter/) or a .ckpt checkpoint")
     parser.add_argument("--output", "-o", required=True, help="export directory to write (replaced atomically)")
@@ -219,6 +221,9 @@ def run_serve(args: Sequence[str]) -> None:
                         help="HTTP: longest list in one request (images, labels, messages, ...)")
     parser.add_argument("--max-image-pixels", type=int, default=RequestLimits.max_image_pixels,
                         help="largest image decoded (width x height, read from its header first)")
+    parser.add_argument("--max-request-pixels", type=int, default=RequestLimits.max_request_pixels,
+                        help="HTTP: most pixels of one request's images together (read from their headers first; 413 "
+                             "beyond)")
     parser.add_argument("--served-model-name", default=None,
                         help="chat: the model name clients send as 'model' and /v1/models lists (default: the export "
                              "path as given)")
@@ -227,7 +232,8 @@ def run_serve(args: Sequence[str]) -> None:
     parsed = parser.parse_args(list(args))
     try:
         limits = RequestLimits(max_body_bytes=parsed.max_body_bytes, max_list_items=parsed.max_list_items,
-                               max_image_pixels=parsed.max_image_pixels)
+                               max_image_pixels=parsed.max_image_pixels,
+                               max_request_pixels=parsed.max_request_pixels)
     except ValueError as err:
         raise ClovaTrainError(f"serve: {err}") from None
     if parsed.top_k is not None and parsed.top_k < 1:
@@ -341,7 +347,7 @@ def run_controller(args: Sequence[str]) -> None:
     for name, help_text in (
         ("fit", "train (or resume from <output_dir>/checkpoints) and evaluate on held-out tasks"),
         ("evaluate", "compare a trained controller with every rule without training and the controls fitted on logs"),
-        ("export", "write the SB3 zip, a TorchScript Q-network and controller.json"),
+        ("export", "write the SB3 zip, a TorchScript Q-network, controller.json, a standalone observation.py and a README"),
     ):
         sub = ArgumentParser(description=help_text, parser_mode=safe_config_mode())
         sub.add_argument("--config", action=ActionConfigFile, help="YAML config (env, dqn, train)")
@@ -383,6 +389,23 @@ def run_controller(args: Sequence[str]) -> None:
         print(f"exported to {export_controller(checkpoint, options.output, run)}")
 
 
+def run_report(args: Sequence[str]) -> None:
+    parser = CommandParser(
+        prog=f"{PROG} report",
+        description="Turn a run directory into pictures (matplotlib) and a markdown page, report.md: for a prompt-tuning "
+        "run each instance's learning curve, the validation gate per concept and the evaluation per concept with its "
+        "controls; for a LoRA run the training loss and the success rates per group; for a controller run the reward "
+        "and evaluation curves and the trained controller beside every control.",
+    )
+    parser.add_argument("run", help="run directory (a prompt-tuning, LoRA or controller run's output directory)")
+    parser.add_argument("--output", "-o", default=None,
+                        help="directory to write (replaced atomically; default: <run>/report)")
+    parsed = parser.parse_args(list(args))
+    from clova_train.report import write_report
+
+    print(f"report: {write_report(parsed.run, parsed.output)}")
+
+
 def user_error(exc: BaseException) -> ClovaTrainError | None:
     """The clova-train error behind ``exc``, if any (jsonargparse wraps errors raised in constructors)."""
     seen: set[int] = set()
@@ -401,7 +424,7 @@ def user_error(exc: BaseException) -> ClovaTrainError | None:
 
 SUBCOMMANDS = {
     "predict": run_predict, "export": run_export, "serve": run_serve,
-    "controller": run_controller, "tiny-model": run_tiny_model, "loop": run_loop,
+    "controller": run_controller, "tiny-model": run_tiny_model, "loop": run_loop, "report": run_report,
 }
 
 

@@ -290,9 +290,12 @@ class PromptTuning(LightningModule):
         active = torch.ones(n, dtype=torch.bool, device=self.prompts.device)
         steps_taken = torch.zeros(n, dtype=torch.long)
         losses = torch.zeros(n)
+        curves: list[list[float]] = [[] for _ in range(n)]
         for step in range(1, self.steps + 1):
             step_losses = self.tool.instance_losses(context, self.prompts[:n])
             losses = torch.where(active.cpu(), step_losses.detach().float().cpu(), losses)
+            for i in torch.nonzero(active.cpu()).flatten().tolist():
+                curves[i].append(float(losses[i]))
             steps_taken += active.cpu().long()
             optimizer.zero_grad()
             self.manual_backward(step_losses[active].sum())
@@ -318,6 +321,7 @@ class PromptTuning(LightningModule):
                 InstanceRecord(
                     ids[i], item.concept, accepted, list(result.rejections), float(losses[i]),
                     int(steps_taken[i]), features[i].clone() if keep else None, prompts[i].clone() if keep else None,
+                    curves[i],
                 )
             )
         return records

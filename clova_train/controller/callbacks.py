@@ -82,6 +82,27 @@ class EpisodeStats(BaseCallback):
         return True
 
 
+class ProgressLines(BaseCallback):
+    """SB3's progress bar for output that is not a terminal: a line every 30 seconds with the environment steps done,
+    the time spent and the time left (``train.progress_bar`` on, stderr a log file)."""
+
+    def __init__(self, remaining: int) -> None:
+        super().__init__()
+        self.remaining, self.reported = remaining, 0
+
+    def _on_training_start(self) -> None:
+        from clova_train.core.progress import LoggedProgress
+
+        self.bar = LoggedProgress(self.remaining, "controller fit", "steps")
+        self.start = self.model.num_timesteps
+
+    def _on_step(self) -> bool:
+        done = self.model.num_timesteps - self.start
+        self.bar.update(done - self.reported)
+        self.reported = done
+        return True
+
+
 class AtomicCheckpointCallback(CheckpointCallback):
     """Checkpoints every ``save_freq`` calls (one call = one step of every environment), written atomically.
 

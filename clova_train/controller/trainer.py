@@ -18,6 +18,7 @@ Read top to bottom:
 from __future__ import annotations
 
 import shutil
+import sys
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -335,6 +336,7 @@ def fit(config: ControllerConfig, extra_callbacks: list | None = None,
     from clova_train.controller.callbacks import (
         AtomicCheckpointCallback,
         EpisodeStats,
+        ProgressLines,
         HeldOutEvalCallback,
         make_logger,
     )
@@ -367,9 +369,11 @@ def fit(config: ControllerConfig, extra_callbacks: list | None = None,
             callback.init_callback(model)
         remaining = config.train.total_timesteps - model.num_timesteps
         if remaining > 0:
+            bar_on_terminal = config.train.progress_bar and sys.stderr.isatty()
+            lines = [ProgressLines(remaining)] if config.train.progress_bar and not bar_on_terminal else []
             try:
-                model.learn(remaining, callback=[EpisodeStats(), checkpoint, held_out, *(extra_callbacks or [])],
-                            reset_num_timesteps=False, log_interval=10, progress_bar=config.train.progress_bar)
+                model.learn(remaining, callback=[EpisodeStats(), checkpoint, held_out, *lines, *(extra_callbacks or [])],
+                            reset_num_timesteps=False, log_interval=10, progress_bar=bar_on_terminal)
             except (ClovaTrainError, KeyboardInterrupt):  # a failed backend or Ctrl-C: keep what was learned
                 if model.num_timesteps > 0:
                     checkpoint.save()

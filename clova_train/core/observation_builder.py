@@ -9,9 +9,11 @@ Use it with the export's ``controller.json`` (``description`` below)::
     import json, numpy as np, observation
     description = json.load(open("export/controller.json"))
     embed = observation.embedder_from_description(description["embedder"])   # or your own embedding function
-    parts = observation.hydra_parts(description, question, iteration, memory_lines, samples)   # HYDRA
-    # AVIS / HAMMR: parts = {"question": question, "memory": observation.memory_text(memory_lines),
-    #                        "state": ..., "excluded": ..., ...}: strings are embedded, lists are used as they are
+    samples = observation.parse_samples(planner_reply, description["num_samples"])        # HYDRA
+    parts = observation.hydra_parts(description, question, iteration, memory_entries, samples)
+    # AVIS / HAMMR: memory entries are observation.agent_memory_line(label, action, tool_output_line(output))
+    # parts = {"question": question, "memory": observation.memory_text(entries, last=8),
+    #          "state": ..., "excluded": ..., ...}: strings are embedded, lists are used as they are
     x = observation.build_observation(description, parts, embed)        # float32 [observation_dim]
     q = torch.jit.load("export/q_network.pt")(torch.from_numpy(x)[None])  # or DQN.load("export/controller.zip")
 
@@ -35,7 +37,11 @@ HYDRA_TASK_DESCRIPTION = (
     "(find, exists, verify_property, simple_query, crop, compute_depth, llm_query). "
     "Assign final_answer to finish."
 )
-MEMORY_LINES_SHOWN = 6
+MEMORY_LINES_SHOWN = 6  # HYDRA's State Memory Bank; AVIS and HAMMR show their working memory's last 8
+AGENT_MEMORY_LINES_SHOWN = 8
+PLACEHOLDER_INSTRUCTION = "(no instruction)"
+MAX_INSTRUCTION_CHARS = 500
+MAX_OUTPUT_CHARS = 400
 _WORD = re.compile(r"[a-z0-9_]+|[^\sa-z0-9_]")
 
 
@@ -70,8 +76,55 @@ def embedder_from_description(identity: Mapping[str, object]) -> Embed:
                      "pass that function as embed")
 
 
+_SAMPLE_LINE = re.compile(
+    r"^\s*(?:[-*]|\d+[.):]|\(\d+\))?\s*"  # optional list marker
+    r"(?:\[\s*(?:p\s*=\s*)?(?P<p1>[0-9]*\.?[0-9]+)\s*\]|\(\s*(?:p\s*=\s*)?(?P<p2>[0-9]*\.?[0-9]+)\s*\))?"  # [0.8] or (p=0.8)
+    r"\s*(?P<text>.*?)\s*$",
+    re.IGNORECASE,
+)
+
+
+def parse_samples(reply: str, n: int) -> list[tuple[str, float]]:
+    """Exactly ``n`` ``(instruction, probability)`` pairs from a planner reply.
+
+    One sample per non-empty line; a probability in ``[0.83]`` or ``(p=0.83)`` before the text is read and
+    clipped to [0, 1] (a missing one becomes 0); an instruction is cut at ``MAX_INSTRUCTION_CHARS`` (a reply
+    is untrusted: its size must not grow prompts and memory). Lines beyond ``n`` are dropped (the reply's order
+    is kept); a short reply is padded with ``(no instruction)`` at probability 0, which the reasoner turns into a
+    no-op step. The action index therefore always means the same slot.
+    """
+    samples: list[tuple[str, float]] = []
+    for line in reply.splitlines():
+        line = line[:MAX_INSTRUCTION_CHARS * 2]  # bounded before the regex: long space runs backtrack quadratically
+        match = _SAMPLE_LINE.match(line)
+        text = match.group("text") if match else line.strip()
+        if not text or text.startswith("```"):
+            continue
+        raw = (match.group("p1") or match.group("p2")) if match else None
+        probability = min(max(float(raw), 0.0), 1.0) if raw else 0.0
+        samples.append((text[:MAX_INSTRUCTION_CHARS], probability))
+        if len(samples) == n:
+            break
+    return samples[:n] + [(PLACEHOLDER_INSTRUCTION, 0.0)] * max(0, n - len(samples))
+
+
+def tool_output_line(text: str) -> str:
+    """A tool's or an agent's output as AVIS and HAMMR put it in prompts and memory: one line, whitespace
+    collapsed, cut at ``MAX_OUTPUT_CHARS`` with ``...``."""
+    text = " ".join(str(text).split())
+    return text if len(text) <= MAX_OUTPUT_CHARS else text[:MAX_OUTPUT_CHARS] + "..."
+
+
+def agent_memory_line(label: str, action: str, output: str) -> str:
+    """One AVIS / HAMMR working-memory line: ``[<label>] <action> -> <output>`` (the output as
+    :func:`tool_output_line` gives it; the label is the reasoner's: informative, uninformative or answer)."""
+    return f"[{label}] {action} -> {output}"
+
+
 def memory_text(lines: Sequence[str], last: int = MEMORY_LINES_SHOWN) -> str:
-    """The memory as the observation shows it: its last ``last`` lines, or ``(empty)``."""
+    """The memory as the observation shows it: its last ``last`` entries joined with newlines, or ``(empty)``
+    (HYDRA: ``last=6``, its memory bank's entries; AVIS and HAMMR: ``last=AGENT_MEMORY_LINES_SHOWN``, 8, each
+    entry an :func:`agent_memory_line`)."""
     return "\n".join(lines[-last:]) if lines else "(empty)"
 
 
@@ -89,8 +142,13 @@ def hydra_samples_text(context: str, samples: Sequence[tuple[str, float]]) -> st
 
 def hydra_parts(description: Mapping[str, object], question: str, iteration: int, memory_lines: Sequence[str],
                 samples: Sequence[tuple[str, float]]) -> dict[str, PartValue]:
-    """The named parts of a HYDRA observation for ``build_observation``: ``iteration`` is 1-based, ``samples`` the
-    planner's N ``(instruction, probability)`` pairs in action order."""
+    """The named parts of a HYDRA observation for ``build_observation``: ``iteration`` is 1-based, ``memory_lines``
+    the State Memory Bank's entries, ``samples`` the planner's N ``(instruction, probability)`` pairs in action
+    order, as :func:`parse_samples` reads them from its reply."""
+    n = int(description["num_samples"])  # type: ignore[call-overload]
+    if len(samples) != n:
+        raise ValueError(f"HYDRA observations take exactly {n} samples (parse_samples pads a short reply), "
+                         f"got {len(samples)}")
     config = description["config"]
     context = hydra_context_text(question, iteration, int(config["max_iterations"]), memory_lines)  # type: ignore[index]
     parts: dict[str, PartValue] = (

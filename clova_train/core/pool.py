@@ -318,7 +318,9 @@ class PromptPool:
         numel = entry.prompts[0].numel()
         if top_k is not None and top_k < n:
             weights = query @ entry.normalised_features().T  # [q, n]
-            weights, index = weights.topk(top_k, dim=-1)
+            # A stable sort: among equal similarities the earlier stored prompt wins (topk leaves ties unordered).
+            weights, index = weights.sort(dim=-1, descending=True, stable=True)
+            weights, index = weights[:, :top_k], index[:, :top_k]
             candidates = entry.prompts.reshape(n, numel)[index]  # [q, k, numel]
             numer = torch.einsum("qk,qkp->qp", weights, candidates)
             fallback = candidates.mean(1)

@@ -18,6 +18,7 @@ Every failure is one :class:`~clova_train.core.errors.DataError` naming the file
 from __future__ import annotations
 
 import json
+import math
 import os
 import stat
 from collections.abc import Iterator
@@ -150,14 +151,36 @@ def _unique_pairs(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     return result
 
 
-def parse_json(text: str | bytes, where: str, limits: ReadLimits = DEFAULT_LIMITS) -> Any:
-    """The JSON value of ``text`` (one document), checked against ``limits``; errors name ``where``."""
+class _NotFinite(ValueError):
+    pass
+
+
+def _finite_float(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):
+        raise _NotFinite(text[:20])
+    return value
+
+
+def _no_constant(name: str) -> float:
+    raise _NotFinite(name)
+
+
+def parse_json(text: str | bytes, where: str, limits: ReadLimits = DEFAULT_LIMITS, finite_only: bool = False) -> Any:
+    """The JSON value of ``text`` (one document), checked against ``limits``; errors name ``where``.
+
+    ``finite_only`` (request bodies): ``NaN``, ``Infinity`` and numbers too large for a float are refused, as
+    strict JSON does (files this package wrote itself may hold ``NaN`` and are read without it)."""
     if len(text) > limits.max_bytes:
         raise DataError(f"{where} is {len(text):,} bytes, more than the {limits.max_bytes:,} accepted")
     if isinstance(text, bytes):
         text = decode_utf8(text, where)
+    strict = {"parse_constant": _no_constant, "parse_float": _finite_float} if finite_only else {}
     try:
-        value = json.loads(text, object_pairs_hook=_unique_pairs)
+        value = json.loads(text, object_pairs_hook=_unique_pairs, **strict)
+    except _NotFinite as err:
+        raise DataError(f"{where} holds the number {str(err)!r}, which is not finite (JSON has no NaN or "
+                        "Infinity)") from None
     except _DuplicateKey as err:
         raise DataError(f"{where} has the key {str(err)!r} twice in one object") from None
     except RecursionError:

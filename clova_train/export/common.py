@@ -30,11 +30,11 @@ def copy_base_model(name: str, staging: Path) -> None:
 def copy_tree(source: Path, target: Path) -> None:
     """Copy a model directory; entries get the normal modes of this process's umask, not the source's
     (``shutil.copytree`` would carry over a private source's 0700 directories)."""
-    from tqdm import tqdm
+    from clova_train.core.progress import progress
 
     files = [Path(folder) / name for folder, _, names in os.walk(source, followlinks=True) for name in names]
     sizes = [path.stat().st_size for path in files]
-    with tqdm(total=sum(sizes), unit="B", unit_scale=True, desc=f"copying {source.name}", disable=None, leave=False) as bar:
+    with progress(sum(sizes), f"copying {source.name}", "B", disable=sum(sizes) < 64 << 20) as bar:
         for path, size in zip(files, sizes):
             destination = target / path.relative_to(source)
             destination.parent.mkdir(parents=True, exist_ok=True)

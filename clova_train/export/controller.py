@@ -1,5 +1,5 @@
-"""Export a trained controller for serving: the SB3 ``.zip``, a TorchScript Q-network, a JSON description and a
-standalone observation builder.
+"""Export a trained controller for serving: the SB3 ``.zip``, a TorchScript Q-network, a JSON description, a
+standalone observation builder and a README.
 
 The directory is staged and swapped in atomically and carries the same ``export.json`` / ``versions.json``
 as every other export (``clova_train.core.manifest``).
@@ -38,14 +38,17 @@ def controller_card(description: dict, n_actions: int, rule: str) -> str:
     """The export's README: what the files are and how to choose an action without clova-train."""
     environment = description.get("environment", "hydra")
     if environment == "hydra":
-        parts = ("parts = observation.hydra_parts(description, question, iteration, memory_lines, samples)\n"
-                 "# iteration: 1-based step; memory_lines: the State Memory Bank's lines; samples: the planner's N\n"
-                 "# (instruction, probability) pairs in action order")
+        parts = ("samples = observation.parse_samples(planner_reply, description['num_samples'])  # exactly N, padded\n"
+                 "parts = observation.hydra_parts(description, question, iteration, memory_entries, samples)\n"
+                 "# iteration: 1-based step; memory_entries: the State Memory Bank's entries (one per step)")
     else:
         names = [name for name in description["observation_parts"] if name not in description.get("text_parts", {})]
-        parts = ('parts = {"question": question, "memory": observation.memory_text(memory_lines, last=8),\n'
+        flags = ("description['agent_names']" if environment == "hammr"
+                 else "the action names, description['actions'] (the state: description['states'])")
+        parts = ("# memory entries: observation.agent_memory_line(label, action, observation.tool_output_line(output))\n"
+                 'parts = {"question": question, "memory": observation.memory_text(entries, last=8),\n'
                  + "".join(f'         "{name}": ...,\n' for name in names)
-                 + "}  # flags over description['actions'] (or 'states'): observation.one_hot(names, chosen)")
+                 + f"}}  # flags over {flags}: observation.one_hot(names, chosen)")
     actions = "\n".join(f"| {index} | {meaning} |" for index, meaning in description["actions"].items())
     return f"""# {environment} controller (DQN, stable-baselines3)
 
@@ -76,7 +79,8 @@ Observation parts (`[start, end)`): {json.dumps(description["observation_parts"]
 
 
 def export_controller(checkpoint: str | Path, output: str | Path, config: ControllerConfig) -> Path:
-    """Write ``controller.zip``, ``q_network.pt`` and ``controller.json`` to ``output``; returns it."""
+    """Write ``controller.zip``, ``q_network.pt``, ``controller.json``, ``observation.py`` and ``README.md`` to
+    ``output``; returns it."""
     from clova_train.controller.trainer import load_controller
 
     checkpoint, output = Path(checkpoint), Path(output)

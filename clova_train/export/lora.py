@@ -163,8 +163,13 @@ def export_lora_run(
     from clova_train.export.model_card import lora_model_card
     from clova_train.tools.pretrained import absolute_model_name
 
+    from clova_train.tools.pretrained import local_model_path
+
     if dtype not in MERGED_DTYPES:
         raise ExportError(f"--dtype must be one of {', '.join(MERGED_DTYPES)}, got {dtype!r}")
+    if base_model_id is not None and (not base_model_id.strip() or local_model_path(base_model_id) is not None):
+        raise ExportError(f"--base-model-id takes a hub id such as lmsys/vicuna-13b-v1.5, not a local path "
+                          f"({base_model_id!r}); to carry a local base, export with --copy-base")
     if checkpoint is None:
         adapter = source / "adapter"
         copy_tree(adapter, staging / "adapter")
@@ -178,6 +183,7 @@ def export_lora_run(
         origin = {"kind": "lora_checkpoint", "path": str(source.resolve())}
     base_name = absolute_model_name(base_name)
     named_base = base_model_id or base_name
+    origin["base_model"] = base_name  # where this machine has it: serving prefers it to a hub download
     _point_adapter_at(staging / "adapter", named_base)
     if copy_base:
         copy_base_model(base_name, staging)

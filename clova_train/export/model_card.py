@@ -68,7 +68,7 @@ def training_data(run_dir: Path | None) -> list[str]:
         for split, entry in counts.items() if isinstance(counts, dict) else ():
             if isinstance(entry, dict) and "records" in entry:
                 lines.append(f"- {split}: {entry.get('kept', entry['records'])} of {entry['records']} records kept "
-                             "(the others did not fit max_length or tokenised differently)")
+                             "(the run's data_report.json lists the others and why)")
     return lines
 
 

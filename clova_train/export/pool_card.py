@@ -23,7 +23,7 @@ pool = {c["name"]: (tensors[f"concept.{j}.features"], tensors[f"concept.{j}.prom
         for j, c in enumerate(meta["concepts"])}   # a tool without concepts (VQA) stores its prompts under ""
 
 
-def ensemble(concept, query, top_k=None):
+def ensemble(concept, query, top_k=SERVED_TOP_K):
     """The prompt for one query feature [feature_dim], or None: run the tool unprompted."""
     if concept not in pool:
         return None
@@ -32,7 +32,7 @@ def ensemble(concept, query, top_k=None):
     weights = unit(features) @ unit(np.asarray(query, dtype=np.float32))      # cosine similarities [n]
     flat = prompts.reshape(len(prompts), -1)
     if top_k is not None and top_k < len(weights):
-        keep = np.argsort(-weights, kind="stable")[:top_k]
+        keep = np.argsort(-weights, kind="stable")[:top_k]     # ties: the earlier stored prompt first
         weights, flat = weights[keep], flat[keep]
     total = weights.sum()
     mixed = weights @ flat / total if total > 1e-6 else flat.mean(0)          # plain mean if dissimilar to all
@@ -45,10 +45,18 @@ def pool_card(pool: PromptPool, tool: dict[str, Any]) -> str:
     from clova_train.tools.base import tool_class
 
     name = str(tool.get("tool"))
+    top_k, rule = (tool.get("init_args") or {}).get("top_k"), None
     try:
-        how = inspect.getdoc(sys.modules[tool_class(tool).__module__]) or ""
+        cls = tool_class(tool)
+        how = inspect.getdoc(sys.modules[cls.__module__]) or ""
+        top_k = top_k if "top_k" in (tool.get("init_args") or {}) else cls.default_top_k
+        rule = cls.serving_rule
     except Exception:  # a description this package cannot resolve still gets the rest of its card
         how = "(see the tool's module in clova-train)"
+    served = (f"**How this tool serves it:** {rule}" if rule else
+              f"**How this tool serves it:** exactly this ensemble, over the {top_k} most similar stored prompts "
+              f"(`top_k`; `clova-train serve --top-k` overrides it)." if top_k else
+              "**How this tool serves it:** exactly this ensemble, over all the concept's stored prompts.")
     concepts = "\n".join(f"| {c or '(all: the tool has no concepts)'} | {pool.num_prompts(c if c else None)} |"
                          for c in pool.concepts)
     model = (tool.get("init_args") or {}).get("model_name", "(see tool.json)")
@@ -82,7 +90,10 @@ the cosine-weighted mean of the concept's prompts (CLOVA's prompt ensemble), ove
 instances when set:
 
 ```python
+SERVED_TOP_K = {top_k!r}
 {READ_POOL_CODE}```
+
+{served}
 
 ## How the prompts enter the tool
 

@@ -2,7 +2,7 @@
 run on, its configs and its demo report. ``clova-train tiny-model`` and the test fixtures (tiny-model cache, the
 conformance suite) read it. The benchmarks keep their own per-tool baselines (each tool's reference loop).
 
-Adding a tool (README, "Adding a tool"): write the tool class (``clova_train/tools/<name>.py``, one subclass of
+Adding a tool (docs/prompt-tools.md, "Adding a tool"): write the tool class (``clova_train/tools/<name>.py``, one subclass of
 :class:`~clova_train.tools.base.PromptTool`), its datamodule, one :class:`ToolRecipe` in :data:`TOOLS` (and a
 :class:`TinyModel` in :data:`TINY_MODELS` if no existing one fits), its configs, and tests. Classes are named by
 dotted path and imported only when used, so reading the registry is cheap.
@@ -149,7 +149,7 @@ TINY_MODELS: dict[str, TinyModel] = {
                   "BLIP VQA (transformers), answers to questions about synthetic shapes"),
         TinyModel("owlvit", "clova_train.quickstart.tiny.owlvit:make_tiny_owlvit", 1500,
                   "OWL-ViT detection (transformers), detecting named shapes"),
-        # MKL's reproducible mode: its own AVX-512 kernels build another segmenter on some Intel hosts (README, SEG).
+        # MKL's reproducible mode: its own AVX-512 kernels build another segmenter on some Intel hosts (docs/tools/loc-seg.md).
         TinyModel("maskformer", "clova_train.quickstart.tiny.maskformer:make_tiny_maskformer", 2000,
                   "MaskFormer segmentation (transformers, tiny Swin), segmenting shapes of four colours",
                   MappingProxyType({"ONEDNN_MAX_CPU_ISA": "SSE41", "MKL_CBWR": "COMPATIBLE"})),

@@ -20,6 +20,7 @@ from typing import Any
 from clova_train.core.errors import DataError
 
 IMAGE_FIELDS = ("image", "images", "mask")  # the request fields that name images, over every prompt tool
+SENT_FORMATS = ("PNG", "JPEG", "WEBP", "GIF", "BMP", "TIFF")  # decoders PIL may use on bytes a client sent
 SUFFIXES = {"image/png": ".png", "image/jpeg": ".jpg", "image/webp": ".webp", "image/gif": ".gif", "image/bmp": ".bmp",
             "image/tiff": ".tif"}
 
@@ -79,6 +80,41 @@ def materialised_images(request: dict[str, Any]) -> Iterator[tuple[dict[str, Any
             elif value is not None:
                 converted[name] = to_path(value, f"request field {name!r}")
         yield converted, origins
+
+
+def image_paths(request: dict[str, Any]) -> list[str]:
+    """Every image path a (materialised) request names, over the image fields."""
+    paths = []
+    for name in IMAGE_FIELDS:
+        value = request.get(name)
+        paths += [v for v in (value if isinstance(value, list) else [value]) if isinstance(v, str)]
+    return paths
+
+
+def check_request_pixels(request: dict[str, Any], origins: dict[str, str], max_request_pixels: int) -> None:
+    """Refuse, from the images' headers alone, a request whose images hold more than ``max_request_pixels``
+    together (:class:`RequestTooLarge`), or that sent an image that is not one in :data:`SENT_FORMATS` within the
+    per-image limit (``ImageReadError`` of its temporary file; ``origins`` maps those to their fields). A server
+    path whose header cannot be read is left to the tool, which answers every such image the same way."""
+    from clova_train.tools.images import ImageReadError, image_size
+
+    total = 0
+    for path in image_paths(request):
+        sent = path in origins
+        try:
+            width, height = image_size(Path(path), SENT_FORMATS if sent else None)
+        except ImageReadError:
+            if sent:  # the server names the field: not a readable image in an accepted format and size
+                raise
+            continue
+        total += width * height
+        if total > max_request_pixels:
+            raise RequestTooLarge(f"the request's images hold more than {max_request_pixels:,} pixels together, the "
+                                  "most this server decodes for one request: send fewer or smaller images")
+
+
+class RequestTooLarge(DataError):
+    """A request whose images together are more than the server decodes for one request (HTTP 413)."""
 
 
 def _has_data_url(value: Any) -> bool:

@@ -52,15 +52,18 @@ class RequestLimits:
         max_list_items: longest list anywhere in a body (images of one request, labels, messages, ...).
         max_image_pixels: largest image (width x height) a prompt tool decodes; larger ones are refused from their
             header, before their pixels are read.
+        max_request_pixels: most pixels of all of one request's images together (read from their headers; a body of
+            small files can describe huge canvases).
     """
 
     max_body_bytes: int = 16 << 20
     max_depth: int = 32
     max_list_items: int = 256
     max_image_pixels: int = 40_000_000
+    max_request_pixels: int = 100_000_000
 
     def __post_init__(self) -> None:
-        for name in ("max_body_bytes", "max_depth", "max_list_items", "max_image_pixels"):
+        for name in ("max_body_bytes", "max_depth", "max_list_items", "max_image_pixels", "max_request_pixels"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
 
@@ -180,11 +183,11 @@ class RequestGuard:
         """The body as a JSON value: parsed safely, or (multipart) converted field by field."""
         content_type = (_header(scope, b"content-type") or b"").decode("latin-1").lower()
         if content_type.startswith("multipart/"):
-            return await form_as_json(scope, body, self.limits)
+            return await form_as_json(scope, body, self.limits, self.json_limits)
         if not body.strip():
             raise RequestRefused(400, "the request body is empty: send a JSON object")
         try:
-            return parse_json(body, "the request body", self.json_limits)
+            return parse_json(body, "the request body", self.json_limits, finite_only=True)
         except DataError as err:
             raise RequestRefused(400, str(err)) from None
 
@@ -215,19 +218,19 @@ class RequestGuard:
 LIST_FIELDS = ("images",)  # a form field that is a list even when sent once
 
 
-def _form_value(text: str) -> Any:
+def _form_value(name: str, text: str, limits: ReadLimits) -> Any:
     """A text form field: JSON when it reads as a list, an object or a number (``labels=["red","blue"]``,
-    ``seed=3``), else the text itself (``concept=red``)."""
+    ``seed=3``), parsed by the same safe reader as a JSON body; else the text itself (``concept=red``)."""
     stripped = text.strip()
     if stripped[:1] in ("[", "{") or stripped.lstrip("-").replace(".", "", 1).isdigit():
         try:
-            return json.loads(stripped)
-        except json.JSONDecodeError:
-            return text
+            return parse_json(stripped.encode("utf-8", "replace"), f"form field {name!r}", limits, finite_only=True)
+        except DataError as err:
+            raise RequestRefused(400, str(err)) from None
     return text
 
 
-async def form_as_json(scope: Scope, body: bytes, limits: RequestLimits) -> dict[str, Any]:
+async def form_as_json(scope: Scope, body: bytes, limits: RequestLimits, json_limits: ReadLimits) -> dict[str, Any]:
     """A ``multipart/form-data`` body as the JSON object a prompt tool takes (see the module docstring)."""
     from starlette.requests import Request
 
@@ -245,7 +248,7 @@ async def form_as_json(scope: Scope, body: bytes, limits: RequestLimits) -> dict
     try:
         for name, item in form.multi_items():
             if isinstance(item, str):
-                fields.setdefault(name, []).append(_form_value(item))
+                fields.setdefault(name, []).append(_form_value(name, item, json_limits))
             else:
                 fields.setdefault(name, []).append(as_data_url(await item.read(), item.content_type))
     finally:

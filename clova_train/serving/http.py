@@ -22,11 +22,15 @@ Every request passes :class:`~clova_train.serving.guard.RequestGuard` first (API
 decompression, one safe JSON parse, list lengths), and every refusal or error is answered in OpenAI's error shape
 (``{"error": {"message", "type", "param", "code"}}``) with a 4xx status naming the field; a bad request never
 reaches the model and never stops the server. Prompt-tool requests are served one at a time (each request already
-holds a batch of images). Requests name image files on the server's disk, which the server reads: keep the default
+holds a batch of images). Images come as ``data:`` URLs or multipart uploads (written to a private temporary
+directory for the request, :mod:`clova_train.serving.data_urls`; formats limited to common image ones), or as names
+of image files on the server's disk, which the server reads: keep the default
 loopback address (or require ``--api-key``) unless every client may read those files; a file that is missing,
 unreadable, not a regular file (a FIFO is never opened for reading), not an image or too large gets one and the
 same answer, so clients cannot probe which files exist. Files a tool writes (REPLACE's ``output``) go under
-``--output-dir`` (symlinks resolved), never where the client says.
+``--output-dir`` (symlinks resolved), never where the client says. A request's images together may hold at most
+``max_request_pixels`` (read from their headers before any is decoded), so a small body of tiny-file, huge-canvas
+images cannot buy minutes of decoding.
 """
 
 # No ``from __future__ import annotations`` here: LitServe and FastAPI read these signatures' annotations as
@@ -94,15 +98,17 @@ class PromptToolAPI(ls.LitAPI):
         base_model: frozen model directory overriding the export's.
         output_dir: where tools that write files (REPLACE) put a request's ``output``.
         max_image_pixels: largest image decoded (width x height, read from the header before any pixel).
+        max_request_pixels: most pixels of all a request's images together (read from their headers).
     """
 
     def __init__(
         self, export: Path, tool_name: str, top_k: int | None = None, base_model: str | None = None,
         output_dir: Path = Path("served_outputs"), max_image_pixels: int = RequestLimits.max_image_pixels,
+        max_request_pixels: int = RequestLimits.max_request_pixels,
     ) -> None:
         super().__init__(api_path=f"/v1/{tool_name}")
         self.export, self.top_k, self.base_model, self.output_dir = export, top_k, base_model, output_dir
-        self.max_image_pixels = max_image_pixels
+        self.max_image_pixels, self.max_request_pixels = max_image_pixels, max_request_pixels
 
     def setup(self, device: str) -> None:
         from PIL import Image
@@ -120,17 +126,22 @@ class PromptToolAPI(ls.LitAPI):
         return request
 
     def predict(self, request: dict[str, Any]) -> dict[str, Any]:
-        from clova_train.serving.data_urls import materialised_images
+        from clova_train.serving.data_urls import (SENT_FORMATS, RequestTooLarge, check_request_pixels,
+                                                   materialised_images)
         from clova_train.tools.images import ImageReadError
 
         origins: dict[str, str] = {}
         try:
             with materialised_images(request) as (request, origins):
+                check_request_pixels(request, origins, self.max_request_pixels)
                 return self.server.serve(request)
+        except RequestTooLarge as err:
+            raise HTTPException(413, str(err)) from None
         except ImageReadError as err:
             if err.path in origins:
                 raise HTTPException(400, f"{origins[err.path]} is not a readable image of at most "
-                                         f"{self.max_image_pixels:,} pixels") from None
+                                         f"{self.max_image_pixels:,} pixels in one of the formats accepted "
+                                         f"({', '.join(SENT_FORMATS)})") from None
             raise HTTPException(400, unreadable_image_message(err.path, self.max_image_pixels)) from None
         except ClovaTrainError as err:
             raise HTTPException(400, str(err)) from None
@@ -362,7 +373,7 @@ class ToolChatAPI(ls.LitAPI):
 def build_apis(
     exports: list[str], top_k: int | None, base_model: str | None, max_batch_size: int, batch_timeout: float,
     output_dir: Path = Path("served_outputs"), max_image_pixels: int = RequestLimits.max_image_pixels,
-    served_model_name: str | None = None,
+    served_model_name: str | None = None, max_request_pixels: int = RequestLimits.max_request_pixels,
 ) -> list[ls.LitAPI]:
     """One LitAPI per export; a clear error for a missing export or two exports on one endpoint."""
     from clova_train.tools.serving import read_tool_description
@@ -375,7 +386,7 @@ def build_apis(
             path = "/v1/chat/completions"
         else:
             tool = str(read_tool_description(directory).get("tool", "tool"))
-            api = PromptToolAPI(directory, tool, top_k, base_model, output_dir, max_image_pixels)
+            api = PromptToolAPI(directory, tool, top_k, base_model, output_dir, max_image_pixels, max_request_pixels)
             path = api.api_path
         if path in apis:
             raise ExportError(f"two exports would both serve {path} ({name} and an earlier one): start one server per export")
@@ -395,7 +406,7 @@ def serve_http(
     request may hold (see :class:`~clova_train.serving.guard.RequestLimits`); ``served_model_name``: the chat model's
     name (default: the export path as given)."""
     apis = build_apis(exports, top_k, base_model, max_batch_size, batch_timeout, Path(output_dir),
-                      limits.max_image_pixels, served_model_name)
+                      limits.max_image_pixels, served_model_name, limits.max_request_pixels)
     for api in apis:  # fail here, with the clova-train message, rather than inside a worker process
         api.setup(device)
         for loaded in ("server", "llm"):  # each worker process loads its own copy

@@ -89,6 +89,6 @@ def predict_to_file(
 
 
 def _progress(items: list[dict[str, Any]]) -> Any:
-    from tqdm import tqdm
+    from clova_train.core.progress import progress_over
 
-    return tqdm(items, desc="predict", unit="input", disable=len(items) < 2)
+    return progress_over(items, "predict", "input", disable=len(items) < 2)

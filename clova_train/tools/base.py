@@ -70,6 +70,8 @@ class PromptTool(nn.Module, ABC):
         served_operations: names of serving methods ``method(lookup, ...)`` a server exposes.
         request_image_field: the JSON request field holding the input image (``"images"``: a list of paths).
         request_path_fields: request fields holding file paths (``predict`` resolves them against a JSONL's folder).
+        serving_rule: how serving turns the pool into a query's prompt, when it is not the pool's cosine-weighted
+            ensemble over the ``serving_top_k`` most similar stored prompts (the export's README says it).
     """
 
     name: ClassVar[str]
@@ -77,6 +79,7 @@ class PromptTool(nn.Module, ABC):
     default_lr: ClassVar[float]
     default_steps: ClassVar[int]
     default_top_k: ClassVar[int | None] = None
+    serving_rule: ClassVar[str | None] = None
     evaluation_metrics: ClassVar[tuple[str, ...]] = ()
     served_operations: ClassVar[tuple[str, ...]] = ()
     request_image_field: ClassVar[str] = "image"

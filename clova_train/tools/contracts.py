@@ -63,7 +63,8 @@ class InstanceRecord:
     """A finished instance (accepted or rejected), as kept in checkpoints and written to the summary.
 
     ``feature`` and ``prompt`` are set for accepted instances (and for rejected ones when the run keeps
-    them for analysis); only accepted ones enter the pool.
+    them for analysis); only accepted ones enter the pool. ``loss_curve`` is the instance's loss at each inner
+    step it took (its learning curve; ``clova-train report`` draws them).
     """
 
     instance_id: str
@@ -74,6 +75,7 @@ class InstanceRecord:
     steps: int = 0
     feature: torch.Tensor | None = None
     prompt: torch.Tensor | None = None
+    loss_curve: list[float] = field(default_factory=list)
 
     def to_state(self) -> dict[str, Any]:
         """Plain types and tensors only, so checkpoints load with ``torch.load(weights_only=True)``."""
@@ -86,6 +88,7 @@ class InstanceRecord:
             "steps": self.steps,
             "feature": self.feature,
             "prompt": self.prompt,
+            "loss_curve": list(self.loss_curve),
         }
 
     @classmethod
@@ -94,7 +97,7 @@ class InstanceRecord:
             state["instance_id"], state["concept"], bool(state["accepted"]),
             [Rejection(kind, detail) for kind, detail in state.get("rejections", [])],
             float(state.get("loss", float("nan"))), int(state.get("steps", 0)), state.get("feature"),
-            state.get("prompt"),
+            state.get("prompt"), [float(v) for v in state.get("loss_curve", [])],
         )
 
     def summary(self) -> dict[str, Any]:
@@ -105,6 +108,7 @@ class InstanceRecord:
             "rejections": [{"kind": r.kind, "detail": r.detail} for r in self.rejections],
             "loss": self.loss,
             "steps": self.steps,
+            "loss_curve": [float(f"{v:.5g}") for v in self.loss_curve],
         }
 
 

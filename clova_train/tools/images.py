@@ -67,6 +67,13 @@ def check_image(path: Path) -> None:
         img.verify()
 
 
+def image_size(path: Path, formats: tuple[str, ...] | None = None) -> tuple[int, int]:
+    """``(width, height)`` from the image's header (no pixel decoded), or a :class:`DataError` naming it;
+    ``formats`` limits the decoders PIL may try (for bytes a client sent)."""
+    with _reading(path), open_regular(path, "image") as handle, Image.open(handle, formats=formats) as img:
+        return img.size
+
+
 def open_rgb(path: Path) -> Image.Image:
     """The image at ``path`` as 8-bit RGB, or a :class:`DataError` naming it.
 

@@ -93,6 +93,11 @@ class OwlVitLoc(PromptTool):
     """
 
     name: ClassVar[str] = "owlvit_loc"
+    serving_rule: ClassVar[str | None] = (
+        "CLOVA's LOC ensemble: of the concept's stored prompts (the max_candidates most similar to the image, when set), "
+        "only those under which the frozen detector finds the concept in the image (a box scoring above "
+        "score_threshold) are kept, and the cosine-weighted ensemble below runs over them; with none kept, the "
+        "unmodified detector answers. The filter needs the detector: `clova-train serve` applies it.")
     default_lr: ClassVar[float] = 5e-4
     default_steps: ClassVar[int] = 100
     evaluation_metrics: ClassVar[tuple[str, ...]] = ("detected_no_prompt", "detected_pool")

@@ -222,6 +222,10 @@ class InpaintTextualInversion(PromptTool):
     """
 
     name: ClassVar[str] = "sd_inpaint_replace"
+    serving_rule: ClassVar[str | None] = (
+        "the concept's token is the uniform mean of its stored tokens (no query feature: the ensemble below does not "
+        "apply); the export's textual_inversion/ holds each concept's token in diffusers' format "
+        "(pipeline.load_textual_inversion).")
     default_lr: ClassVar[float] = 5e-3
     default_steps: ClassVar[int] = 200
     served_operations: ClassVar[tuple[str, ...]] = ("inpaint", "token_for")

@@ -83,6 +83,18 @@ def adapter_base_name(adapter: Path) -> str:
     return named
 
 
+def _trained_base(directory: Path) -> str | None:
+    """The local base model the export's run was trained from (``export.json``), when it recorded one."""
+    from clova_train.core.manifest import MANIFEST_FILE
+
+    manifest = directory / MANIFEST_FILE
+    if not manifest.is_file():
+        return None
+    source = read_json_object(manifest, "export manifest").get("source")
+    named = source.get("base_model") if isinstance(source, dict) else None
+    return named if isinstance(named, str) and named.startswith("/") else None
+
+
 class ServedToolLLM:
     """A tool-using LLM loaded from a ``clova-train export`` directory of a LoRA run.
 
@@ -140,6 +152,9 @@ class ServedToolLLM:
             return str(Path(base_model).expanduser())
         if (directory / BASE_DIR / "config.json").is_file():
             return str(directory / BASE_DIR)
+        trained_from = _trained_base(directory)
+        if trained_from is not None and Path(trained_from).is_dir():  # the local copy it was trained from, if here
+            return trained_from
         named = adapter_base_name(adapter)
         if named.startswith("/") and not Path(named).is_dir():
             raise ExportError(

@@ -17,11 +17,14 @@ mapped onto the parameters in order, as a JSON ``arguments`` object) or a reply 
 from __future__ import annotations
 
 import json
+import math
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from clova_train.core.errors import DataError
+from clova_train.core.safe_files import ReadLimits, parse_json
 from clova_train.tooluse.react import THOUGHT_PREFIX, parse_react, split_arguments
 
 ROLES = ("system", "user", "assistant", "tool")
@@ -36,6 +39,7 @@ class ToolSpec:
     description: str
     inputs: tuple[str, ...]
     parameters: tuple[str, ...] = ()  # the JSON argument names (OpenAI tools), in the same order as ``inputs``
+    types: tuple[str, ...] = ()  # each parameter's JSON schema type ("string", "integer", ...), "" when unstated
 
 
 def tool_list_prompt(tools: Sequence[ToolSpec]) -> str:
@@ -83,8 +87,10 @@ def specs_from_openai(tools: Any) -> list[ToolSpec]:
             raise DataError(f"{where}.function.parameters must be a JSON schema object with 'properties'")
         inputs = tuple(_one_line(p.get("description") or key if isinstance(p, dict) else key).replace(",", " ")
                        for key, p in properties.items())
+        types = tuple(str(p.get("type", "")) if isinstance(p, dict) and isinstance(p.get("type", ""), str) else ""
+                      for p in properties.values())
         specs.append(ToolSpec(_one_line(name), _one_line(function.get("description") or ""), inputs,
-                              tuple(str(key) for key in properties)))
+                              tuple(str(key) for key in properties), types))
     if len({s.name for s in specs}) != len(specs):
         raise DataError("'tools' names a function twice")
     return specs
@@ -106,19 +112,23 @@ def _text(message: dict[str, Any], index: int) -> str:
     return content
 
 
+ARGUMENT_LIMITS = ReadLimits(max_bytes=1 << 20, max_depth=16)
+
+
 def _arguments_text(call: Any, specs: dict[str, ToolSpec], where: str) -> tuple[str, str]:
     """(tool name, the ``Action Input`` line) of an assistant's tool call."""
     function = call.get("function") if isinstance(call, dict) else None
     if not isinstance(function, dict) or function.get("name") not in specs:
         raise DataError(f"{where} must call one of the request's tools ({', '.join(specs)})")
     spec = specs[function["name"]]
-    try:
-        arguments = json.loads(function.get("arguments") or "{}")
-    except (TypeError, ValueError):
-        raise DataError(f"{where}.function.arguments must be a JSON object") from None
+    text = function.get("arguments") or "{}"
+    if not isinstance(text, str):
+        raise DataError(f"{where}.function.arguments must be a JSON object written as a string")
+    arguments = parse_json(text, f"{where}.function.arguments", ARGUMENT_LIMITS, finite_only=True)
     if not isinstance(arguments, dict):
         raise DataError(f"{where}.function.arguments must be a JSON object")
-    values = [str(arguments[p]) for p in spec.parameters if p in arguments]
+    values = [v if isinstance(v, str) else json.dumps(v) for p in spec.parameters if p in arguments
+              for v in [arguments[p]]]
     return spec.name, ", ".join(values)
 
 
@@ -162,6 +172,23 @@ def instruction_from_chat(messages: Any, tools: Sequence[ToolSpec]) -> str:
     return text
 
 
+def typed_argument(value: str, kind: str) -> Any:
+    """``value`` (text the model wrote) as the parameter's declared JSON type when it reads as one: an integer,
+    a number or a boolean; otherwise, and for strings or undeclared types, the text itself."""
+    text = value.strip()
+    try:
+        if kind == "integer" and re.fullmatch(r"[+-]?\d{1,18}", text):
+            return int(text)
+        if kind == "number" and re.fullmatch(r"[+-]?(\d+\.?\d*|\.\d+)([eE][+-]?\d{1,3})?", text):
+            number = float(text)
+            return number if math.isfinite(number) else value
+        if kind == "boolean" and text.lower() in ("true", "false"):
+            return text.lower() == "true"
+    except ValueError:
+        pass
+    return value
+
+
 def reply_from_step(text: str, tools: Sequence[ToolSpec]) -> dict[str, Any]:
     """The model's step as an OpenAI reply: ``{"tool_call": {"name", "arguments"}}`` for a call of a listed tool,
     else ``{"content": <the AI: reply, or the text itself when the model wrote neither>}``."""
@@ -174,7 +201,9 @@ def reply_from_step(text: str, tools: Sequence[ToolSpec]) -> dict[str, Any]:
         keys = list(spec.parameters)
         if len(values) > len(keys) and keys:  # more values than parameters: the rest belongs to the last one
             values = [*values[: len(keys) - 1], ", ".join(values[len(keys) - 1:])]
-        return {"tool_call": {"name": spec.name, "arguments": json.dumps(dict(zip(keys, values)))}}
+        types = spec.types or ("",) * len(keys)
+        arguments = {key: typed_argument(value, kind) for key, value, kind in zip(keys, values, types)}
+        return {"tool_call": {"name": spec.name, "arguments": json.dumps(arguments)}}
     if step is not None and step.reply is not None:
         return {"content": step.reply}
     return {"content": text}

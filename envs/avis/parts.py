@@ -13,11 +13,12 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from clova_train.agents.backends import ChatBackend, ask
-from clova_train.core.observation_builder import memory_text
+from clova_train.core.observation_builder import (
+    AGENT_MEMORY_LINES_SHOWN, agent_memory_line, memory_text, tool_output_line,
+)
 
 Label = Literal["informative", "uninformative", "answer"]
 MAX_QUERY_CHARS = 300
-MAX_OUTPUT_CHARS = 400
 
 
 def _field(reply: str, name: str) -> str:
@@ -35,7 +36,7 @@ class MemoryEntry:
     label: Label
 
     def line(self) -> str:
-        return f"[{self.label}] {self.action} -> {self.output}"
+        return agent_memory_line(self.label, self.action, self.output)
 
 
 @dataclass
@@ -47,7 +48,7 @@ class WorkingMemory:
     def add(self, entry: MemoryEntry) -> None:
         self.entries.append(entry)
 
-    def text(self, last: int = 8) -> str:
+    def text(self, last: int = AGENT_MEMORY_LINES_SHOWN) -> str:
         return memory_text([e.line() for e in self.entries], last)
 
 
@@ -149,7 +150,4 @@ class Dispatcher:
         return name if name in dict(self.agents) else ""
 
 
-def clip_output(text: str) -> str:
-    """A tool's or an agent's output as it enters prompts and memory (one bounded line)."""
-    text = " ".join(str(text).split())
-    return text if len(text) <= MAX_OUTPUT_CHARS else text[:MAX_OUTPUT_CHARS] + "..."
+clip_output = tool_output_line  # a tool's or an agent's output as it enters prompts and memory

@@ -19,12 +19,12 @@ import numpy as np
 
 from clova_train.agents.backends import ChatBackend, EmbeddingBackend, ask
 from clova_train.agents.sandbox import ExecutionResult
-from clova_train.core.observation_builder import (HYDRA_TASK_DESCRIPTION, MEMORY_LINES_SHOWN, hydra_context_text,
-                                                  hydra_samples_text, memory_text)
+from clova_train.core.observation_builder import (  # noqa: F401 (re-exported)
+    HYDRA_TASK_DESCRIPTION, MAX_INSTRUCTION_CHARS, MEMORY_LINES_SHOWN, PLACEHOLDER_INSTRUCTION, hydra_context_text,
+    hydra_samples_text, memory_text, parse_samples,
+)
 
 TASK_DESCRIPTION = HYDRA_TASK_DESCRIPTION
-PLACEHOLDER_INSTRUCTION = "(no instruction)"
-MAX_INSTRUCTION_CHARS = 500
 SHORT_REPR_CHARS = 200
 
 
@@ -42,38 +42,6 @@ def variables_text(variables: dict, limit: int = 1500) -> str:
     """``name = value, ...`` for the reasoner's prompt and the memory bank, bounded in total."""
     text = ", ".join(f"{k} = {short_repr(v)}" for k, v in sorted(variables.items())[:50])
     return text if len(text) <= limit else text[:limit] + " ..."
-
-_SAMPLE_LINE = re.compile(
-    r"^\s*(?:[-*]|\d+[.):]|\(\d+\))?\s*"  # optional list marker
-    r"(?:\[\s*(?:p\s*=\s*)?(?P<p1>[0-9]*\.?[0-9]+)\s*\]|\(\s*(?:p\s*=\s*)?(?P<p2>[0-9]*\.?[0-9]+)\s*\))?"  # [0.8] or (p=0.8)
-    r"\s*(?P<text>.*?)\s*$",
-    re.IGNORECASE,
-)
-
-
-def parse_samples(reply: str, n: int) -> list[tuple[str, float]]:
-    """Exactly ``n`` ``(instruction, probability)`` pairs from a planner reply.
-
-    One sample per non-empty line; a probability in ``[0.83]`` or ``(p=0.83)`` before the text is read and
-    clipped to [0, 1] (a missing one becomes 0); an instruction is cut at ``MAX_INSTRUCTION_CHARS`` (a reply
-    is untrusted: its size must not grow prompts and memory). Lines beyond ``n`` are dropped (the reply's order
-    is kept); a short reply is padded with ``(no instruction)`` at probability 0, which the reasoner turns into a
-    no-op step. The action index therefore always means the same slot.
-    """
-    samples: list[tuple[str, float]] = []
-    for line in reply.splitlines():
-        line = line[:MAX_INSTRUCTION_CHARS * 2]  # bounded before the regex: long space runs backtrack quadratically
-        match = _SAMPLE_LINE.match(line)
-        text = match.group("text") if match else line.strip()
-        if not text or text.startswith("```"):
-            continue
-        raw = (match.group("p1") or match.group("p2")) if match else None
-        probability = min(max(float(raw), 0.0), 1.0) if raw else 0.0
-        samples.append((text[:MAX_INSTRUCTION_CHARS], probability))
-        if len(samples) == n:
-            break
-    return samples[:n] + [(PLACEHOLDER_INSTRUCTION, 0.0)] * max(0, n - len(samples))
-
 
 @dataclass
 class MemoryBank:

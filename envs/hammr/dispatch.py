@@ -249,6 +249,7 @@ class AgentDispatchEnv(gym.Env):
         return {"environment": "hammr", "observation_dim": self.dim, "observation_parts": offsets,
                 "text_parts": {"question": "the question", "memory": MEMORY_TEXT_HELP},
                 "actions": {i: f"call agent {name}" for i, name in enumerate(self.names)},
+                "agent_names": list(self.names),
                 "action_mask": "the last len(actions) observation entries (1: not yet called)",
                 "agents": [asdict(spec) for spec in self.specs], "embedder": self.embedder.identity(),
                 "world": self.world.identity(), "config": asdict(self.config)}

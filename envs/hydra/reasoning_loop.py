@@ -165,6 +165,10 @@ class ReasoningLoopConfig:
         return [*found.messages, *shared_problems(self, prefix)]
 
 
+TEXT_PARTS = {"text": "observation.hydra_samples_text(context, samples) (the joint layout's one text)",
+              "context": "observation.hydra_context_text(question, iteration, max_iterations, memory entries)"}
+
+
 class ReasoningLoopEnv(gym.Env):
     """The reasoning loop (see the module docstring).
 
@@ -304,10 +308,8 @@ class ReasoningLoopEnv(gym.Env):
             "environment": "hydra",
             "observation_template": ObservationEncoder.__doc__,
             "observation_parts": part_offsets(self.encoder.parts()),
-            "text_parts": {"text": "joint layout: observation.hydra_samples_text(context, samples)",
-                           "context": "observation.hydra_context_text(question, iteration, max_iterations, memory)",
-                           **{f"sample_{i + 1}": f"the planner's instruction {i + 1}"
-                              for i in range(self.config.num_samples)}},
+            "text_parts": {name: TEXT_PARTS.get(name, f"the planner's instruction {name.split('_')[-1]}")
+                           for name, _ in self.encoder.parts() if name != "probabilities"},
             "layout": self.config.layout,
             "probabilities_in_last_entries": self.encoder.has_probabilities,
             "observation_dim": self.encoder.dim,

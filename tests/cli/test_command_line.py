@@ -53,12 +53,22 @@ def test_suggestions_only_for_close_names() -> None:
     assert with_suggestions("unrecognized arguments: runs/a-port", ["--port"]) == "unrecognized arguments: runs/a-port"
 
 
-def test_pretraining_logs_progress_lines_when_not_on_a_terminal(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_long_steps_log_progress_lines_when_not_on_a_terminal(monkeypatch: pytest.MonkeyPatch, tmp_path) -> None:
+    from clova_train.core import progress
+    from clova_train.export.common import copy_tree
     from clova_train.quickstart.tiny import common
 
     stream = io.StringIO()
-    monkeypatch.setattr(common, "LOG_EVERY_SECONDS", 0.0)
+    monkeypatch.setattr(progress, "LOG_EVERY_SECONDS", 0.0)
     monkeypatch.setattr("sys.stderr", stream)
     assert list(common.pretraining_steps(3, "CLIP")) == [0, 1, 2]
     lines = stream.getvalue().splitlines()
     assert lines[-1].startswith("pretraining tiny CLIP: 3/3 steps") and len(lines) == 3
+    # copying a base model into an export (--copy-base): gigabytes, so lines in MB
+    source = tmp_path / "model"
+    source.mkdir()
+    for name in ("a.safetensors", "b.safetensors"):
+        with (source / name).open("wb") as handle:
+            handle.truncate(40 << 20)
+    copy_tree(source, tmp_path / "copy")
+    assert stream.getvalue().splitlines()[-1].startswith("copying model: 84 MB/84 MB, ")

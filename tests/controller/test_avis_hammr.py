@@ -362,7 +362,7 @@ def test_controller_cli_fits_avis_exports_and_the_export_serves_as_an_agent(tmp_
                                 timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
     results = json.loads((run / "evaluation.json").read_text())
-    # the planner reading all its examples is already right on this world (README, AVIS): the controller learns to
+    # the planner reading all its examples is already right on this world (docs/controllers.md, AVIS): the controller learns to
     # match it, and never picks an action the graph forbids
     ours = results["trained controller"]
     assert ours["accuracy"] >= 0.9 and ours["rejects"] == 0.0, results

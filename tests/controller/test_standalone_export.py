@@ -42,6 +42,25 @@ def raw_inputs(env, environment: str) -> dict:
             "feasible": [a for a, ok in zip(env.names, mask) if ok]}
 
 
+def test_the_standalone_memory_and_sample_readers_are_the_environments() -> None:
+    """Past the memory windows (HYDRA 6, AVIS/HAMMR 8 entries) and a short, messy planner reply."""
+    from clova_train.core import observation_builder as observation
+    from clova_train.envs.avis.parts import MemoryEntry, WorkingMemory
+    from clova_train.envs.common.parts import MemoryBank, parse_samples
+
+    bank, memory = MemoryBank(), WorkingMemory()
+    for i in range(12):
+        bank.add(f"Step {i}: line\nwith a newline")
+        memory.add(MemoryEntry(f"tool{i}", "q", observation.tool_output_line("out  " * 200), "informative"))
+    assert observation.memory_text(bank.entries) == bank.text()
+    lines = [observation.agent_memory_line("informative", f"tool{i}", observation.tool_output_line("out  " * 200))
+             for i in range(12)]
+    assert observation.memory_text(lines, last=observation.AGENT_MEMORY_LINES_SHOWN) == memory.text()
+    reply = "1. [0.9] find the cup\n\n(p=1.7) " + "x" * 900 + "\n```"
+    assert observation.parse_samples(reply, 5) == parse_samples(reply, 5)
+    assert len(parse_samples(reply, 5)) == 5 and parse_samples(reply, 5)[1][1] == 1.0
+
+
 STANDALONE = """
 import json, sys
 import numpy as np, torch
@@ -51,7 +70,6 @@ import observation
 description = json.load(open("export/controller.json"))
 steps = json.load(open("steps.json"))
 embed = observation.embedder_from_description(description["embedder"])
-actions = [description["actions"][str(i)].split()[-1] for i in range(len(description["actions"]))]
 rebuilt = []
 for raw in steps:
     if description["environment"] == "hydra":
@@ -65,10 +83,11 @@ for raw in steps:
                  "suggested": observation.one_hot(actions, raw["suggested"]),
                  "action_mask": observation.one_hot(actions, raw["feasible"])}
     else:
+        agents = description["agent_names"]
         parts = {"question": raw["question"], "memory": observation.memory_text(raw["memory"], last=8),
-                 "called": observation.one_hot(actions, raw["called"]),
-                 "llm_choice": observation.one_hot(actions, raw["choice"]),
-                 "action_mask": observation.one_hot(actions, raw["feasible"])}
+                 "called": observation.one_hot(agents, raw["called"]),
+                 "llm_choice": observation.one_hot(agents, raw["choice"]),
+                 "action_mask": observation.one_hot(agents, raw["feasible"])}
     rebuilt.append(observation.build_observation(description, parts, embed))
 x = torch.from_numpy(np.stack(rebuilt))
 q_script = torch.jit.load("export/q_network.pt")(x)
@@ -91,9 +110,9 @@ def test_export_builds_observations_and_actions_without_clova_train(name: str, t
 
     steps, observations = [], []
     rng = np.random.default_rng(0)
-    for task_id in (0, 7, 23):  # a few steps of a few episodes, memory filling up
+    for task_id in (0, 7, 23):  # whole episodes (up to 12 steps: past the memory windows where they last so long)
         obs, _ = env.reset(options={"task_id": task_id})
-        for _ in range(3):
+        for _ in range(12):
             steps.append(raw_inputs(env, config.environment))
             observations.append(obs)
             mask = env.action_masks() if hasattr(env, "action_masks") else np.ones(env.action_space.n, bool)

@@ -1,4 +1,4 @@
-"""A toy prompt tool written the way the README's "Adding a tool" says a user writes one, outside the package.
+"""A toy prompt tool written the way docs/prompt-tools.md's "Adding a tool" says a user writes one, outside the package.
 
 The frozen network is a linear classifier over small vectors; a prompt is a per-feature gain on the input vector
 (``x * (1 + p)``: zero is the unmodified classifier). It has every piece a real tool has, each a few lines:

@@ -1,4 +1,4 @@
-"""The layering rule of README "Architecture", checked with import-linter (contracts in setup.cfg).
+"""The layering rule of docs/architecture.md, checked with import-linter (contracts in setup.cfg).
 
 ``models/``, ``envs/`` and ``datamodules/`` install as ``clova_train.*`` through ``package_dir``, which
 import-linter cannot follow on disk, so the package is mirrored into a temporary tree first.

@@ -121,9 +121,11 @@ def test_export_card_reads_and_ensembles_the_pool_without_clova_train(finished_r
     assert main(["export", str(finished_run), "--output", str(out)]) == 0
     card = (out / "README.md").read_text()
     assert "clova-train serve" in card and "How the prompts enter the tool" in card
+    assert "SERVED_TOP_K = 10" in card and "over the 10 most similar stored prompts" in card  # the tool's own top_k
     (code,) = re.findall(r"```python\n(.*?)```", card, re.S)
     pool = PromptPool.load(out / "pool.safetensors")
     queries = torch.randn(6, pool.spec.feature_dim, generator=torch.Generator().manual_seed(0))
+    queries[0] = 0  # every similarity ties (at 0): top_k keeps the earlier stored prompts, and their plain mean
     cases = [(concept, top_k) for concept in [*pool.concepts, "no-such-concept"] for top_k in (None, 1, 2)]
     got = run_without_package(code + f"""
 queries = np.asarray({queries.tolist()!r}, dtype=np.float32)

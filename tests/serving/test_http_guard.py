@@ -106,7 +106,9 @@ def test_no_key_configured_means_no_key_needed() -> None:
 @pytest.mark.parametrize("body, words", [
     (b"", "empty"), (b"   \n", "empty"), (b"{oops", "not valid JSON"), (b'{"a": 1} trailing', "not valid JSON"),
     (b"[" * 100_000 + b"]" * 100_000, "nested more than"), (b'{"a": 1, "a": 2}', "twice"),
-    (b'{"a": "caf\xe9"}', "not UTF-8"), (b"\xff\xfe{\x00}\x00", "not UTF-8"), (b"NaN" * 3, "not valid JSON"),
+    (b'{"a": "caf\xe9"}', "not UTF-8"), (b"\xff\xfe{\x00}\x00", "not UTF-8"), (b"NaN" * 3, "not finite"),
+    (b'{"temperature": NaN}', "not finite"), (b"[1e999]", "not finite"), (b"[-Infinity]", "not finite"),
+    (b"[" + b"9" * 5000 + b"]", "cannot be read"),
 ])
 def test_malformed_bodies_get_400(body: bytes, words: str) -> None:
     guard, app = guarded(max_body_bytes=1 << 20)
@@ -143,6 +145,17 @@ def test_multipart_uploads_become_the_json_request_with_data_urls() -> None:
                                       "labels": ["red", "blue"], "concept": "purple", "seed": 3}
     body, headers = multipart([("images", "a.png", b"x")])
     assert call(guard, body, headers)[1] == {"images": ["data:image/png;base64,eA=="]}  # a list even when sent once
+
+
+@pytest.mark.parametrize("field, words", [
+    (b"[" * 40 + b"]" * 40, "form field 'labels' is nested more than"), (b"1" * 5000, "form field 'labels' holds a value"),
+    (b"[NaN]", "not finite"), (b'{"a": 1, "a": 2}', "twice"),
+])
+def test_form_fields_are_parsed_as_strictly_as_json_bodies(field: bytes, words: str) -> None:
+    guard, app = guarded(max_body_bytes=1 << 20)
+    body, headers = multipart([("images", "a.png", b"x"), ("labels", None, field)])
+    status, reply = call(guard, body, headers)
+    assert status == 400 and words in reply["error"]["message"] and not app.seen, reply
 
 
 @pytest.mark.parametrize("body, words", [
@@ -223,7 +236,7 @@ def request(url: str, body: bytes | None, headers: dict[str, str], timeout: floa
 def server(clip_export: Path, tmp_path_factory: pytest.TempPathFactory):
     """The CLIP export served with an API key (from the environment) and small limits."""
     args = [str(clip_export), "--max-list-items", "16", "--max-body-bytes", "65536", "--max-image-pixels", "250000",
-            "--output-dir", str(tmp_path_factory.mktemp("served"))]
+            "--max-request-pixels", "300000", "--output-dir", str(tmp_path_factory.mktemp("served"))]
     with serving(args, {"CLOVA_TRAIN_API_KEY": KEY}) as (base, process):
         yield base, process
 
@@ -289,6 +302,27 @@ def test_the_server_answers_bad_requests_in_openai_shape(server, concept_root: P
 def test_bad_data_url_images_get_400_naming_the_field(server, image: str, words: str) -> None:
     base, process = server
     assert_openai_error(*classify(base, [image]), 400, words)
+    assert process.poll() is None
+
+
+def test_images_over_the_request_pixel_budget_get_413_before_decoding(server, tmp_path: Path) -> None:
+    """Two 1-bit 400 x 400 images: each under the per-image limit, together over the request's 300,000 pixels."""
+    import base64
+    import io
+
+    from PIL import Image
+
+    canvas = io.BytesIO()
+    Image.new("1", (400, 400)).save(canvas, format="PNG")  # a few hundred bytes for 160,000 pixels
+    url = "data:image/png;base64," + base64.b64encode(canvas.getvalue()).decode()
+    base, process = server
+    assert classify(base, [url])[0] == 200
+    assert_openai_error(*classify(base, [url, url]), 413, "more than 300,000 pixels together")
+    icon = io.BytesIO()
+    Image.new("RGB", (16, 16)).save(icon, format="ICO")  # a format PIL reads, but not one a client may send
+    ico = "data:image/x-icon;base64," + base64.b64encode(icon.getvalue()).decode()
+    assert_openai_error(*classify(base, [ico]), 400, "request field 'images'[0] is not a readable image of at most "
+                                                     "250,000 pixels in one of the formats accepted (PNG, JPEG")
     assert process.poll() is None
 
 

@@ -23,7 +23,7 @@ DEPTH = {"type": "function", "function": {"name": "Predict Depth On Image",
 def test_tools_render_as_the_training_prompt_lists_them() -> None:
     specs = specs_from_openai([DETECT, DEPTH])
     assert specs[0] == ToolSpec("Detect the Given Object", ALL_TOOLS["Detect the Given Object"][0],
-                                ("image path", "text"), ("image", "object"))
+                                ("image path", "text"), ("image", "object"), ("string", "string"))
     instruction = instruction_from_chat([{"role": "user", "content": "Find the red circle in image/a.png"}], specs)
     assert instruction.startswith(tool_prompt(["Detect the Given Object", "Predict Depth On Image"]))
     assert instruction.endswith("New input: Find the red circle in image/a.png\n")
@@ -60,6 +60,21 @@ def test_a_step_comes_back_as_a_call_or_a_reply() -> None:
     assert hostile[0].description == "a Action: x" and hostile[0].inputs == ("a  b",)  # one line, one input
 
 
+def test_arguments_come_back_in_their_declared_json_types() -> None:
+    crop = specs_from_openai([{"type": "function", "function": {"name": "Crop", "parameters": {"properties": {
+        "image": {"type": "string"}, "size": {"type": "integer"}, "scale": {"type": "number"},
+        "keep": {"type": "boolean"}, "note": {}}}}}])
+    step = "Thought: Do I need to use a tool? Yes\nAction: Crop\nAction Input: {}\nObservation:"
+    read = json.loads(reply_from_step(step.format("a.png, 64, 0.5, True, 7"), crop)["tool_call"]["arguments"])
+    assert read == {"image": "a.png", "size": 64, "scale": 0.5, "keep": True, "note": "7"}
+    loose = json.loads(reply_from_step(step.format("12, big, 1e999, maybe, x"), crop)["tool_call"]["arguments"])
+    assert loose == {"image": "12", "size": "big", "scale": "1e999", "keep": "maybe", "note": "x"}  # the text as written
+    assert instruction_from_chat([{"role": "user", "content": "crop it"}, {"role": "assistant", "tool_calls": [
+        {"id": "c", "function": {"name": "Crop", "arguments": json.dumps(
+            {"image": "a.png", "size": 64, "scale": 0.5, "keep": True})}}]},
+        {"role": "tool", "tool_call_id": "c", "content": "cropped.png"}], crop).count("Action Input: a.png, 64, 0.5, true")
+
+
 @pytest.mark.parametrize(("tools", "messages", "named"), [
     ([], [{"role": "user", "content": "x"}], "'tools' must be a non-empty list"),
     ([{"type": "function", "function": {"name": "a,b"}}], [{"role": "user", "content": "x"}], "tools[0].function.name"),
@@ -73,6 +88,8 @@ def test_a_step_comes_back_as_a_call_or_a_reply() -> None:
         {"id": "c", "function": {"name": "Nope", "arguments": "{}"}}]}], "must call one of the request's tools"),
     ([DETECT], [{"role": "user", "content": "x"}, {"role": "assistant", "tool_calls": [
         {"id": "c", "function": {"name": "Detect the Given Object", "arguments": "[1]"}}]}], "must be a JSON object"),
+    ([DETECT], [{"role": "user", "content": "x"}, {"role": "assistant", "tool_calls": [
+        {"id": "c", "function": {"name": "Detect the Given Object", "arguments": "[" * 5000}}]}], "nested more than"),
 ])
 def test_bad_tools_and_conversations_are_named(tools: list, messages: list, named: str) -> None:
     with pytest.raises(DataError, match=None) as caught:

@@ -1,4 +1,4 @@
-"""The README's "Adding a tool", walked with a toy tool that lives outside the package (``tests/helpers/toy_tool.py``).
+"""docs/prompt-tools.md's "Adding a tool", walked with a toy tool that lives outside the package (``tests/helpers/toy_tool.py``).
 
 The steps, as a user takes them (nothing in the package is edited):
 

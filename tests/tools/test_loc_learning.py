@@ -31,7 +31,7 @@ def test_tuning_fits_a_missed_concept_on_every_instance(tool: OwlVitLoc, two_sce
     # detectors built on three kernel sets (ATen's portable, AVX2 and AVX-512 kernels), at 1 and 2 threads, the loss
     # falls on every instance, by 53 to 62% of its sum. Whether the tuned prompts then pass the gate more often than
     # random prompts of their norms depends on the build (passes tuned / random: 13 / 1 on AVX-512, 5 / 1 portable,
-    # 10 / 11 on AVX2), so it is not asserted: the tiny detector's gate effect is not a robust result (README, LOC).
+    # 10 / 11 on AVX2), so it is not asserted: the tiny detector's gate effect is not a robust result (docs/tools/loc-seg.md).
     result = outcomes(tool, two_scene_sets, "purple circle")
     assert result.loss_fell == result.tunings == 48
     assert result.last_loss < 0.6 * result.first_loss, result

@@ -32,7 +32,7 @@ def test_tuning_lowers_the_mask_loss_and_flips_the_gate_where_the_segmenter_fail
     # ATen's portable kernels, at 1 and 2 threads: the mean loss falls by 18 to 58%, tuned prompts pass the gate
     # 27 to 45 times where the unprompted segmenter passes 9 to 18. Random prompts of the tuned norms pass as often
     # (21 to 48): the gate's masks respond to any prompt of that size, so SEG's pool is not shown to beat a random
-    # one (README, SEG: a negative result), and that comparison is not asserted.
+    # one (docs/tools/loc-seg.md: a negative result), and that comparison is not asserted.
     result = outcomes(tool, two_scene_sets, "red circle")
     assert result.last_loss < 0.9 * result.first_loss
     assert result.loss_fell > result.tunings / 2

@@ -11,35 +11,13 @@ from pathlib import Path
 
 import torch
 
-
-LOG_EVERY_SECONDS = 30.0
+from clova_train.core.progress import progress_over
 
 
 def pretraining_steps(steps: int, model: str) -> Iterable[int]:
     """``range(steps)`` with a progress bar (total and ETA) on a terminal and, when stderr is not one (a log file, a
     CI job), a line every 30 seconds and one at the end: pretraining takes minutes on a CPU."""
-    import sys
-
-    if sys.stderr.isatty():
-        from tqdm import tqdm
-
-        return tqdm(range(steps), desc=f"pretraining tiny {model}", unit="step", leave=False)
-    return _logged_steps(steps, model, sys.stderr)
-
-
-def _logged_steps(steps: int, model: str, stream) -> Iterator[int]:  # noqa: ANN001 (a text stream)
-    import time
-
-    start = last = time.monotonic()
-    for step in range(steps):
-        yield step
-        now = time.monotonic()
-        if now - last >= LOG_EVERY_SECONDS or step + 1 == steps:
-            done, elapsed = step + 1, now - start
-            left = elapsed / done * (steps - done)
-            print(f"pretraining tiny {model}: {done}/{steps} steps, {elapsed:.0f} s, about {left:.0f} s left",
-                  file=stream, flush=True)
-            last = now
+    return progress_over(range(steps), f"pretraining tiny {model}", "steps")
 
 
 @contextmanager

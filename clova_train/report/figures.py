@@ -1,0 +1,159 @@
+"""The report's pictures (matplotlib, no display needed). Each function draws one figure into ``path`` and returns
+the markdown table of the numbers it shows, so the page reads without the pictures too."""
+
+from __future__ import annotations
+
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import matplotlib
+
+matplotlib.use("Agg")  # files only: no display, no GUI toolkit
+
+import matplotlib.pyplot as plt  # noqa: E402 (after the backend is chosen)
+import numpy as np  # noqa: E402
+
+from clova_train.report.runs import Series  # noqa: E402
+
+ACCEPTED, REJECTED = "#2a7f3f", "#b8322a"
+
+
+def _save(figure: Any, path: Path) -> None:
+    figure.tight_layout()
+    figure.savefig(path, dpi=110)
+    plt.close(figure)
+
+
+def table(header: list[str], rows: list[list[Any]]) -> str:
+    def cell(value: Any) -> str:
+        return f"{value:.3f}" if isinstance(value, float) else str(value)
+
+    lines = ["| " + " | ".join(header) + " |", "| " + " | ".join("---" for _ in header) + " |"]
+    return "\n".join(lines + ["| " + " | ".join(cell(v) for v in row) + " |" for row in rows])
+
+
+def instance_learning_curves(instances: list[dict[str, Any]], path: Path) -> str:
+    """Each tuned instance's loss at every inner step (thin), and the median of accepted and of rejected ones."""
+    figure, axes = plt.subplots(figsize=(7, 4))
+    rows = []
+    for accepted, colour, label in ((True, ACCEPTED, "accepted"), (False, REJECTED, "rejected")):
+        curves = [item["loss_curve"] for item in instances if item.get("loss_curve") and item["accepted"] == accepted]
+        for curve in curves:
+            axes.plot(range(1, len(curve) + 1), curve, color=colour, alpha=0.15, linewidth=0.8)
+        if curves:
+            length = max(len(c) for c in curves)
+            padded = np.full((len(curves), length), np.nan)
+            for i, curve in enumerate(curves):
+                padded[i, : len(curve)] = curve
+            median = np.nanmedian(padded, axis=0)
+            axes.plot(range(1, length + 1), median, color=colour, linewidth=2.2, label=f"{label} (median of {len(curves)})")
+            rows.append([label, len(curves), float(np.median([c[0] for c in curves])),
+                         float(np.median([c[-1] for c in curves])), float(np.median([len(c) for c in curves]))])
+    axes.set(xlabel="inner step", ylabel="instance loss", title="Prompt tuning: each instance's learning curve")
+    if any(min(c) > 0 for item in instances for c in [item.get("loss_curve") or [1.0]]):
+        axes.set_yscale("log")
+    axes.legend()
+    _save(figure, path)
+    return table(["instances", "count", "median first loss", "median last loss", "median steps"], rows)
+
+
+def gate_acceptance(instances: list[dict[str, Any]], path: Path) -> str:
+    """Accepted and rejected instances per concept, and the rejection reasons."""
+    concepts = sorted({str(item.get("concept")) for item in instances})
+    accepted = [sum(1 for i in instances if str(i.get("concept")) == c and i["accepted"]) for c in concepts]
+    rejected = [sum(1 for i in instances if str(i.get("concept")) == c and not i["accepted"]) for c in concepts]
+    figure, axes = plt.subplots(figsize=(max(4, 0.9 * len(concepts) + 2), 3.6))
+    axes.bar(concepts, accepted, color=ACCEPTED, label="accepted")
+    axes.bar(concepts, rejected, bottom=accepted, color=REJECTED, label="rejected")
+    axes.set(ylabel="instances", title="Validation gate per concept")
+    axes.legend()
+    plt.setp(axes.get_xticklabels(), rotation=30, ha="right")
+    _save(figure, path)
+    rows = []
+    for concept, yes, no in zip(concepts, accepted, rejected):
+        reasons = Counter(r["kind"] for i in instances if str(i.get("concept")) == concept for r in i.get("rejections", []))
+        rows.append([concept, yes + no, yes, yes / (yes + no) if yes + no else 0.0,
+                     ", ".join(f"{kind} ({n})" for kind, n in reasons.most_common(3)) or "-"])
+    return table(["concept", "tried", "accepted", "share", "rejections"], rows)
+
+
+def per_concept_evaluation(evaluation: dict[str, Any], path: Path) -> str:
+    """Each evaluation column (unmodified tool, pool, controls) per concept, with its 95% interval; the paired
+    differences in the table."""
+    entries = evaluation.get("per_concept") or []
+    columns = sorted({k for e in entries for k, v in e.items() if isinstance(v, dict) and "mean" in v and " - " not in k})
+    differences = sorted({k for e in entries for k, v in e.items() if isinstance(v, dict) and " - " in k})
+    concepts = [str(e.get("concept")) for e in entries]
+    figure, axes = plt.subplots(figsize=(max(5, 1.2 * len(concepts) + 2), 3.8))
+    width = 0.8 / max(len(columns), 1)
+    for j, column in enumerate(columns):
+        means = np.array([e.get(column, {}).get("mean", np.nan) for e in entries], dtype=float)
+        low = np.array([e.get(column, {}).get("ci95", [np.nan, np.nan])[0] for e in entries], dtype=float)
+        high = np.array([e.get(column, {}).get("ci95", [np.nan, np.nan])[1] for e in entries], dtype=float)
+        axes.bar(np.arange(len(concepts)) + j * width, means, width, label=column,
+                 yerr=np.vstack([means - low, high - means]), capsize=2)
+    axes.set_xticks(np.arange(len(concepts)) + 0.4 - width / 2, concepts, rotation=30, ha="right")
+    axes.set(ylim=(0, 1.05), title=f"{evaluation.get('stage', 'evaluation')}: per concept, 95% intervals")
+    axes.legend(fontsize=7)
+    _save(figure, path)
+
+    def shown(entry: dict[str, Any], key: str) -> str:
+        value = entry.get(key)
+        if not isinstance(value, dict):
+            return "-"
+        low, high = value.get("ci95", [float("nan")] * 2)
+        return f"{value['mean']:+.3f} [{low:+.3f}, {high:+.3f}]" if " - " in key else f"{value['mean']:.3f}"
+
+    rows = [[str(e.get("concept")), e.get("n", "-"), *(shown(e, k) for k in columns + differences)] for e in entries]
+    return table(["concept", "n", *columns, *differences], rows)
+
+
+def curves(series: dict[str, Series], names: list[str], path: Path, xlabel: str, title: str) -> str:
+    """Line plot of the named series; the table gives each one's first, best and last value."""
+    figure, axes = plt.subplots(figsize=(7, 4))
+    rows = []
+    for name in names:
+        if name in series and series[name].y:
+            s = series[name]
+            axes.plot(s.x, s.y, marker="o" if len(s.y) < 30 else None, markersize=3, label=name)
+            rows.append([name, len(s.y), s.y[0], max(s.y), s.y[-1]])
+    axes.set(xlabel=xlabel, title=title)
+    if rows:
+        axes.legend(fontsize=7)
+    _save(figure, path)
+    return table(["metric", "points", "first", "highest", "last"], rows)
+
+
+def grouped_last_values(series: dict[str, Series], prefix: str, path: Path, title: str) -> str:
+    """The last value of every ``<prefix>/<group>/<metric>`` series, bars grouped by group (LoRA: SR per group)."""
+    found: dict[str, dict[str, float]] = {}
+    for name, s in series.items():
+        parts = name.split("/")
+        if len(parts) == 3 and parts[0] == prefix and parts[2] != "samples" and s.y:
+            found.setdefault(parts[1], {})[parts[2]] = s.y[-1]
+    groups = sorted(found)
+    metrics = sorted({m for values in found.values() for m in values})
+    figure, axes = plt.subplots(figsize=(max(5, 1.4 * len(groups) + 2), 3.8))
+    width = 0.8 / max(len(metrics), 1)
+    for j, metric in enumerate(metrics):
+        axes.bar(np.arange(len(groups)) + j * width, [found[g].get(metric, np.nan) for g in groups], width, label=metric)
+    axes.set_xticks(np.arange(len(groups)) + 0.4 - width / 2, groups)
+    axes.set(ylim=(0, 1.05), title=title)
+    if metrics:
+        axes.legend(fontsize=7)
+    _save(figure, path)
+    return table(["group", *metrics], [[g, *(found[g].get(m, "-") for m in metrics)] for g in groups])
+
+
+def policy_comparison(evaluation: dict[str, Any], path: Path) -> str:
+    """Accuracy of the trained controller and of every rule and control on the held-out tasks."""
+    policies = sorted(evaluation, key=lambda name: evaluation[name].get("accuracy", 0.0))
+    accuracy = [float(evaluation[p].get("accuracy", np.nan)) for p in policies]
+    figure, axes = plt.subplots(figsize=(8, 0.45 * len(policies) + 1.5))
+    colours = [ACCEPTED if p == "trained controller" else "#5b6f8f" for p in policies]
+    axes.barh([p[:60] for p in policies], accuracy, color=colours)
+    axes.set(xlim=(0, 1.05), xlabel="accuracy on held-out tasks", title="Trained controller and controls")
+    _save(figure, path)
+    keys = ("accuracy", "steps", "rejects", "llm_calls", "return")
+    return table(["policy", *keys], [[p, *(evaluation[p].get(k, "-") for k in keys)] for p in reversed(policies)])

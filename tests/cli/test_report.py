@@ -1,0 +1,76 @@
+"""``clova-train report``: a prompt-tuning run drawn from what it wrote; controller and LoRA logs in the formats
+stable-baselines3 and Lightning's CSV logger write; a directory that is no run gets one message."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from clova_train.cli import main
+from helpers.common import fit_args, run_fit
+
+
+def test_a_prompt_tuning_run_gets_learning_curves_gate_and_evaluation(tiny_clip_dir: Path, concept_root: Path,
+                                                                      tmp_path: Path, capsys) -> None:
+    run = tmp_path / "run"
+    assert run_fit(*fit_args(tiny_clip_dir, concept_root, run, "--trainer.limit_val_batches=0")) == 0
+    summary = json.loads((run / "summary.json").read_text())
+    curves = [item["loss_curve"] for item in summary["instances"]]
+    assert curves and all(len(c) == item["steps"] for c, item in zip(curves, summary["instances"]))
+    assert all(c[-1] == pytest.approx(item["loss"], rel=1e-4) for c, item in zip(curves, summary["instances"]))
+    (run / "evaluation").mkdir()
+    (run / "evaluation" / "validate.json").write_text(json.dumps({"stage": "validate", "per_concept": [
+        {"concept": "red", "n": 4, "accuracy_no_prompt": {"mean": 0.5, "ci95": [0.2, 0.8]},
+         "accuracy_pool": {"mean": 0.75, "ci95": [0.3, 0.95]},
+         "accuracy_pool - accuracy_no_prompt": {"mean": 0.25, "ci95": [-0.1, 0.6]}}]}))
+
+    assert main(["report", str(run)]) == 0
+    assert capsys.readouterr().out.strip() == f"report: {run / 'report' / 'report.md'}"
+    page = (run / "report" / "report.md").read_text()
+    for picture in ("learning_curves.png", "gate_acceptance.png", "evaluation_validate.png"):
+        assert f"]({picture})" in page and (run / "report" / picture).stat().st_size > 1000
+    for concept in {item["concept"] for item in summary["instances"]}:  # the gate table: tried and accepted
+        mine = [item for item in summary["instances"] if item["concept"] == concept]
+        assert f"| {concept} | {len(mine)} | {sum(item['accepted'] for item in mine)} |" in page
+    assert "+0.250 [-0.100, +0.600]" in page  # the paired difference with its interval
+    assert main(["report", str(run)]) == 0  # a rerun replaces the report
+    assert not [p for p in run.iterdir() if p.name.startswith(".report")]  # no staging directory left
+
+
+def test_controller_and_lora_logs_become_curves_and_tables(tmp_path: Path) -> None:
+    controller = tmp_path / "controller"
+    (controller / "logs").mkdir(parents=True)
+    (controller / "logs" / "progress.csv").write_text(
+        "time/total_timesteps,rollout/ep_rew_mean,rollout/accuracy,eval/accuracy,eval/baseline_random_accuracy\n"
+        "100,0.5,0.4,,\n200,0.9,0.6,0.7,0.3\n300,1.1,0.8,0.85,0.3\n")
+    (controller / "evaluation.json").write_text(json.dumps({
+        "trained controller": {"accuracy": 0.85, "steps": 2.1}, "random sample": {"accuracy": 0.3, "steps": 2.5}}))
+    assert main(["report", str(controller)]) == 0
+    page = (controller / "report" / "report.md").read_text()
+    assert "| rollout/ep_rew_mean | 3 | 0.500 | 1.100 | 1.100 |" in page
+    assert "| eval/accuracy | 2 | 0.700 | 0.850 | 0.850 |" in page
+    assert "| trained controller | 0.850 | 2.100 |" in page and (controller / "report" / "controls.png").is_file()
+
+    lora = tmp_path / "lora"
+    (lora / "adapter").mkdir(parents=True)
+    (lora / "adapter" / "adapter_config.json").write_text("{}")
+    (lora / "logs" / "version_0").mkdir(parents=True)
+    (lora / "logs" / "version_0" / "metrics.csv").write_text(
+        "epoch,step,train/loss,val/seen/SR,val/seen/SR_act,val/unseen/SR,val/unseen/samples\n"
+        "0,9,2.0,,,,\n0,9,,0.25,0.5,0.0,32\n1,19,1.0,,,,\n1,19,,0.75,0.9,0.125,32\n")
+    assert main(["report", str(lora)]) == 0
+    page = (lora / "report" / "report.md").read_text()
+    assert "| train/loss | 2 | 2.000 | 2.000 | 1.000 |" in page
+    assert "| seen | 0.750 | 0.900 |" in page and "| unseen | 0.125 | - |" in page  # the last evaluation, per group
+    assert "val/seen/SR" in page and "samples" not in page.split("Success rates per group (val)")[1].split("##")[0]
+
+
+def test_a_directory_that_is_no_run_gets_one_message(tmp_path: Path, capsys) -> None:
+    assert main(["report", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert "is not a run directory this report knows" in err and "Traceback" not in err
+    assert main(["report", str(tmp_path / "missing")]) == 2
+    assert "run directory not found" in capsys.readouterr().err
+    assert not (tmp_path / "report").exists()
