@@ -61,13 +61,22 @@ def load_causal_lm(name_or_path: str, dtype: torch.dtype | None = None) -> nn.Mo
     ``name_or_path``, so the adapter written from it names its base portably)."""
     from transformers import AutoModelForCausalLM
 
+    from clova_train.core.errors import loading
     from clova_train.tools.pretrained import absolute_model_name
 
-    try:
-        options = {} if dtype is None else {"dtype": dtype}
+    options = {} if dtype is None else {"dtype": dtype}
+    with loading("the causal LM", name_or_path):
         return AutoModelForCausalLM.from_pretrained(absolute_model_name(name_or_path), **options)
-    except (OSError, ValueError) as err:
-        raise ModelError(f"cannot load causal LM {name_or_path!r}: {err}") from err
+
+
+PRECISION_DTYPES = {"bf16-mixed": torch.bfloat16, "bf16-true": torch.bfloat16, "bf16": torch.bfloat16,
+                    "16-mixed": torch.float16, "16-true": torch.float16, "16": torch.float16,
+                    "32-true": torch.float32, "32": torch.float32}
+
+
+def precision_dtype(precision: Any) -> torch.dtype:
+    """The dtype the frozen base is stored in for a Lightning ``precision`` (float32 when none or another kind)."""
+    return PRECISION_DTYPES.get(str(precision), torch.float32)
 
 
 def is_right_padded(attention_mask: torch.Tensor) -> bool:
@@ -154,7 +163,12 @@ class LoraToolLLM(LightningModule):
             return
         from peft import LoraConfig, get_peft_model
 
-        base = load_causal_lm(self.hparams.model_name_or_path)
+        sharded = self.device_mesh is not None
+        # The frozen base is stored in the training precision's dtype: under bf16-mixed a checkpoint saved in float16
+        # (Vicuna) would otherwise stay float16, and autocast would keep a bf16 copy of every weight per step. The
+        # LoRA weights stay float32 (peft upcasts adapters). FSDP2 keeps float32 shards (see shard_param_dtype).
+        dtype = None if sharded else precision_dtype(self.trainer.precision if self._trainer is not None else None)
+        base = load_causal_lm(self.hparams.model_name_or_path, dtype=dtype)
         check_lora_targets(base, list(self.hparams.target_modules))
         config = LoraConfig(
             r=self.hparams.lora_r,
@@ -169,7 +183,7 @@ class LoraToolLLM(LightningModule):
         if self.hparams.response_logits_only and not accepts_logits_to_keep(base):
             rank_zero_info(f"{type(base).__name__} has no logits_to_keep argument: using its own full loss")
             self.hparams.response_logits_only = False
-        if self.device_mesh is not None:  # ModelParallelStrategy: shard with FSDP2
+        if sharded:  # ModelParallelStrategy: shard with FSDP2
             self.shard(self.device_mesh)
 
     def shard(self, device_mesh: Any) -> None:

@@ -97,6 +97,10 @@ class PromptTuning(LightningModule):
             nothing learned) and ``ungated`` (every tuned prompt, rejected ones included,
             as if there were no validation gate; needs ``keep_rejected_prompts``). Tools that name each
             sample's concept also get a per-concept table with 95% intervals in ``<run>/evaluation/``.
+        max_memory_gb: memory budget, in GB, for what one inner step keeps for backpropagation (the activations
+            through the frozen tool). The first chunk measures it (the bytes autograd saves for one and for two
+            instances) and every chunk is then tuned in sub-chunks of as many instances as fit; null: a whole
+            chunk at once. Results do not depend on it (each instance's loss depends only on its own prompt).
     """
 
     def __init__(
@@ -111,6 +115,7 @@ class PromptTuning(LightningModule):
         keep_rejected_prompts: bool = False,
         validation_gate: bool = True,
         evaluation_controls: list[Literal["zero_prompt", "random_prompt", "ungated"]] = ["zero_prompt", "ungated"],  # noqa: B006
+        max_memory_gb: float | None = None,
     ) -> None:
         super().__init__()
         if not isinstance(tool, PromptTool):
@@ -133,6 +138,10 @@ class PromptTuning(LightningModule):
         self.seed = seed
         self.keep_rejected_prompts = keep_rejected_prompts
         self.validation_gate = validation_gate
+        if max_memory_gb is not None and not max_memory_gb > 0:
+            raise ModelError(f"max_memory_gb must be a positive number of GB (or null), got {max_memory_gb}")
+        self.max_memory_gb = max_memory_gb
+        self.instances_per_step: int | None = None  # measured from max_memory_gb on the first chunk
         self.records: dict[str, InstanceRecord] = {}
         self.chunks_done_in_epoch = 0  # training steps of this epoch, as Lightning counts its batches
         self.plan: ChunkPlan | None = None
@@ -256,6 +265,10 @@ class PromptTuning(LightningModule):
     def tune_chunk(self, chunk: list[TrainingInstance]) -> list[InstanceRecord]:
         """Tune, gate and record every instance of ``chunk`` (all present in every step)."""
         capacity = self.prompts.shape[0]
+        if self.max_memory_gb is not None:
+            if self.instances_per_step is None:
+                self.instances_per_step = self.fitting_instances([i for i in chunk if not i.keep_unchanged][:2])
+            capacity = min(capacity, self.instances_per_step)
         if len(chunk) > capacity:
             return [r for k in range(0, len(chunk), capacity) for r in self.tune_chunk(chunk[k : k + capacity])]
         unchanged = [item for item in chunk if item.keep_unchanged]
@@ -264,6 +277,44 @@ class PromptTuning(LightningModule):
         if unchanged:
             records.update({r.instance_id: r for r in self._zero_prompt_records(unchanged)})
         return [records[item.instance_id] for item in chunk]
+
+    def activation_bytes(self, chunk: list[TrainingInstance]) -> int:
+        """Bytes autograd saves for backpropagation in one inner step over ``chunk`` (tensors of the frozen tool's own
+        weights excluded, each storage counted once): the activation memory a step needs beyond the model."""
+        weights = {t.untyped_storage().data_ptr() for t in [*self.tool.parameters(), *self.tool.buffers()]}
+        seen: dict[int, int] = {}
+
+        def pack(tensor: torch.Tensor) -> torch.Tensor:
+            storage = tensor.untyped_storage()
+            if storage.data_ptr() not in weights:
+                seen[storage.data_ptr()] = storage.nbytes()
+            return tensor
+
+        n = len(chunk)
+        with torch.no_grad():
+            context = self.tool.prepare(chunk)
+            start = self.start_prompts(chunk).to(self.prompts)
+        prompts = start.clone().requires_grad_(True)
+        with torch.enable_grad(), torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
+            losses = self.tool.instance_losses(context, prompts[:n])
+        del losses
+        return sum(seen.values())
+
+    def fitting_instances(self, probe: list[TrainingInstance]) -> int:
+        """How many instances one inner step may hold within ``max_memory_gb``, from the bytes saved for one and for
+        two instances of ``probe`` (a share of them is independent of the count: text features, a chunk's tables)."""
+        budget = float(self.max_memory_gb) * 1e9
+        if not probe:
+            return self.prompts.shape[0]
+        one = self.activation_bytes(probe[:1])
+        per_instance = max(self.activation_bytes(probe[:2]) - one, 1) if len(probe) > 1 else one
+        shared = max(one - per_instance, 0)
+        fitting = max(1, int((budget - shared) // per_instance))
+        note = "" if budget >= shared + per_instance else " (one instance needs more than the budget: tuned one at a time)"
+        rank_zero_info(f"prompt tuning: {per_instance / 1e6:,.1f} MB of activations per instance "
+                       f"(+{shared / 1e6:,.1f} MB shared); max_memory_gb={self.max_memory_gb} fits {fitting} instances "
+                       f"per inner step{note}")
+        return fitting
 
     def _zero_prompt_records(self, chunk: list[TrainingInstance]) -> list[InstanceRecord]:
         with torch.no_grad():

@@ -90,3 +90,46 @@ def load_replay_buffer(model: Any, path: str | Path) -> None:
     if not isinstance(buffer, ReplayBuffer):
         raise ClovaTrainError(f"replay buffer {path} holds a {type(buffer).__name__}, not an SB3 ReplayBuffer")
     model.replay_buffer = buffer
+
+
+REPLAY_ARRAYS = ("observations", "next_observations", "actions", "rewards", "dones", "timeouts")
+
+
+def save_replay_arrays(model: Any, handle: Any) -> None:
+    """Write the filled part of ``model``'s replay buffer to the open binary file ``handle`` as an ``.npz`` of plain
+    arrays (no pickle): ``buffer_size x n_envs`` rows preallocated by SB3 are not written while still empty."""
+    import numpy as np
+
+    buffer = model.replay_buffer
+    filled = buffer.buffer_size if buffer.full else buffer.pos
+    arrays = {name: getattr(buffer, name)[:filled] for name in REPLAY_ARRAYS
+              if getattr(buffer, name, None) is not None and not (name == "next_observations"
+                                                                  and buffer.optimize_memory_usage)}
+    np.savez(handle, pos=np.int64(buffer.pos), full=np.bool_(buffer.full), buffer_size=np.int64(buffer.buffer_size),
+             n_envs=np.int64(buffer.n_envs), **arrays)
+
+
+def load_replay_arrays(model: Any, path: str | Path) -> None:
+    """Fill ``model``'s (freshly built) replay buffer from an ``.npz`` written by :func:`save_replay_arrays`; the file's
+    arrays are read without pickle and checked against the buffer's sizes, with one message naming the file."""
+    import numpy as np
+
+    path, buffer = Path(path), model.replay_buffer
+    try:
+        with np.load(path, allow_pickle=False) as saved:
+            sizes = (int(saved["buffer_size"]), int(saved["n_envs"]))
+            if sizes != (buffer.buffer_size, buffer.n_envs):
+                raise ClovaTrainError(f"replay buffer {path} holds {sizes[0]} x {sizes[1]} transitions, the run's buffer "
+                                      f"{buffer.buffer_size} x {buffer.n_envs}: resume with the same dqn.buffer_size "
+                                      "and train.n_envs, or start afresh with --force")
+            for name in REPLAY_ARRAYS:
+                if name not in saved.files:
+                    continue
+                stored, target = saved[name], getattr(buffer, name)
+                if stored.shape[1:] != target.shape[1:] or len(stored) > len(target):
+                    raise ClovaTrainError(f"replay buffer {path}: {name} has shape {stored.shape}, the run's buffer "
+                                          f"{target.shape}")
+                target[: len(stored)] = stored
+            buffer.pos, buffer.full = int(saved["pos"]), bool(saved["full"])
+    except (OSError, ValueError, KeyError) as err:  # not an npz, truncated, or a field missing
+        raise ClovaTrainError(f"replay buffer {path} cannot be read: {err}") from None

@@ -110,11 +110,12 @@ class AtomicCheckpointCallback(CheckpointCallback):
         save_freq: calls between checkpoints.
         save_path: checkpoint directory.
         keep: newest model checkpoints kept (older ones are deleted once a newer one is complete); only the newest
-            replay buffer is kept, since each is as large as the buffer.
+            replay buffer is kept, since each is as large as the buffer's filled part.
+        replay_buffer: also save the replay buffer's filled part (plain arrays, ``.npz``) with each checkpoint.
     """
 
-    def __init__(self, save_freq: int, save_path: str, keep: int = 2) -> None:
-        super().__init__(save_freq, save_path, name_prefix="controller", save_replay_buffer=True)
+    def __init__(self, save_freq: int, save_path: str, keep: int = 2, replay_buffer: bool = False) -> None:
+        super().__init__(save_freq, save_path, name_prefix="controller", save_replay_buffer=replay_buffer)
         self.keep = keep
 
     def _on_step(self) -> bool:
@@ -124,13 +125,20 @@ class AtomicCheckpointCallback(CheckpointCallback):
 
     def save(self) -> None:
         os.makedirs(self.save_path, exist_ok=True)
+        from clova_train.agents.sb3_files import save_replay_arrays
+
         model = Path(self._checkpoint_path(extension="zip"))
-        replay = Path(self._checkpoint_path("replay_buffer_", extension="pkl"))
-        write_atomic(replay, self.model.save_replay_buffer)
+        replay = Path(self._checkpoint_path("replay_buffer_", extension="npz")) if self.save_replay_buffer else None
+        if replay is not None:
+            def write(temporary: Path) -> None:
+                with open(temporary, "wb") as handle:
+                    save_replay_arrays(self.model, handle)
+
+            write_atomic(replay, write)
         write_atomic(model, self.model.save)
         write_json_atomic(Path(self.save_path) / LATEST, {
             "num_timesteps": int(self.model.num_timesteps), "exploration_rate": float(self.model.exploration_rate),
-            "model": model.name, "replay_buffer": replay.name})
+            "model": model.name, "replay_buffer": replay.name if replay is not None else None})
         self._prune()
 
     def _prune(self) -> None:
@@ -140,20 +148,23 @@ class AtomicCheckpointCallback(CheckpointCallback):
         folder = Path(self.save_path)
         for old in sorted(folder.glob("controller_*_steps.zip"), key=steps)[:-self.keep]:
             old.unlink(missing_ok=True)
-        for old in sorted(folder.glob("controller_replay_buffer_*_steps.pkl"), key=steps)[:-1]:
+        buffers = [*folder.glob("controller_replay_buffer_*_steps.npz"), *folder.glob("controller_replay_buffer_*_steps.pkl")]
+        keep = 1 if self.save_replay_buffer else 0  # a run that stops saving them drops the old ones
+        for old in sorted(buffers, key=steps)[: len(buffers) - keep]:
             old.unlink(missing_ok=True)
 
 
-def latest_checkpoint(directory: Path) -> tuple[Path, Path, dict[str, Any]] | None:
-    """The newest complete checkpoint named by ``latest.json``: model, replay buffer, and the record."""
+def latest_checkpoint(directory: Path) -> tuple[Path, Path | None, dict[str, Any]] | None:
+    """The newest complete checkpoint named by ``latest.json``: model, replay buffer (``None`` when not saved), and
+    the record."""
     record_path = directory / LATEST
     if not record_path.is_file():
         return None
     record = read_json_object(record_path, "checkpoint record")
-    names = [record.get("model"), record.get("replay_buffer")]
-    if not all(isinstance(n, str) and n and Path(n).name == n for n in names):
-        raise DataError(f"checkpoint record {record_path} must name its model and replay buffer files in {directory}")
-    return directory / names[0], directory / names[1], record
+    model, replay = record.get("model"), record.get("replay_buffer")
+    if not all(isinstance(n, str) and n and Path(n).name == n for n in [model, *([replay] if replay is not None else [])]):
+        raise DataError(f"checkpoint record {record_path} must name its model (and any replay buffer) file in {directory}")
+    return directory / model, directory / replay if replay is not None else None, record
 
 
 class HeldOutEvalCallback(EvalCallback):

@@ -8,7 +8,7 @@ Read top to bottom:
 * :func:`fit`: n environments (``DummyVecEnv`` or ``SubprocVecEnv``), SB3 DQN with an MLP Q-network, a progress
   bar, logs (CSV continued on resume, TensorBoard) of reward, accuracy, episode length, rejects and cache hit
   rate, SB3's evaluation and checkpoint callbacks (:mod:`clova_train.controller.callbacks`: ``evaluations.npz``,
-  ``best_model.zip``, atomic ``checkpoints/controller_<steps>_steps.zip`` with the replay buffer). A rerun of
+  ``best_model.zip``, atomic ``checkpoints/controller_<steps>_steps.zip``, with the replay buffer on request). A rerun of
   the same command resumes at the saved step count and exploration rate; a rerun of a finished run says so
   and changes nothing (``force=True`` starts afresh);
 * :func:`evaluate`: the trained controller against HYDRA without RL (the planner's top-probability sample)
@@ -105,7 +105,11 @@ class TrainConfig:
         eval_every: environment steps between held-out evaluations (0: only at the end).
         eval_episodes: held-out tasks per evaluation.
         eval_seed: seed of the held-out task sequence.
-        checkpoint_every: environment steps between checkpoints (model, optimizer, replay buffer).
+        checkpoint_every: environment steps between checkpoints (model and optimizer; the replay buffer too with
+            ``save_replay_buffer``).
+        save_replay_buffer: save the replay buffer's filled part with each checkpoint (plain arrays; up to
+            ``dqn.buffer_size`` x observation size x 8 bytes: 1.2 GB at the paper's settings), so a resumed run
+            continues with the transitions it had; off, a resumed run starts with an empty buffer.
         log_formats: SB3 logger outputs (``csv``, ``tensorboard``, ``json``, ``log``; ``stdout`` prints every table).
         target_accuracy: evaluation accuracy whose first crossing is recorded (wall time and steps).
         progress_bar: show SB3's progress bar (steps, elapsed, remaining) while training.
@@ -128,6 +132,7 @@ class TrainConfig:
     target_accuracy: float = 0.0
     progress_bar: bool = True
     control_steps: int | None = None
+    save_replay_buffer: bool = False
 
     def resolved_control_steps(self) -> int:
         """``control_steps``, with null read as ``total_timesteps``."""
@@ -302,7 +307,7 @@ def clear_run(run_dir: Path, keep: str | None) -> None:
 
 
 def _load(config: ControllerConfig, env: Any, checkpoints: Path) -> Any:
-    from clova_train.agents.sb3_files import load_replay_buffer
+    from clova_train.agents.sb3_files import load_replay_arrays, load_replay_buffer
     from clova_train.controller.callbacks import latest_checkpoint
 
     found = latest_checkpoint(checkpoints)
@@ -313,10 +318,15 @@ def _load(config: ControllerConfig, env: Any, checkpoints: Path) -> Any:
     if model.observation_space.shape != env.observation_space.shape:
         raise ClovaTrainError(f"checkpoint {model_path} expects observations of shape {model.observation_space.shape}"
                               f", the configured environment gives {env.observation_space.shape}")
-    if replay_path.exists():
-        load_replay_buffer(model, replay_path)
-    print(f"Resuming {model_path} at step {model.num_timesteps} (exploration rate {model.exploration_rate:.4f})",
-          flush=True)
+    if replay_path is not None and replay_path.exists():
+        if replay_path.suffix == ".npz":
+            load_replay_arrays(model, replay_path)
+        else:  # a checkpoint written before replay buffers were saved as arrays
+            load_replay_buffer(model, replay_path)
+    buffer = f"{model.replay_buffer.size()} stored transitions" if replay_path is not None else \
+        "an empty replay buffer (train.save_replay_buffer was off)"
+    print(f"Resuming {model_path} at step {model.num_timesteps} (exploration rate {model.exploration_rate:.4f}, "
+          f"{buffer})", flush=True)
     return model
 
 
@@ -360,7 +370,8 @@ def fit(config: ControllerConfig, extra_callbacks: list | None = None,
         model = _load(config, env, checkpoints)
         model.set_logger(make_logger(run_dir / "logs", list(config.train.log_formats)))
         write_json_atomic(run_dir / "config.json", asdict(config))
-        checkpoint = AtomicCheckpointCallback(_calls(config.train.checkpoint_every, n_envs), str(checkpoints))
+        checkpoint = AtomicCheckpointCallback(_calls(config.train.checkpoint_every, n_envs), str(checkpoints),
+                                              replay_buffer=config.train.save_replay_buffer)
         held_out = HeldOutEvalCallback(config.env_config(), run_dir, _calls(config.train.eval_every, n_envs),
                                        config.train.eval_episodes, config.train.eval_seed, config.train.seed,
                                        config.train.target_accuracy, started,

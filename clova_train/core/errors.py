@@ -6,6 +6,9 @@ can print it without a traceback.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
+
 
 class ClovaTrainError(Exception):
     """Base class of every error clova-train reports to the user."""
@@ -33,3 +36,17 @@ class StorageError(ClovaTrainError):
 
 class UnsafeFileError(ClovaTrainError):
     """A file asks for code to be loaded (a pickled global) that no legitimate file of its kind needs."""
+
+
+@contextmanager
+def loading(label: str, name: str) -> Iterator[None]:
+    """Turn any failure of loading a model into one :class:`ModelError` naming the model and the underlying cause
+    (transformers, diffusers, safetensors and open_clip raise many types: a truncated weights file is a
+    ``SafetensorError``, a bad config a ``ValueError``, a missing file an ``OSError``)."""
+    try:
+        yield
+    except ModelError:
+        raise
+    except Exception as err:
+        cause = " ".join(str(err).split()) or type(err).__name__
+        raise ModelError(f"cannot load {label} from {name!r}: {type(err).__name__}: {cause[:500]}") from err

@@ -166,21 +166,30 @@ def _no_constant(name: str) -> float:
     raise _NotFinite(name)
 
 
+def _bounded_int(text: str) -> int:
+    value = int(text)
+    if not -(2**63) <= value < 2**64:  # what a C integer (a seed, a size) can hold
+        raise _NotFinite(text[:20] + ("..." if len(text) > 20 else ""))
+    return value
+
+
 def parse_json(text: str | bytes, where: str, limits: ReadLimits = DEFAULT_LIMITS, finite_only: bool = False) -> Any:
     """The JSON value of ``text`` (one document), checked against ``limits``; errors name ``where``.
 
-    ``finite_only`` (request bodies): ``NaN``, ``Infinity`` and numbers too large for a float are refused, as
-    strict JSON does (files this package wrote itself may hold ``NaN`` and are read without it)."""
+    ``finite_only`` (request bodies): ``NaN``, ``Infinity``, numbers too large for a float and integers outside the
+    64-bit range are refused, as strict JSON readers do (files this package wrote itself may hold ``NaN`` and are
+    read without it)."""
     if len(text) > limits.max_bytes:
         raise DataError(f"{where} is {len(text):,} bytes, more than the {limits.max_bytes:,} accepted")
     if isinstance(text, bytes):
         text = decode_utf8(text, where)
-    strict = {"parse_constant": _no_constant, "parse_float": _finite_float} if finite_only else {}
+    strict = {"parse_constant": _no_constant, "parse_float": _finite_float, "parse_int": _bounded_int} \
+        if finite_only else {}
     try:
         value = json.loads(text, object_pairs_hook=_unique_pairs, **strict)
     except _NotFinite as err:
-        raise DataError(f"{where} holds the number {str(err)!r}, which is not finite (JSON has no NaN or "
-                        "Infinity)") from None
+        raise DataError(f"{where} holds the number {str(err)!r}, which is not finite or is out of the 64-bit range "
+                        "(JSON has no NaN or Infinity)") from None
     except _DuplicateKey as err:
         raise DataError(f"{where} has the key {str(err)!r} twice in one object") from None
     except RecursionError:

@@ -115,6 +115,13 @@ def adapter_base_note(export: Path) -> str | None:
             "--base-model-id <hub id> or --copy-base when exporting, or load the base from where you copied it")
 
 
+def config_digest(model_dir: Path) -> str:
+    """SHA-256 of a model directory's ``config.json``: which base a recorded local path held at export time."""
+    import hashlib
+
+    return hashlib.sha256((model_dir / "config.json").read_bytes()).hexdigest()
+
+
 def run_hyperparameters(source: Path, checkpoint: dict[str, Any] | None) -> dict[str, Any]:
     """The LoRA module's settings: the checkpoint's hyperparameters, or the run's ``config.yaml`` model arguments."""
     import yaml
@@ -183,7 +190,10 @@ def export_lora_run(
         origin = {"kind": "lora_checkpoint", "path": str(source.resolve())}
     base_name = absolute_model_name(base_name)
     named_base = base_model_id or base_name
-    origin["base_model"] = base_name  # where this machine has it: serving prefers it to a hub download
+    origin["base_model"] = base_name  # where this machine has it: serving prefers it to a hub download, if the same
+    local_base = local_model_path(base_name)
+    if local_base is not None and (local_base / "config.json").is_file():
+        origin["base_model_config_sha256"] = config_digest(local_base)
     _point_adapter_at(staging / "adapter", named_base)
     if copy_base:
         copy_base_model(base_name, staging)

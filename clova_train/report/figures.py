@@ -7,22 +7,27 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-import matplotlib
+import numpy as np
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.figure import Figure
 
-matplotlib.use("Agg")  # files only: no display, no GUI toolkit
+from clova_train.report.runs import Series
 
-import matplotlib.pyplot as plt  # noqa: E402 (after the backend is chosen)
-import numpy as np  # noqa: E402
-
-from clova_train.report.runs import Series  # noqa: E402
-
-ACCEPTED, REJECTED = "#2a7f3f", "#b8322a"
+ACCEPTED, REJECTED, UNTUNED = "#2a7f3f", "#b8322a", "#9a9a9a"
+MAX_WIDTH_INCHES = 40.0  # matplotlib refuses images over 2**16 pixels a side; wide tables stay in the page
+MAX_CURVES_DRAWN = 300  # per group: thousands of thin lines only slow the drawing
 
 
-def _save(figure: Any, path: Path) -> None:
+def _figure(width: float, height: float) -> tuple[Figure, Any]:
+    """A figure of its own (no pyplot, no global backend change: a notebook importing this keeps its plots)."""
+    figure = Figure(figsize=(min(width, MAX_WIDTH_INCHES), height))
+    FigureCanvasAgg(figure)
+    return figure, figure.add_subplot()
+
+
+def _save(figure: Figure, path: Path) -> None:
     figure.tight_layout()
     figure.savefig(path, dpi=110)
-    plt.close(figure)
 
 
 def table(header: list[str], rows: list[list[Any]]) -> str:
@@ -35,7 +40,7 @@ def table(header: list[str], rows: list[list[Any]]) -> str:
 
 def instance_learning_curves(instances: list[dict[str, Any]], path: Path) -> str:
     """Each tuned instance's loss at every inner step (thin), and the median of accepted and of rejected ones."""
-    figure, axes = plt.subplots(figsize=(7, 4))
+    figure, axes = _figure(7, 4)
     rows = []
     for accepted, colour, label in ((True, ACCEPTED, "accepted"), (False, REJECTED, "rejected")):
         curves = [item["loss_curve"] for item in instances if item.get("loss_curve") and item["accepted"] == accepted]
@@ -59,23 +64,34 @@ def instance_learning_curves(instances: list[dict[str, Any]], path: Path) -> str
 
 
 def gate_acceptance(instances: list[dict[str, Any]], path: Path) -> str:
-    """Accepted and rejected instances per concept, and the rejection reasons."""
-    concepts = sorted({str(item.get("concept")) for item in instances})
-    accepted = [sum(1 for i in instances if str(i.get("concept")) == c and i["accepted"]) for c in concepts]
-    rejected = [sum(1 for i in instances if str(i.get("concept")) == c and not i["accepted"]) for c in concepts]
-    figure, axes = plt.subplots(figsize=(max(4, 0.9 * len(concepts) + 2), 3.6))
+    """Accepted and rejected instances per concept, and the rejection reasons; instances stored without tuning (a
+    zero prompt: the tool was already right, e.g. VQA's ``correct`` records) are counted apart, not as accepted."""
+    def name(item: dict[str, Any]) -> str:  # a tool without concepts (VQA) stores every prompt under None
+        return "(all)" if item.get("concept") is None else str(item["concept"])
+
+    concepts = sorted({name(item) for item in instances})
+
+    def count(concept: str, test: Any) -> int:
+        return sum(1 for i in instances if name(i) == concept and test(i))
+
+    untuned = [count(c, lambda i: i.get("steps", 1) == 0) for c in concepts]
+    accepted = [count(c, lambda i: i["accepted"] and i.get("steps", 1) > 0) for c in concepts]
+    rejected = [count(c, lambda i: not i["accepted"]) for c in concepts]
+    figure, axes = _figure(max(4, 0.9 * len(concepts) + 2), 3.6)
     axes.bar(concepts, accepted, color=ACCEPTED, label="accepted")
     axes.bar(concepts, rejected, bottom=accepted, color=REJECTED, label="rejected")
+    if any(untuned):
+        axes.bar(concepts, untuned, bottom=np.add(accepted, rejected), color=UNTUNED, label="stored without tuning")
     axes.set(ylabel="instances", title="Validation gate per concept")
     axes.legend()
-    plt.setp(axes.get_xticklabels(), rotation=30, ha="right")
+    axes.tick_params(axis="x", labelrotation=30)
     _save(figure, path)
     rows = []
-    for concept, yes, no in zip(concepts, accepted, rejected):
-        reasons = Counter(r["kind"] for i in instances if str(i.get("concept")) == concept for r in i.get("rejections", []))
-        rows.append([concept, yes + no, yes, yes / (yes + no) if yes + no else 0.0,
+    for concept, yes, no, kept in zip(concepts, accepted, rejected, untuned):
+        reasons = Counter(r["kind"] for i in instances if name(i) == concept for r in i.get("rejections", []))
+        rows.append([concept, yes + no, yes, yes / (yes + no) if yes + no else 0.0, kept,
                      ", ".join(f"{kind} ({n})" for kind, n in reasons.most_common(3)) or "-"])
-    return table(["concept", "tried", "accepted", "share", "rejections"], rows)
+    return table(["concept", "tuned", "accepted", "share", "stored without tuning", "rejections"], rows)
 
 
 def per_concept_evaluation(evaluation: dict[str, Any], path: Path) -> str:
@@ -85,7 +101,7 @@ def per_concept_evaluation(evaluation: dict[str, Any], path: Path) -> str:
     columns = sorted({k for e in entries for k, v in e.items() if isinstance(v, dict) and "mean" in v and " - " not in k})
     differences = sorted({k for e in entries for k, v in e.items() if isinstance(v, dict) and " - " in k})
     concepts = [str(e.get("concept")) for e in entries]
-    figure, axes = plt.subplots(figsize=(max(5, 1.2 * len(concepts) + 2), 3.8))
+    figure, axes = _figure(max(5, 1.2 * len(concepts) + 2), 3.8)
     width = 0.8 / max(len(columns), 1)
     for j, column in enumerate(columns):
         means = np.array([e.get(column, {}).get("mean", np.nan) for e in entries], dtype=float)
@@ -111,7 +127,7 @@ def per_concept_evaluation(evaluation: dict[str, Any], path: Path) -> str:
 
 def curves(series: dict[str, Series], names: list[str], path: Path, xlabel: str, title: str) -> str:
     """Line plot of the named series; the table gives each one's first, best and last value."""
-    figure, axes = plt.subplots(figsize=(7, 4))
+    figure, axes = _figure(7, 4)
     rows = []
     for name in names:
         if name in series and series[name].y:
@@ -134,7 +150,7 @@ def grouped_last_values(series: dict[str, Series], prefix: str, path: Path, titl
             found.setdefault(parts[1], {})[parts[2]] = s.y[-1]
     groups = sorted(found)
     metrics = sorted({m for values in found.values() for m in values})
-    figure, axes = plt.subplots(figsize=(max(5, 1.4 * len(groups) + 2), 3.8))
+    figure, axes = _figure(max(5, 1.4 * len(groups) + 2), 3.8)
     width = 0.8 / max(len(metrics), 1)
     for j, metric in enumerate(metrics):
         axes.bar(np.arange(len(groups)) + j * width, [found[g].get(metric, np.nan) for g in groups], width, label=metric)
@@ -150,7 +166,7 @@ def policy_comparison(evaluation: dict[str, Any], path: Path) -> str:
     """Accuracy of the trained controller and of every rule and control on the held-out tasks."""
     policies = sorted(evaluation, key=lambda name: evaluation[name].get("accuracy", 0.0))
     accuracy = [float(evaluation[p].get("accuracy", np.nan)) for p in policies]
-    figure, axes = plt.subplots(figsize=(8, 0.45 * len(policies) + 1.5))
+    figure, axes = _figure(8, min(0.45 * len(policies) + 1.5, MAX_WIDTH_INCHES))
     colours = [ACCEPTED if p == "trained controller" else "#5b6f8f" for p in policies]
     axes.barh([p[:60] for p in policies], accuracy, color=colours)
     axes.set(xlim=(0, 1.05), xlabel="accuracy on held-out tasks", title="Trained controller and controls")

@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from clova_train.core.errors import DataError
 from clova_train.core.manifest import staged_directory
 from clova_train.report import figures
 from clova_train.report.runs import Run, read_run
@@ -84,10 +85,22 @@ SECTIONS = {"prompt_tuning": prompt_tuning_sections, "lora": lora_sections, "con
 TITLES = {"prompt_tuning": "Prompt tuning", "lora": "LoRA tool-LLM fine-tuning", "controller": "DQN controller"}
 
 
+def check_output(run_dir: Path, output: Path) -> None:
+    """Refuse an output that would replace the run (or a folder holding it) or an unrelated non-empty folder: the
+    report directory is replaced whole."""
+    run, out = run_dir.resolve(), output.resolve()
+    if run == out or run.is_relative_to(out):
+        raise DataError(f"--output {output} would replace the run directory {run_dir}: give a folder of its own")
+    if out.exists() and (not out.is_dir() or (any(out.iterdir()) and not (out / "report.md").is_file())):
+        raise DataError(f"--output {output} exists and is not an earlier report (no report.md): it would be replaced; "
+                        "give a new or empty folder")
+
+
 def write_report(run_dir: str | os.PathLike[str], output: str | os.PathLike[str] | None = None) -> Path:
     """Write the report of ``run_dir`` to ``output`` (default ``<run_dir>/report``); returns ``report.md``'s path."""
     run = read_run(Path(run_dir))
     output = Path(output) if output is not None else run.directory / "report"
+    check_output(run.directory, output)
     with staged_directory(output) as staging:
         sections = SECTIONS[run.kind](run, staging)
         if not sections:

@@ -77,9 +77,21 @@ def _number(value: Any) -> float | None:
     return number if math.isfinite(number) else None
 
 
-def newest(directory: Path, name: str) -> Path | None:
-    found = sorted(directory.rglob(name), key=lambda p: p.stat().st_mtime)
-    return found[-1] if found else None
+def csv_logs(directory: Path) -> list[Path]:
+    """Every ``metrics.csv`` Lightning's CSV logger wrote under the run (one ``version_N`` per fit, resume,
+    validate or test), oldest first; exports and reports are not searched."""
+    found = [p for p in directory.rglob("metrics.csv")
+             if not {"export", "report"} & set(p.relative_to(directory).parts[:-1])]
+    return sorted(found, key=lambda p: p.stat().st_mtime)
+
+
+def merged_series(logs: list[Path]) -> dict[str, Series]:
+    """The series of several logs together, ordered by step (a later log's point at the same step wins)."""
+    points: dict[str, dict[float, float]] = {}
+    for log in logs:
+        for name, series in read_series(log, ("step",)).items():
+            points.setdefault(name, {}).update(zip(series.x, series.y))
+    return {name: Series(sorted(values), [values[x] for x in sorted(values)]) for name, values in points.items()}
 
 
 def read_run(directory: Path) -> Run:
@@ -95,8 +107,7 @@ def read_run(directory: Path) -> Run:
         if (directory / "evaluation.json").is_file():
             evaluations["held-out tasks"] = read_json_object(directory / "evaluation.json", "controller evaluation")
         return Run(directory, kind, metrics, evaluations=evaluations)
-    log = newest(directory, "metrics.csv")
-    metrics = read_series(log, ("step",)) if log else {}
+    metrics = merged_series(csv_logs(directory))
     summary = read_json_object(directory / "summary.json", "run summary") if (directory / "summary.json").is_file() \
         else None
     evaluations = {path.stem: read_json_object(path, "evaluation")

@@ -22,13 +22,14 @@ from __future__ import annotations
 
 import hmac
 import json
+import re
 import zlib
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
 from clova_train.core.errors import DataError
-from clova_train.core.safe_files import ReadLimits, parse_json
+from clova_train.core.safe_files import JSONSyntaxError, ReadLimits, parse_json
 
 Scope = dict[str, Any]
 Message = dict[str, Any]
@@ -216,16 +217,19 @@ class RequestGuard:
 
 
 LIST_FIELDS = ("images",)  # a form field that is a list even when sent once
+_JSON_NUMBER = re.compile(r"-?(0|[1-9][0-9]*)(\.[0-9]+)?([eE][+-]?[0-9]+)?", re.ASCII)
 
 
 def _form_value(name: str, text: str, limits: ReadLimits) -> Any:
     """A text form field: JSON when it reads as a list, an object or a number (``labels=["red","blue"]``,
     ``seed=3``), parsed by the same safe reader as a JSON body; else the text itself (``concept=red``)."""
     stripped = text.strip()
-    if stripped[:1] in ("[", "{") or stripped.lstrip("-").replace(".", "", 1).isdigit():
+    if stripped[:1] in ("[", "{") or _JSON_NUMBER.fullmatch(stripped):
         try:
             return parse_json(stripped.encode("utf-8", "replace"), f"form field {name!r}", limits, finite_only=True)
-        except DataError as err:
+        except JSONSyntaxError:
+            return text  # text that only looks like JSON ("[draft] question", "007"): the text itself
+        except DataError as err:  # JSON, but too deep, a key twice, or a number out of range
             raise RequestRefused(400, str(err)) from None
     return text
 

@@ -11,7 +11,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from clova_train.core.errors import ModelError
+from clova_train.core.errors import ModelError, loading
 
 LOCAL_DIR_PREFIX = "local-dir:"  # open_clip's marker for a model directory on disk
 
@@ -49,10 +49,8 @@ def load_pretrained(model_class: Any, processor_class: Any, model_name: str, lab
     local = Path(model_name).expanduser()
     if (model_name.startswith((".", "/", "~")) or local.exists()) and not (local / "config.json").is_file():
         raise ModelError(f"{label} model directory {local} not found or has no config.json")
-    try:
+    with loading(f"the {label} model", model_name):
         return model_class.from_pretrained(model_name), processor_class.from_pretrained(model_name)
-    except (OSError, ValueError, KeyError) as err:
-        raise ModelError(f"could not load {label} model {model_name!r}: {err}") from err
 
 
 def weights_fingerprint(prefix: str, model: nn.Module, probes: Iterable[str], vocabulary_size: int) -> str:

@@ -149,11 +149,11 @@ def load_inpaint_pipeline(model_name: str) -> Any:
     local = Path(model_name).expanduser()
     if (model_name.startswith((".", "/", "~")) or local.exists()) and not (local / "model_index.json").is_file():
         raise ModelError(f"Stable Diffusion inpainting directory {local} not found or has no model_index.json")
-    try:
+    from clova_train.core.errors import loading
+
+    with loading("the Stable Diffusion inpainting model", model_name):
         pipeline = StableDiffusionInpaintPipeline.from_pretrained(
             model_name, safety_checker=None, requires_safety_checker=False)
-    except (OSError, ValueError, KeyError, TypeError) as err:
-        raise ModelError(f"could not load Stable Diffusion inpainting model {model_name!r}: {err}") from err
     if pipeline.unet.config.in_channels != 9:
         raise ModelError(f"{model_name!r} is not an inpainting model: its UNet takes "
                          f"{pipeline.unet.config.in_channels} channels, not 9")
@@ -531,7 +531,8 @@ class InpaintTextualInversion(PromptTool):
         return None if stored is None else ensembled_token(stored[1])
 
     def inpaint(self, lookup: PromptLookup, image: Any, mask: Any, concept: str, seed: int = 0) -> tuple[Any, bool]:
-        """Repaint the masked region of ``image`` as ``concept``; returns (the PIL image, whether a token was used).
+        """Repaint the masked region of ``image`` as ``concept``; returns (the PIL image, at ``image``'s size, and
+        whether a token was used).
 
         ``image``: a PIL image or a path; ``mask``: a PIL image or a path (white = repaint). With a pool token
         the text is the template with the placeholder; without one, the template with the concept's words
@@ -561,6 +562,8 @@ class InpaintTextualInversion(PromptTool):
             ).images[0]
         finally:
             self._active = None
+        if result.size != image.size:  # the pipeline works at its resolution; the caller gets its own picture's size
+            result = result.resize(image.size, Image.BICUBIC)
         return result, token is not None
 
     @staticmethod
@@ -584,8 +587,8 @@ class InpaintTextualInversion(PromptTool):
             if not isinstance(request.get(key), str) or not request[key].strip():
                 raise DataError(f"a REPLACE request needs {key!r}: a non-empty string")
         seed = request.get("seed", 0)
-        if not isinstance(seed, int) or isinstance(seed, bool):
-            raise DataError(f"'seed' must be an integer, got {seed!r}")
+        if not isinstance(seed, int) or isinstance(seed, bool) or not 0 <= seed < 2**63:
+            raise DataError(f"'seed' must be an integer from 0 to 2**63 - 1, got {seed!r}")
         edited, prompted = self.inpaint(lookup, request["image"], request["mask"], request["concept"], seed)
         return {"output": str(save_image_atomic(edited, request["output"])), "prompted": prompted}
 

@@ -21,7 +21,7 @@ from typing import Any
 
 import torch
 
-from clova_train.core.errors import DataError, ExportError, ModelError
+from clova_train.core.errors import DataError, ExportError, loading
 from clova_train.core.manifest import BASE_DIR
 from clova_train.core.safe_files import read_json_object
 
@@ -84,7 +84,10 @@ def adapter_base_name(adapter: Path) -> str:
 
 
 def _trained_base(directory: Path) -> str | None:
-    """The local base model the export's run was trained from (``export.json``), when it recorded one."""
+    """The local base model the export's run was trained from (``export.json``), when it recorded one and that
+    directory still holds the same model (its ``config.json`` digest as recorded)."""
+    import hashlib
+
     from clova_train.core.manifest import MANIFEST_FILE
 
     manifest = directory / MANIFEST_FILE
@@ -92,7 +95,13 @@ def _trained_base(directory: Path) -> str | None:
         return None
     source = read_json_object(manifest, "export manifest").get("source")
     named = source.get("base_model") if isinstance(source, dict) else None
-    return named if isinstance(named, str) and named.startswith("/") else None
+    digest = source.get("base_model_config_sha256") if isinstance(source, dict) else None
+    if not (isinstance(named, str) and named.startswith("/") and isinstance(digest, str)):
+        return None
+    config = Path(named) / "config.json"
+    if not config.is_file() or hashlib.sha256(config.read_bytes()).hexdigest() != digest:
+        return None
+    return named
 
 
 class ServedToolLLM:
@@ -127,7 +136,7 @@ class ServedToolLLM:
         adapter, merged = directory / "adapter", directory / "merged"
         if not (adapter / "adapter_config.json").is_file():
             raise ExportError(f"{directory} is not a LoRA export (adapter/adapter_config.json missing)")
-        try:
+        with loading("the LoRA export", str(directory)):
             if merged.is_dir() and base_model is None:
                 source = merged
                 model = AutoModelForCausalLM.from_pretrained(str(merged))
@@ -138,8 +147,6 @@ class ServedToolLLM:
                 source = adapter
                 model = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(base), str(adapter))
             tokenizer = AutoTokenizer.from_pretrained(str(source))
-        except (OSError, ValueError) as err:
-            raise ModelError(f"cannot load the LoRA export {directory}: {err}") from err
         defaults_file = source / SERVING_FILE
         defaults = read_json_object(defaults_file, "serving defaults") if defaults_file.is_file() else {}
         return cls(model.to(device), tokenizer, defaults)
@@ -153,7 +160,7 @@ class ServedToolLLM:
         if (directory / BASE_DIR / "config.json").is_file():
             return str(directory / BASE_DIR)
         trained_from = _trained_base(directory)
-        if trained_from is not None and Path(trained_from).is_dir():  # the local copy it was trained from, if here
+        if trained_from is not None:  # the local copy it was trained from, still here and unchanged
             return trained_from
         named = adapter_base_name(adapter)
         if named.startswith("/") and not Path(named).is_dir():

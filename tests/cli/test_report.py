@@ -65,6 +65,43 @@ def test_controller_and_lora_logs_become_curves_and_tables(tmp_path: Path) -> No
     assert "| train/loss | 2 | 2.000 | 2.000 | 1.000 |" in page
     assert "| seen | 0.750 | 0.900 |" in page and "| unseen | 0.125 | - |" in page  # the last evaluation, per group
     assert "val/seen/SR" in page and "samples" not in page.split("Success rates per group (val)")[1].split("##")[0]
+    # a later `clova-train test` (or a resume) writes another version: the report keeps the training curves too
+    (lora / "logs" / "version_1").mkdir()
+    (lora / "logs" / "version_1" / "metrics.csv").write_text("epoch,step,test/all/SR,test/all/SR_t\n1,19,0.5,0.9\n")
+    assert main(["report", str(lora)]) == 0
+    page = (lora / "report" / "report.md").read_text()
+    assert "| train/loss | 2 |" in page and "| all | 0.500 | 0.900 |" in page
+
+
+def test_stored_without_tuning_is_not_counted_as_accepted(tmp_path: Path) -> None:
+    run = tmp_path / "vqa"
+    run.mkdir()
+    instances = [{"instance_id": f"q{i}", "concept": None, "accepted": True, "rejections": [], "loss": 0.0, "steps": 0,
+                  "loss_curve": []} for i in range(3)]
+    instances += [{"instance_id": "t0", "concept": None, "accepted": False, "loss": 2.0, "steps": 4,
+                   "rejections": [{"kind": "held-out answer", "detail": "x"}], "loss_curve": [3.0, 2.5, 2.1, 2.0]},
+                  {"instance_id": "t1", "concept": None, "accepted": True, "loss": 0.5, "steps": 2, "rejections": [],
+                   "loss_curve": [1.0, 0.5]}]
+    (run / "summary.json").write_text(json.dumps({"complete": True, "instances": instances}))
+    assert main(["report", str(run)]) == 0
+    page = (run / "report" / "report.md").read_text()
+    assert "| (all) | 2 | 1 | 0.500 | 3 | held-out answer (1) |" in page
+    assert "| accepted | 1 | 1.000 | 0.500 | 2.000 |" in page and "| rejected | 1 | 3.000 | 2.000 | 4.000 |" in page
+
+
+def test_the_report_never_replaces_the_run_or_an_unrelated_folder(tmp_path: Path, capsys) -> None:
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "summary.json").write_text(json.dumps({"instances": []}))
+    (tmp_path / "notes").mkdir()
+    (tmp_path / "notes" / "todo.txt").write_text("keep me")
+    for output, words in ((run, "would replace the run directory"), (tmp_path, "would replace the run directory"),
+                          (tmp_path / "notes", "is not an earlier report")):
+        assert main(["report", str(run), "--output", str(output)]) == 2
+        assert words in capsys.readouterr().err
+    assert (run / "summary.json").is_file() and (tmp_path / "notes" / "todo.txt").read_text() == "keep me"
+    assert main(["report", str(run), "--output", str(tmp_path / "out")]) == 0
+    assert main(["report", str(run), "--output", str(tmp_path / "out")]) == 0  # an earlier report is replaced
 
 
 def test_a_directory_that_is_no_run_gets_one_message(tmp_path: Path, capsys) -> None:

@@ -3,25 +3,28 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 
-from clova_train.controller.trainer import ControllerConfig, DQNConfig, TrainConfig, fit
+from clova_train.controller.trainer import ControllerConfig, DQNConfig, TrainConfig, fit, make_vec_env
+from clova_train.core.errors import ClovaTrainError
 from clova_train.envs import ReasoningLoopConfig
 from helpers.common import REPO, run_cli_subprocess
 
 
-def small_config(run_dir: Path) -> ControllerConfig:
+def small_config(run_dir: Path, save_replay_buffer: bool = True) -> ControllerConfig:
     return ControllerConfig(
         env=ReasoningLoopConfig(),
         dqn=DQNConfig(net_arch=[32], learning_rate=1e-3, batch_size=16, learning_starts=100, train_freq=1,
                       target_update_interval=100, exploration_initial_eps=1.0, exploration_final_eps=0.1,
                       exploration_fraction=0.8, device="cpu"),
         train=TrainConfig(total_timesteps=800, n_envs=2, output_dir=str(run_dir), eval_every=0, eval_episodes=5,
-                          checkpoint_every=200, log_formats=["csv"], progress_bar=False),
+                          checkpoint_every=200, log_formats=["csv"], progress_bar=False,
+                          save_replay_buffer=save_replay_buffer),
     )
 
 
@@ -45,7 +48,7 @@ def test_resumed_run_continues_from_its_step_count_and_exploration_rate(tmp_path
     assert results is None and interrupted.num_timesteps == 400
     saved = json.loads((tmp_path / "run" / "checkpoints" / "latest.json").read_text())
     assert saved == {"num_timesteps": 400, "exploration_rate": pytest.approx(reference_trace.rates[400]),
-                     "model": "controller_400_steps.zip", "replay_buffer": "controller_replay_buffer_400_steps.pkl"}
+                     "model": "controller_400_steps.zip", "replay_buffer": "controller_replay_buffer_400_steps.npz"}
 
     resumed_trace = Trace()
     resumed, results = fit(small_config(tmp_path / "run"), [resumed_trace])
@@ -364,3 +367,40 @@ def test_hydra_dqn_trains_with_eq2_and_the_paper_schedule_and_saves_a_plain_dqn_
     loaded = load_controller(zip_path, config)
     assert loaded.action_selection == "eq2" and loaded.exploration_schedule_kind == "hydra_step"
     assert np.array_equal(loaded.predict(observations, deterministic=True)[0], expected)
+
+
+def test_replay_buffers_are_saved_only_when_asked_and_as_their_filled_arrays(tmp_path: Path, capsys) -> None:
+    from clova_train.agents.sb3_files import load_replay_arrays
+    from clova_train.controller.trainer import build_model
+
+    config = small_config(tmp_path / "default", save_replay_buffer=False)
+    config = replace(config, train=replace(config.train, total_timesteps=400))
+    fit(config)
+    checkpoints = tmp_path / "default" / "checkpoints"
+    assert json.loads((checkpoints / "latest.json").read_text())["replay_buffer"] is None
+    assert not list(checkpoints.glob("*replay*"))
+    longer = replace(config, train=replace(config.train, total_timesteps=600))
+    resumed, _ = fit(longer)
+    assert "an empty replay buffer" in capsys.readouterr().out and resumed.num_timesteps == 600
+
+    asked = small_config(tmp_path / "asked")
+    asked = replace(asked, dqn=replace(asked.dqn, buffer_size=100_000), train=replace(asked.train, total_timesteps=400))
+    model, _ = fit(asked)
+    (saved,) = (tmp_path / "asked" / "checkpoints").glob("*replay_buffer*.npz")
+    filled = model.replay_buffer.pos * model.replay_buffer.n_envs
+    per_row = 2 * model.observation_space.shape[0] * 4  # observations and next observations, float32
+    assert saved.stat().st_size < 2 * filled * per_row  # the filled part, not 100,000 preallocated rows
+    fresh = build_model(asked, make_vec_env(asked))
+    load_replay_arrays(fresh, saved)
+    assert fresh.replay_buffer.pos == model.replay_buffer.pos
+    np.testing.assert_array_equal(fresh.replay_buffer.observations[: model.replay_buffer.pos],
+                                  model.replay_buffer.observations[: model.replay_buffer.pos])
+
+    hostile = tmp_path / "hostile.npz"
+    np.savez(hostile, observations=np.array([object()], dtype=object), pos=1, full=False, buffer_size=50_000, n_envs=2)
+    with pytest.raises(ClovaTrainError, match="hostile.npz cannot be read"):
+        load_replay_arrays(fresh, hostile)
+    other = tmp_path / "other.npz"
+    np.savez(other, pos=0, full=False, buffer_size=7, n_envs=2)
+    with pytest.raises(ClovaTrainError, match="holds 7 x 2 transitions, the run's buffer 50000 x 2"):
+        load_replay_arrays(fresh, other)

@@ -30,6 +30,26 @@ def test_prompts_do_not_depend_on_chunk_size(tiny_clip_dir: Path, concept_root: 
         assert x["loss"] == pytest.approx(y["loss"], abs=1e-5)
 
 
+def test_a_memory_budget_splits_chunks_without_changing_the_prompts(tiny_clip_dir: Path, concept_root: Path,
+                                                                     tmp_path: Path, caplog, capsys) -> None:
+    whole, split = tmp_path / "whole", tmp_path / "split"
+    assert run_fit(*fit_args(tiny_clip_dir, concept_root, whole, "--data.init_args.chunk_size=8")) == 0
+    with caplog.at_level("INFO"):
+        assert run_fit(*fit_args(tiny_clip_dir, concept_root, split, "--data.init_args.chunk_size=8",
+                                 "--model.init_args.max_memory_gb=0.0001")) == 0  # 100 kB: a few instances a step
+    (line,) = [r.getMessage() for r in caplog.records if "MB of activations per instance" in r.getMessage()]
+    fitting = int(line.split(" fits ")[1].split()[0])
+    assert 1 <= fitting < 8, line
+    (pool_a, summary_a), (pool_b, summary_b) = load_run(whole), load_run(split)
+    assert_same_pools(pool_a, pool_b)
+    for x, y in zip(summary_a["instances"], summary_b["instances"]):
+        assert (x["instance_id"], x["accepted"]) == (y["instance_id"], y["accepted"])
+        assert x["loss"] == pytest.approx(y["loss"], abs=1e-5)
+    capsys.readouterr()
+    assert run_fit(*fit_args(tiny_clip_dir, concept_root, tmp_path / "bad", "--model.init_args.max_memory_gb=0")) == 2
+    assert "max_memory_gb must be a positive number of GB" in capsys.readouterr().err
+
+
 def test_run_writes_pool_summary_and_tool(tiny_clip_dir: Path, concept_root: Path, tmp_path: Path) -> None:
     assert run_fit(*fit_args(tiny_clip_dir, concept_root, tmp_path)) == 0
     pool, summary = load_run(tmp_path)

@@ -108,7 +108,7 @@ def test_no_key_configured_means_no_key_needed() -> None:
     (b"[" * 100_000 + b"]" * 100_000, "nested more than"), (b'{"a": 1, "a": 2}', "twice"),
     (b'{"a": "caf\xe9"}', "not UTF-8"), (b"\xff\xfe{\x00}\x00", "not UTF-8"), (b"NaN" * 3, "not finite"),
     (b'{"temperature": NaN}', "not finite"), (b"[1e999]", "not finite"), (b"[-Infinity]", "not finite"),
-    (b"[" + b"9" * 5000 + b"]", "cannot be read"),
+    (b"[" + b"9" * 5000 + b"]", "cannot be read"), (b'{"seed": 1000000000000000000000000000000}', "64-bit range"),
 ])
 def test_malformed_bodies_get_400(body: bytes, words: str) -> None:
     guard, app = guarded(max_body_bytes=1 << 20)
@@ -145,6 +145,9 @@ def test_multipart_uploads_become_the_json_request_with_data_urls() -> None:
                                       "labels": ["red", "blue"], "concept": "purple", "seed": 3}
     body, headers = multipart([("images", "a.png", b"x")])
     assert call(guard, body, headers)[1] == {"images": ["data:image/png;base64,eA=="]}  # a list even when sent once
+    body, headers = multipart([("question", None, b"[draft] what colour?"), ("concept", None, b"007"),
+                               ("note", None, "\u00b2".encode())])
+    assert call(guard, body, headers)[1] == {"question": "[draft] what colour?", "concept": "007", "note": "\u00b2"}
 
 
 @pytest.mark.parametrize("field, words", [

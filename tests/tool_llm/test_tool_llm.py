@@ -14,6 +14,7 @@ import torch
 from clova_train.datamodules import SyntheticToolDataModule, ToolInstructionDataModule
 from clova_train.datamodules.tool_llm.tool_instructions import IGNORE_INDEX, encode_record, load_records
 from clova_train.core.errors import DataError, ModelError
+from helpers.common import REPO
 
 
 def data_module(root: Path, tokenizer: Path, **kwargs) -> SyntheticToolDataModule:
@@ -388,3 +389,43 @@ def test_skill_documents_answer_from_their_own_text() -> None:
         copy = skills.copy_document(rng, ("Detect Face",)).split("\nAgain: ")
         assert copy[0].removeprefix("Copy: ") == copy[1]
         assert len(listed) == sum(" is in " in line for line in files)
+
+
+def test_a_model_that_fails_to_load_gets_one_message_naming_it_and_the_cause(tiny_llama_dir: Path, tmp_path: Path,
+                                                                             capsys) -> None:
+    import shutil
+
+    from clova_train.cli import main
+    from clova_train.models.lora_tool_llm import load_causal_lm
+
+    broken = tmp_path / "llama"
+    shutil.copytree(tiny_llama_dir, broken)
+    weights = broken / "model.safetensors"
+    with weights.open("r+b") as handle:
+        handle.truncate(weights.stat().st_size // 2)
+    with pytest.raises(ModelError, match=rf"cannot load the causal LM from '{broken}': SafetensorError: .*incomplete"):
+        load_causal_lm(str(broken))
+    code = main(["fit", "--config", str(REPO / "configs/quickstart/tool_llm_lora.yaml"),
+                 f"--model.init_args.model_name_or_path={broken}", f"--data.init_args.tokenizer={tiny_llama_dir}",
+                 f"--trainer.default_root_dir={tmp_path / 'run'}", "--trainer.logger=false",
+                 "--trainer.enable_progress_bar=false", "--data.init_args.root=" + str(tmp_path / "data")])
+    err = capsys.readouterr().err
+    assert code == 2 and "cannot load the causal LM from" in err and "SafetensorError" in err and "Traceback" not in err
+
+
+def test_the_frozen_base_is_stored_in_the_training_precision(tool_data_root: Path, tiny_llama_dir: Path,
+                                                              tmp_path: Path) -> None:
+    """Under bf16-mixed the frozen weights are bfloat16 once (not float32, not a float16 checkpoint's dtype re-cast
+    by autocast every step); the LoRA weights stay float32 for the optimizer."""
+    from lightning import Trainer
+
+    from clova_train.models import LoraToolLLM
+
+    module = LoraToolLLM(str(tiny_llama_dir), max_new_tokens=8)
+    trainer = Trainer(accelerator="cpu", precision="bf16-mixed", max_steps=2, limit_val_batches=0, logger=False,
+                      enable_progress_bar=False, enable_checkpointing=False, enable_model_summary=False,
+                      default_root_dir=str(tmp_path))
+    trainer.fit(module, data_module(tool_data_root, tiny_llama_dir))
+    frozen = {p.dtype for p in module.model.parameters() if not p.requires_grad}
+    trained = {p.dtype for p in module.model.parameters() if p.requires_grad}
+    assert frozen == {torch.bfloat16} and trained == {torch.float32}

@@ -228,6 +228,21 @@ def test_without_a_pool_entry_the_output_is_the_unmodified_pipelines(exported: P
     assert not np.array_equal(np.asarray(words), np.asarray(token))  # the token changes the picture
 
 
+def test_a_picture_of_another_size_comes_back_at_its_own_size(exported: Path, tmp_path: Path) -> None:
+    server = PromptToolServer.from_export(exported)
+    rng = np.random.default_rng(4)
+    image = Image.fromarray(rng.integers(0, 255, (20, 36, 3), dtype=np.uint8))  # 36 wide, 20 high; the tool works at 16
+    mask = np.zeros((20, 36), dtype=np.uint8)
+    mask[5:15, 8:28] = 255
+    served, _ = server.inpaint(image, Image.fromarray(mask), "orange_circle", seed=2)
+    assert served.size == (36, 20)
+    image.save(tmp_path / "wide.png")
+    Image.fromarray(mask).save(tmp_path / "wide-mask.png")
+    reply = server.serve({"image": str(tmp_path / "wide.png"), "mask": str(tmp_path / "wide-mask.png"),
+                          "concept": "orange_circle", "output": str(tmp_path / "edited.png"), "seed": 2})
+    assert Image.open(reply["output"]).size == (36, 20)
+
+
 def test_serving_in_a_fresh_process_writes_the_edited_image(exported: Path, tmp_path: Path) -> None:
     image, mask = _request_images(tmp_path)
     request = {"image": str(image), "mask": str(mask), "concept": "orange_circle", "output": str(tmp_path / "out.png"),
