@@ -42,23 +42,26 @@ def instance_learning_curves(instances: list[dict[str, Any]], path: Path) -> str
     """Each tuned instance's loss at every inner step (thin), and the median of accepted and of rejected ones."""
     figure, axes = _figure(7, 4)
     rows = []
+    drawn = [item["loss_curve"] for item in instances if item.get("loss_curve")]
     for accepted, colour, label in ((True, ACCEPTED, "accepted"), (False, REJECTED, "rejected")):
         curves = [item["loss_curve"] for item in instances if item.get("loss_curve") and item["accepted"] == accepted]
-        for curve in curves:
+        for curve in curves[:: max(1, len(curves) // MAX_CURVES_DRAWN)]:
             axes.plot(range(1, len(curve) + 1), curve, color=colour, alpha=0.15, linewidth=0.8)
         if curves:
             length = max(len(c) for c in curves)
-            padded = np.full((len(curves), length), np.nan)
-            for i, curve in enumerate(curves):
-                padded[i, : len(curve)] = curve
-            median = np.nanmedian(padded, axis=0)
+            # An instance that stopped early (its prompt passed the quick gate) keeps its last loss, so the median
+            # over the later steps is not the median of the slow instances alone.
+            padded = np.array([c + [c[-1]] * (length - len(c)) for c in curves], dtype=float)
+            median = np.median(padded, axis=0)
             axes.plot(range(1, length + 1), median, color=colour, linewidth=2.2, label=f"{label} (median of {len(curves)})")
             rows.append([label, len(curves), float(np.median([c[0] for c in curves])),
                          float(np.median([c[-1] for c in curves])), float(np.median([len(c) for c in curves]))])
-    axes.set(xlabel="inner step", ylabel="instance loss", title="Prompt tuning: each instance's learning curve")
-    if any(min(c) > 0 for item in instances for c in [item.get("loss_curve") or [1.0]]):
+    axes.set(xlabel="inner step", ylabel="instance loss",
+             title="Each instance's learning curve (a stopped one keeps its last loss in the median)")
+    if drawn and all(min(c) > 0 for c in drawn):
         axes.set_yscale("log")
-    axes.legend()
+    if rows:
+        axes.legend()
     _save(figure, path)
     return table(["instances", "count", "median first loss", "median last loss", "median steps"], rows)
 

@@ -111,3 +111,15 @@ def test_a_directory_that_is_no_run_gets_one_message(tmp_path: Path, capsys) -> 
     assert main(["report", str(tmp_path / "missing")]) == 2
     assert "run directory not found" in capsys.readouterr().err
     assert not (tmp_path / "report").exists()
+
+
+def test_learning_curves_draw_early_stopped_zero_and_many_instances(tmp_path: Path) -> None:
+    from clova_train.report.figures import instance_learning_curves
+
+    stopped = {"accepted": True, "loss_curve": [2.0, 1.0]}  # passed the quick gate after two steps
+    slow = [{"accepted": True, "loss_curve": [3.0, 2.5, 2.0, 1.5]} for _ in range(400)]
+    zero = {"accepted": False, "loss_curve": [1.0, 0.0]}  # a loss that reached 0: no log axis
+    table = instance_learning_curves([stopped, *slow, zero, {"accepted": True, "loss_curve": []}], tmp_path / "a.png")
+    assert (tmp_path / "a.png").stat().st_size > 1000
+    assert "| accepted | 401 | 3.000 | 1.500 | 4.000 |" in table and "| rejected | 1 | 1.000 | 0.000 | 2.000 |" in table
+    assert instance_learning_curves([], tmp_path / "b.png").count("\n") == 1  # no instance: an empty table, no crash
