@@ -10,8 +10,29 @@ from typing import Any
 
 import torch
 
-from clova_train.core.errors import ClovaTrainError, ExportError
+from clova_train.core.errors import ClovaTrainError, DataError, ExportError
 from clova_train.core.manifest import BASE_DIR
+from clova_train.core.safe_files import read_yaml
+
+
+def newest_run_config(run_dir: Path) -> Path | None:
+    """The run's newest resolved LightningCLI ``config.yaml`` (a run may hold several: one per fit or resume)."""
+    candidates = sorted(run_dir.rglob("config.yaml"), key=lambda p: p.stat().st_mtime)
+    return candidates[-1] if candidates else None
+
+
+def run_config_section(run_dir: Path | None, key: str) -> dict[str, Any]:
+    """The ``key`` section (``model``, ``data``) of the run's newest ``config.yaml``, read by the safe reader; empty
+    when the run has none or it cannot be read (what it feeds, a model card, is written without it)."""
+    path = newest_run_config(run_dir) if run_dir is not None else None
+    if path is None:
+        return {}
+    try:
+        config = read_yaml(path, "run config")
+    except DataError:
+        return {}
+    section = config.get(key) if isinstance(config, dict) else None
+    return section if isinstance(section, dict) else {}
 
 
 def copy_base_model(name: str, staging: Path) -> None:

@@ -33,7 +33,7 @@ from clova_train.core.atomic import write_json_atomic
 from clova_train.core.errors import ExportError
 from clova_train.core.safe_files import read_json_object
 from clova_train.tooluse.prompt_template import TEMPLATE_FILE, PromptTemplate
-from clova_train.tooluse.served_llm import SERVING_FILE, adapter_base_name  # stop strings and recommended sampling, beside the tokenizer
+from clova_train.tooluse.served_llm import SERVING_FILE, adapter_base_name, config_digest  # stop strings and recommended sampling, beside the tokenizer
 
 from clova_train.models.lora_tool_llm import LORA_CHECKPOINT_KEY
 
@@ -115,28 +115,15 @@ def adapter_base_note(export: Path) -> str | None:
             "--base-model-id <hub id> or --copy-base when exporting, or load the base from where you copied it")
 
 
-def config_digest(model_dir: Path) -> str:
-    """SHA-256 of a model directory's ``config.json``: which base a recorded local path held at export time."""
-    import hashlib
-
-    return hashlib.sha256((model_dir / "config.json").read_bytes()).hexdigest()
-
-
 def run_hyperparameters(source: Path, checkpoint: dict[str, Any] | None) -> dict[str, Any]:
     """The LoRA module's settings: the checkpoint's hyperparameters, or the run's ``config.yaml`` model arguments."""
-    import yaml
-
+    from clova_train.export.common import run_config_section
     from clova_train.export.model_card import run_directory
 
     if checkpoint is not None:
         return dict(checkpoint.get("hyper_parameters") or {})
-    run_dir = run_directory(source)
-    configs = sorted(run_dir.rglob("config.yaml"), key=lambda p: p.stat().st_mtime) if run_dir else []
-    try:
-        model = (yaml.safe_load(configs[-1].read_text()) or {}).get("model") or {} if configs else {}
-    except yaml.YAMLError:
-        return {}
-    return dict(model.get("init_args") or {}) if isinstance(model, dict) else {}
+    init_args = run_config_section(run_directory(source), "model").get("init_args")
+    return dict(init_args) if isinstance(init_args, dict) else {}
 
 
 def with_real_max_length(tokenizer: Any, base_name: str) -> Any:

@@ -10,6 +10,7 @@ from typing import Any
 
 import yaml
 
+from clova_train.export.common import run_config_section
 from clova_train.tools.pretrained import local_model_path
 
 METRICS_SHOWN = ("SR", "SR_t", "SR_act", "SR_args", "loss")
@@ -50,15 +51,11 @@ def training_data(run_dir: Path | None) -> list[str]:
     lines: list[str] = []
     if run_dir is None:
         return lines
-    configs = sorted(run_dir.rglob("config.yaml"), key=lambda p: p.stat().st_mtime)
-    if configs:
-        try:
-            data = (yaml.safe_load(configs[-1].read_text()) or {}).get("data") or {}
-        except yaml.YAMLError:
-            data = {}
-        if isinstance(data, dict) and data.get("class_path"):
-            arguments = {k: v for k, v in (data.get("init_args") or {}).items() if k not in ("tokenizer",)}
-            lines.append(f"- data module: `{data['class_path']}` with `{json.dumps(arguments, default=str)}`")
+    data = run_config_section(run_dir, "data")
+    if data.get("class_path"):
+        init_args = data.get("init_args") if isinstance(data.get("init_args"), dict) else {}
+        arguments = {k: v for k, v in init_args.items() if k not in ("tokenizer",)}
+        lines.append(f"- data module: `{data['class_path']}` with `{json.dumps(arguments, default=str)}`")
     report = run_dir / "data_report.json"
     if report.is_file():
         try:

@@ -29,12 +29,7 @@ from clova_train.core.errors import ExportError, ModelError
 from clova_train.core.manifest import BASE_DIR
 from clova_train.core.pool import PoolSpec, PromptPool
 from clova_train.core.safe_files import read_json_object
-from clova_train.export.common import copy_base_model
-
-
-def _find_config(run_dir: Path) -> Path | None:
-    candidates = sorted(run_dir.rglob("config.yaml"), key=lambda p: p.stat().st_mtime)
-    return candidates[-1] if candidates else None
+from clova_train.export.common import copy_base_model, newest_run_config
 
 
 def portable_tool_description(tool: dict[str, Any], staging: Path, copy_base: bool) -> dict[str, Any]:
@@ -73,7 +68,7 @@ def _from_run_dir(run_dir: Path, staging: Path, copy_base: bool = False) -> dict
     write_pool_card(pool, tool, staging)
     if (run_dir / "summary.json").is_file():
         shutil.copyfile(run_dir / "summary.json", staging / "summary.json")
-    config = _find_config(run_dir)
+    config = newest_run_config(run_dir)
     if config is not None:
         shutil.copyfile(config, staging / "config.yaml")
     return {"kind": "run_dir", "path": str(run_dir.resolve())}

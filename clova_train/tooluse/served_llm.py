@@ -83,11 +83,16 @@ def adapter_base_name(adapter: Path) -> str:
     return named
 
 
+def config_digest(model_dir: Path) -> str:
+    """SHA-256 of a model directory's ``config.json``: which base a recorded local path held at export time."""
+    import hashlib
+
+    return hashlib.sha256((model_dir / "config.json").read_bytes()).hexdigest()
+
+
 def _trained_base(directory: Path) -> str | None:
     """The local base model the export's run was trained from (``export.json``), when it recorded one and that
     directory still holds the same model (its ``config.json`` digest as recorded)."""
-    import hashlib
-
     from clova_train.core.manifest import MANIFEST_FILE
 
     manifest = directory / MANIFEST_FILE
@@ -98,8 +103,7 @@ def _trained_base(directory: Path) -> str | None:
     digest = source.get("base_model_config_sha256") if isinstance(source, dict) else None
     if not (isinstance(named, str) and named.startswith("/") and isinstance(digest, str)):
         return None
-    config = Path(named) / "config.json"
-    if not config.is_file() or hashlib.sha256(config.read_bytes()).hexdigest() != digest:
+    if not (Path(named) / "config.json").is_file() or config_digest(Path(named)) != digest:
         return None
     return named
 
