@@ -25,7 +25,7 @@ $(DEMO_TARGETS): export ATEN_CPU_CAPABILITY = default
 # oneDNN below AMX: on an AMX host its bf16 attention asks ATen's portable kernels for VNNI packing and fails
 $(DEMO_TARGETS): export ONEDNN_MAX_CPU_ISA ?= AVX512_CORE_FP16
 
-.PHONY: demo demo-vqa demo-loc demo-seg demo-replace demo-llm demo-controller demo-controller-joint demo-avis demo-hammr demo-loop test test-fast install benchmark clean
+.PHONY: demo demo-vqa demo-loc demo-seg demo-replace demo-llm demo-controller demo-controller-joint demo-avis demo-hammr demo-loop test test-fast install benchmark smoke-real gpu-check clean
 
 install: $(STAMP)
 
@@ -162,6 +162,17 @@ benchmark: $(STAMP)
 	$(BIN)/python benchmarks/tool_llm_learning.py
 	$(BIN)/python benchmarks/closed_loop.py
 	$(BIN)/python benchmarks/cli_startup.py
+
+# Every paper config at its real model size (random weights, built offline in the real checkpoints' layouts) for a
+# few steps on CPU, exported and served; prints the table and appends it to benchmarks/results/smoke_real.md. About
+# 40 minutes on 2 cores (the models are built once, under checkpoints/models/real-size, about 11 GB); not in `make test`.
+smoke-real: $(STAMP)
+	$(BIN)/python benchmarks/smoke_real.py
+
+# On a machine with a GPU: the paper configs at real size in bf16 (Vicuna-13B at its own size), then the prompt-tuning
+# and LoRA benchmarks on the GPU, within 25 minutes (benchmarks/gpu_check.py). Without a GPU it stops and says why.
+gpu-check: $(STAMP)
+	$(BIN)/python benchmarks/gpu_check.py
 
 clean:
 	rm -rf $(VENV) checkpoints/quickstart_clip checkpoints/quickstart_vqa checkpoints/quickstart_loc checkpoints/quickstart_seg checkpoints/quickstart_replace checkpoints/quickstart_llm checkpoints/controller_quickstart checkpoints/controller_quickstart_joint checkpoints/controller_avis checkpoints/controller_hammr checkpoints/quickstart_loop checkpoints/models checkpoints/data

@@ -42,12 +42,28 @@ def _rss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
+def _peak_memory_mb(base: float) -> float:
+    """Peak GPU memory allocated on a GPU run; else the peak RSS above ``base``."""
+    if torch.cuda.is_available() and torch.cuda.max_memory_allocated():
+        return torch.cuda.max_memory_allocated() / 1e6
+    return _rss_mb() - base
+
+
+def model_sizes(args: argparse.Namespace) -> dict:
+    """The benchmark Llama's sizes: :data:`BENCH_LLAMA` at ``--hidden-size`` wide and ``--layers`` deep (head size 32 as
+    there; at 2048 wide, 16 heads of 128 as the real-size stand-in)."""
+    heads = 16 if args.hidden_size >= 2048 else max(1, args.hidden_size // 32)
+    return {**BENCH_LLAMA, "hidden_size": args.hidden_size, "num_hidden_layers": args.layers,
+            "num_attention_heads": heads, "num_key_value_heads": heads if args.hidden_size >= 2048 else max(1, heads // 2),
+            "intermediate_size": args.hidden_size * 688 // 256}
+
+
 def build(workdir: Path, args: argparse.Namespace) -> tuple[Path, Path]:
     import clova_train.quickstart.tiny.llama as tiny
     from clova_train.datamodules.tool_llm.tool_conversations import SEEN_TOOLS, write_synthetic_split
 
     texts, _ = tiny.tool_corpus(0)
-    tiny.TINY_LLAMA_CONFIG.update(BENCH_LLAMA)
+    tiny.TINY_LLAMA_CONFIG.update(model_sizes(args))
     model_dir = tiny.make_tiny_llama(workdir / "model", texts)
     train = write_synthetic_split(workdir / "train.json", list(SEEN_TOOLS), 6, 30, args.tools_per_prompt, seed=0)
     return model_dir, train
@@ -78,12 +94,13 @@ def run_clova(model_dir: Path, train: Path, args: argparse.Namespace, out: Path)
             tokens.append(int(batch["attention_mask"].sum()))
             times.append(time.perf_counter())
 
-    trainer = Trainer(accelerator="cpu", max_steps=args.steps, logger=False, enable_progress_bar=False,
+    trainer = Trainer(accelerator="gpu" if args.device == "cuda" else "cpu", devices=1,
+                      precision="bf16-mixed" if args.bf16 else "32-true", max_steps=args.steps, logger=False, enable_progress_bar=False,
                       enable_model_summary=False, limit_val_batches=0, num_sanity_val_steps=0,
                       default_root_dir=str(out), callbacks=[Record()])
     base = _rss_mb()
     trainer.fit(module, dm)
-    return _summary(times, tokens, losses, _rss_mb() - base)
+    return _summary(times, tokens, losses, _peak_memory_mb(base))
 
 
 def _summary(times: list[float], tokens: list[int], losses: list[float], memory: float) -> dict:
@@ -104,7 +121,9 @@ def run_hf(model_dir: Path, train: Path, args: argparse.Namespace, out: Path, pa
                  "labels": s.labels + [-100] * (args.max_length - len(s.labels))} for s in samples]
     else:
         rows = [{"input_ids": s.input_ids, "attention_mask": [1] * len(s.input_ids), "labels": s.labels} for s in samples]
-    model = get_peft_model(AutoModelForCausalLM.from_pretrained(str(model_dir)), LoraConfig(task_type="CAUSAL_LM", **LORA))
+    # bf16: the base stored in bf16 (as LoraToolLLM stores it under bf16-mixed), PEFT's adapters upcast to float32
+    base_model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.bfloat16 if args.bf16 else torch.float32)
+    model = get_peft_model(base_model, LoraConfig(task_type="CAUSAL_LM", **LORA))
     losses, tokens, times = [], [], []
 
     class Record(TrainerCallback):
@@ -125,14 +144,14 @@ def run_hf(model_dir: Path, train: Path, args: argparse.Namespace, out: Path, pa
     targs = TrainingArguments(
         output_dir=str(out), per_device_train_batch_size=args.batch_size, learning_rate=args.lr,
         warmup_steps=args.warmup, weight_decay=0.0, max_steps=args.steps, logging_steps=1, save_strategy="no",
-        report_to=[], use_cpu=True, disable_tqdm=True, remove_unused_columns=False, lr_scheduler_type="linear",
+        report_to=[], use_cpu=args.device != "cuda", bf16=args.bf16, disable_tqdm=True, remove_unused_columns=False, lr_scheduler_type="linear",
         train_sampling_strategy="random" if padded else "group_by_length",
     )
     trainer = Trainer(model=model, args=targs, train_dataset=rows, data_collator=counting_collator,
                       callbacks=[Record()])
     base = _rss_mb()
     trainer.train()
-    return _summary(times, tokens, losses, _rss_mb() - base)
+    return _summary(times, tokens, losses, _peak_memory_mb(base))
 
 
 def _child(kind: str, model_dir: str, train: str, args: argparse.Namespace, out: str, queue: mp.Queue) -> None:
@@ -164,8 +183,16 @@ def main() -> None:
     parser.add_argument("--lr", type=float, default=3e-4)
     parser.add_argument("--warmup", type=int, default=5)
     parser.add_argument("--threads", type=int, default=torch.get_num_threads())
+    parser.add_argument("--device", default="cpu", choices=("cpu", "cuda"), help="where every method trains")
+    parser.add_argument("--bf16", action="store_true",
+                        help="bf16 for every method (Lightning bf16-mixed with the base stored in bf16; HF bf16=True, "
+                             "base loaded in bf16)")
+    parser.add_argument("--hidden-size", type=int, default=BENCH_LLAMA["hidden_size"], help="the random Llama's width")
+    parser.add_argument("--layers", type=int, default=BENCH_LLAMA["num_hidden_layers"], help="its decoder layers")
     parser.add_argument("--no-record", action="store_true")
     args = parser.parse_args()
+    if args.device == "cuda" and not torch.cuda.is_available():
+        parser.error("--device cuda: torch sees no CUDA device")
 
     with tempfile.TemporaryDirectory() as tmp:
         workdir = Path(tmp)
@@ -179,12 +206,15 @@ def main() -> None:
         rate = r["tokens"] / r["seconds"]
         final = sum(r["losses"][-10:]) / len(r["losses"][-10:])
         rows.append(f"| {kind} | {rate:.0f} | {ours_rate / rate:.2f}x | {final:.3f} | {r['memory']:.0f} | {r['seconds']:.1f} |")
+    sizes = model_sizes(args)
+    where = f"{args.device}{' bf16' if args.bf16 else ''}: {machine()}" + ("" if args.device == "cuda" else f", {args.threads} threads")
     publish(
-        "lora_finetune", "LoRA fine-tuning benchmark results", f"cpu: {machine()}, {args.threads} threads",
-        f"Llama {BENCH_LLAMA['hidden_size']}d x {BENCH_LLAMA['num_hidden_layers']} layers (random weights), "
+        "lora_finetune", "LoRA fine-tuning benchmark results", where,
+        f"Llama {sizes['hidden_size']}d x {sizes['num_hidden_layers']} layers (random weights), "
         f"LoRA r 16 on q/k/v/o, {args.steps} steps of batch {args.batch_size}, lr {args.lr}, synthetic GPT4Tools "
         f"records with {args.tools_per_prompt} tools per prompt, max_length {args.max_length}",
-        ["method", "trained tokens/s (non-padding)", "clova-train speed-up", "loss (last 10 steps)", "peak RSS MB",
+        ["method", "trained tokens/s (non-padding)", "clova-train speed-up", "loss (last 10 steps)",
+         "peak GPU MB" if args.device == "cuda" else "peak RSS MB",
          "timed seconds"],
         rows, record=not args.no_record,
     )

@@ -11,7 +11,11 @@ Read top to bottom:
   ranks it is normalised by the response tokens of all ranks' batches together, so that the gradient DDP or
   FSDP averages is the one-device gradient of the same global batch (not a mean of per-rank means);
 * sharded training: under Lightning's ``ModelParallelStrategy`` (FSDP2) ``configure_model`` shards every
-  decoder layer and the whole model with ``fully_shard`` (optionally in bf16 with fp32 gradient reduction);
+  decoder layer and the whole model with ``fully_shard`` (optionally in bf16 with fp32 gradient reduction). Only
+  global rank 0 reads the checkpoint; the other ranks build the model on the meta device and receive their shards
+  of rank 0's weights and LoRA initialisation (:mod:`clova_train.models.sharded_loading`), so a node holds one
+  host copy of the base, not one per rank. This is done in ``configure_model`` itself, before Lightning restores a
+  checkpoint (which therefore wins) and for every trainer function alike;
   ``gradient_checkpointing`` recomputes activations in the backward pass on any strategy;
 * ``validation_step`` / ``test_step`` generate greedily until ``Observation:`` (the template's stop
   strings) and feed :class:`~clova_train.tooluse.metrics.ToolUsageSuccessRate` (SR_t, SR_act, SR_args, SR for
@@ -28,6 +32,7 @@ Global batch = ``batch_size x devices x accumulate_grad_batches``: the paper's 5
 from __future__ import annotations
 
 import inspect
+from contextlib import nullcontext
 from pathlib import Path
 from typing import Any, Literal
 
@@ -40,6 +45,7 @@ from torch import nn
 from clova_train.core.atomic import write_json_atomic
 from clova_train.core.distributed import data_parallel
 from clova_train.core.errors import ModelError
+from clova_train.core.precision import precision_dtype
 from clova_train.tooluse.metrics import ToolUsageSuccessRate
 from clova_train.tooluse.prompt_template import TEMPLATE_FILE, PromptTemplate
 
@@ -69,14 +75,23 @@ def load_causal_lm(name_or_path: str, dtype: torch.dtype | None = None) -> nn.Mo
         return AutoModelForCausalLM.from_pretrained(absolute_model_name(name_or_path), **options)
 
 
-PRECISION_DTYPES = {"bf16-mixed": torch.bfloat16, "bf16-true": torch.bfloat16, "bf16": torch.bfloat16,
-                    "16-mixed": torch.float16, "16-true": torch.float16, "16": torch.float16,
-                    "32-true": torch.float32, "32": torch.float32}
+def sharded_causal_lm(name_or_path: str) -> nn.Module:
+    """For FSDP2: on global rank 0 the causal LM loaded as :func:`load_causal_lm` does (in the checkpoint's dtype); on
+    the other ranks the same architecture (rank 0's config and generation config) on the meta device, without
+    reading the weights. A load failure on rank 0 is raised on every rank."""
+    from transformers import AutoModelForCausalLM
 
+    from clova_train.models.sharded_loading import load_on_rank0
 
-def precision_dtype(precision: Any) -> torch.dtype:
-    """The dtype the frozen base is stored in for a Lightning ``precision`` (float32 when none or another kind)."""
-    return PRECISION_DTYPES.get(str(precision), torch.float32)
+    def build(description: tuple[Any, Any]) -> nn.Module:
+        config, generation_config = description
+        model = AutoModelForCausalLM.from_config(config)
+        if generation_config is not None:  # what generate() uses: from generation_config.json on rank 0
+            model.generation_config = generation_config
+        return model.eval()  # as from_pretrained leaves it
+
+    return load_on_rank0(lambda: load_causal_lm(name_or_path),
+                         lambda model: (model.config, getattr(model, "generation_config", None)), build)
 
 
 def is_right_padded(attention_mask: torch.Tensor) -> bool:
@@ -168,7 +183,11 @@ class LoraToolLLM(LightningModule):
         # (Vicuna) would otherwise stay float16, and autocast would keep a bf16 copy of every weight per step. The
         # LoRA weights stay float32 (peft upcasts adapters). FSDP2 keeps float32 shards (see shard_param_dtype).
         dtype = None if sharded else precision_dtype(self.trainer.precision if self._trainer is not None else None)
-        base = load_causal_lm(self.hparams.model_name_or_path, dtype=dtype)
+        if sharded:  # rank 0 reads the checkpoint, the other ranks build on the meta device
+            base = sharded_causal_lm(self.hparams.model_name_or_path)
+        else:  # DDP or one device: every process holds the whole model anyway
+            base = load_causal_lm(self.hparams.model_name_or_path, dtype=dtype)
+        on_meta = next(base.parameters()).is_meta
         check_lora_targets(base, list(self.hparams.target_modules))
         config = LoraConfig(
             r=self.hparams.lora_r,
@@ -179,12 +198,23 @@ class LoraToolLLM(LightningModule):
         )
         if self.hparams.gradient_checkpointing:
             base.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-        self.model = get_peft_model(base, config)
+        with torch.device("meta") if on_meta else nullcontext():
+            self.model = get_peft_model(base, config)
+        # from_pretrained leaves the base in eval mode and Lightning keeps each module's mode through fit; transformers
+        # checkpoints a layer only in training mode, so an eval-mode base silently kept every activation. The base is
+        # frozen by requires_grad, and runs in training mode as under the HF Trainer of the paper's recipe (its
+        # dropout, if the architecture has any, active; Llama's has none). Validation and generation run in eval mode.
+        self.model.train()
         if self.hparams.response_logits_only and not accepts_logits_to_keep(base):
             rank_zero_info(f"{type(base).__name__} has no logits_to_keep argument: using its own full loss")
             self.hparams.response_logits_only = False
-        if sharded:  # ModelParallelStrategy: shard with FSDP2
+        if sharded:  # ModelParallelStrategy: shard with FSDP2, then fill the shards from rank 0's copy
+            from clova_train.models.sharded_loading import match_rank0_dtypes, materialise_from_rank0
+
+            full_state = {} if on_meta else self.model.state_dict()  # rank 0's only full copy, freed after loading
+            match_rank0_dtypes(self.model)
             self.shard(self.device_mesh)
+            materialise_from_rank0(self.model, full_state, self.trainer.strategy.root_device)
 
     def shard(self, device_mesh: Any) -> None:
         """``fully_shard`` every decoder layer, then the causal LM, over the mesh's data-parallel dimension."""
@@ -323,6 +353,15 @@ class LoraToolLLM(LightningModule):
             callbacks.append(ModelCheckpoint(dirpath=directory, save_top_k=0, save_last=True,
                                              every_n_train_steps=self.hparams.checkpoint_every_n_steps))
         return callbacks
+
+    def state_dict(self, *args: Any, **kwargs: Any) -> dict[str, Any]:
+        """Sharded: the LoRA weights only. ``ModelParallelStrategy`` saves and restores a sharded checkpoint through
+        this dict, and restoring asks the checkpoint for every key in it (the checkpoint holds no base weights)."""
+        state = super().state_dict(*args, **kwargs)
+        if self.device_mesh is not None:
+            for key in [k for k in state if "lora_" not in k]:
+                del state[key]
+        return state
 
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         state = checkpoint["state_dict"]

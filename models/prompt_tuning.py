@@ -22,6 +22,11 @@ prompts, ``summary.json`` and ``tool.json`` (what ``clova-train export RUN`` rea
 ``pool_path`` names a shared pool, merges the accepted prompts into it as well. Under DDP gradient
 synchronisation is off: ranks tune different instances, and averaging their gradients would mix unrelated
 instances (sharding strategies are refused for the same reason; the frozen tools fit on one device).
+
+Precision: under ``bf16-mixed`` the frozen tool is stored in bfloat16 once, at setup (``PromptTool.store_weights_in``),
+so autocast never casts its weights again; the prompts, their Adam state, the pool and the records stay float32, and
+the tools compute their losses and gates from float32 logits. ``activation_checkpointing`` recomputes the tool's
+repeated blocks in the backward pass instead of keeping their activations (``PromptTool.checkpoint_blocks``).
 """
 
 from __future__ import annotations
@@ -40,13 +45,14 @@ import torch.distributed as dist
 from lightning import LightningModule
 from lightning.pytorch.callbacks import Callback, ModelCheckpoint
 from lightning.pytorch.strategies import DDPStrategy, SingleDeviceStrategy
-from lightning.pytorch.utilities import rank_zero_info
+from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 from torch import nn
 from torchmetrics import MeanMetric
 
 from clova_train.core.atomic import write_json_atomic, write_text_atomic
 from clova_train.core.errors import ModelError, PoolError
 from clova_train.core.pool import PoolSpec, PromptPool, control_pool, merge_into_file
+from clova_train.core.precision import precision_dtype
 from clova_train.core.evaluation_report import SampleTable, format_report
 from clova_train.tools.base import PromptTool
 from clova_train.tools.contracts import ChunkPlan, ChunkSource, InstanceRecord, TrainingInstance
@@ -101,6 +107,11 @@ class PromptTuning(LightningModule):
             through the frozen tool). The first chunk measures it (the bytes autograd saves for one and for two
             instances) and every chunk is then tuned in sub-chunks of as many instances as fit; null: a whole
             chunk at once. Results do not depend on it (each instance's loss depends only on its own prompt).
+        activation_checkpointing: recompute each repeated block of the frozen tool (its ``checkpoint_blocks``: CLIP's
+            vision blocks, BLIP's answer-decoder layers, OWL-ViT's vision layers, MaskFormer's decoder layers, the
+            Stable Diffusion UNet's blocks and text-encoder layers) in the backward pass instead of keeping its
+            activations: less memory per instance (more instances per inner step under ``max_memory_gb``) for about
+            one more forward pass per step. Same losses and prompts; gates and serving are unchanged.
     """
 
     def __init__(
@@ -116,6 +127,7 @@ class PromptTuning(LightningModule):
         validation_gate: bool = True,
         evaluation_controls: list[Literal["zero_prompt", "random_prompt", "ungated"]] = ["zero_prompt", "ungated"],  # noqa: B006
         max_memory_gb: float | None = None,
+        activation_checkpointing: bool = False,
     ) -> None:
         super().__init__()
         if not isinstance(tool, PromptTool):
@@ -141,6 +153,8 @@ class PromptTuning(LightningModule):
         if max_memory_gb is not None and not max_memory_gb > 0:
             raise ModelError(f"max_memory_gb must be a positive number of GB (or null), got {max_memory_gb}")
         self.max_memory_gb = max_memory_gb
+        self.activation_checkpointing = activation_checkpointing
+        self.tool_dtype = torch.float32  # the frozen tool's dtype, from the trainer's precision at setup
         self.instances_per_step: int | None = None  # measured from max_memory_gb on the first chunk
         self.records: dict[str, InstanceRecord] = {}
         self.chunks_done_in_epoch = 0  # training steps of this epoch, as Lightning counts its batches
@@ -175,6 +189,10 @@ class PromptTuning(LightningModule):
     def setup(self, stage: str) -> None:
         if self._trainer is not None:
             self._check_strategy()
+            # Before the strategy moves the tool to its device (a no-op when already so stored): autocast then finds
+            # the weights in its dtype and casts none of them at a step.
+            self.tool_dtype = precision_dtype(self.trainer.precision)
+            self.tool.store_weights_in(self.tool_dtype)
             datamodule = self.trainer.datamodule
             if stage == "fit":
                 if not isinstance(datamodule, ChunkSource):
@@ -187,11 +205,14 @@ class PromptTuning(LightningModule):
                 if type(self.tool).check_instance is not PromptTool.check_instance:
                     for index in range(len(self.plan.instances)):
                         self.tool.check_instance(self.plan.instances[index])
+        if self.activation_checkpointing and not self.tool.set_activation_checkpointing(True):
+            rank_zero_warn(f"activation_checkpointing has no effect: {type(self.tool).__name__} declares no "
+                           "checkpoint_blocks")
         if not hasattr(self, "prompts"):
             # Rows for the prompts of one chunk. Its shape is fixed before Lightning wraps the module
             # (DDP keeps autograd's per-parameter state, so the parameter must not be resized later).
             capacity = self.plan.chunk_size if self.plan else 1
-            self.prompts = nn.Parameter(torch.zeros(capacity, *self.tool.prompt_shape))
+            self.prompts = nn.Parameter(torch.zeros(capacity, *self.tool.prompt_shape, dtype=torch.float32))
 
     def configure_optimizers(self) -> torch.optim.Optimizer:
         return torch.optim.Adam([self.prompts], lr=self.lr)
@@ -219,6 +240,12 @@ class PromptTuning(LightningModule):
             raise ModelError(
                 "per-instance prompt tuning does not use a loss scaler: set trainer.precision to "
                 "bf16-mixed or 32-true, not 16-mixed"
+            )
+        if str(self.trainer.precision).endswith("-true") and precision_dtype(self.trainer.precision) != torch.float32:
+            raise ModelError(
+                f"trainer.precision={self.trainer.precision} would convert the prompts, their optimizer state and the "
+                "instances' data (boxes, images) to low precision: use bf16-mixed, which stores the frozen tool in "
+                "bfloat16 as well and keeps those float32"
             )
 
     def _without_gradient_sync(self) -> contextlib.AbstractContextManager:
@@ -291,14 +318,22 @@ class PromptTuning(LightningModule):
             return tensor
 
         n = len(chunk)
-        with torch.no_grad():
-            context = self.tool.prepare(chunk)
-            start = self.start_prompts(chunk).to(self.prompts)
-        prompts = start.clone().requires_grad_(True)
-        with torch.enable_grad(), torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
-            losses = self.tool.instance_losses(context, prompts[:n])
+        with self._tool_precision():
+            with torch.no_grad():
+                context = self.tool.prepare(chunk)
+                start = self.start_prompts(chunk).to(self.prompts)
+            prompts = start.clone().requires_grad_(True)
+            with torch.enable_grad(), torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
+                losses = self.tool.instance_losses(context, prompts[:n])
         del losses
         return sum(seen.values())
+
+    def _tool_precision(self) -> contextlib.AbstractContextManager:
+        """Autocast to the frozen tool's dtype when it is stored in low precision (Lightning's steps already run
+        under it; this is for calls from outside them, like a direct :meth:`activation_bytes`)."""
+        if self.tool_dtype == torch.float32:
+            return contextlib.nullcontext()
+        return torch.autocast(self.prompts.device.type, dtype=self.tool_dtype)
 
     def fitting_instances(self, probe: list[TrainingInstance]) -> int:
         """How many instances one inner step may hold within ``max_memory_gb``, from the bytes saved for one and for

@@ -12,7 +12,10 @@ A tool is ``T_{theta,P}(x) = theta([x, P])``: a frozen network theta and a learn
 * ``unmodified_outputs`` / ``prompted_outputs``: the tool's outputs through its library's own forward and
   through the prompted path (``check_tool`` asserts they agree with no prompt);
 * serving: the operations a server offers (``served_operations``, methods taking a :class:`PromptLookup`
-  first) and ``serve_request`` for JSON requests.
+  first) and ``serve_request`` for JSON requests;
+* optionally, ``checkpoint_blocks``: the repeated blocks ``instance_losses`` runs the prompt through, which the
+  engine's ``activation_checkpointing`` recomputes in the backward pass, and ``keep_float32``: what stays float32
+  when the engine stores the network in the training precision's dtype (``store_weights_in``).
 
 The engine (``clova_train.models.PromptTuning``), the pool, export, serving and the CLI only use this
 interface. ``describe()`` / ``from_description()`` make a tool rebuildable from JSON (``tool.json``).
@@ -20,6 +23,8 @@ interface. ``describe()`` / ``from_description()`` make a tool rebuildable from 
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import importlib.util
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
@@ -27,6 +32,7 @@ from typing import Any, ClassVar, Protocol
 
 import torch
 from torch import nn
+from torch.utils.checkpoint import checkpoint
 
 from clova_train.core.errors import ModelError
 from clova_train.core.pool import PoolSpec
@@ -72,6 +78,8 @@ class PromptTool(nn.Module, ABC):
         request_path_fields: request fields holding file paths (``predict`` resolves them against a JSONL's folder).
         serving_rule: how serving turns the pool into a query's prompt, when it is not the pool's cosine-weighted
             ensemble over the ``serving_top_k`` most similar stored prompts (the export's README says it).
+        keep_float32: names of parameters, buffers or submodules (their whole subtree) that
+            :meth:`store_weights_in` leaves in float32 (say, preprocessing constants applied before the network).
     """
 
     name: ClassVar[str]
@@ -84,6 +92,7 @@ class PromptTool(nn.Module, ABC):
     served_operations: ClassVar[tuple[str, ...]] = ()
     request_image_field: ClassVar[str] = "image"
     request_path_fields: ClassVar[tuple[str, ...]] = ("image", "images", "mask", "output")
+    keep_float32: ClassVar[tuple[str, ...]] = ()
 
     identity: str
 
@@ -218,11 +227,75 @@ class PromptTool(nn.Module, ABC):
         # The frozen network stays in eval mode (dropout off) whatever Lightning asks.
         return super().train(False)
 
+    def store_weights_in(self, dtype: torch.dtype) -> PromptTool:
+        """Store the frozen network's floating parameters and buffers in ``dtype`` (those named in
+        :attr:`keep_float32` stay float32), in place: the engine calls it once with the training precision's dtype,
+        so that autocast finds the weights already in its dtype instead of casting them at every step.
+
+        Prompts never live here: they stay float32 with their optimizer, and the tool casts them to its activations'
+        dtype where they enter the network. Under autocast, a tool computes what decides a loss or a gate (logits
+        against stored features, matching, thresholds) in float32, inside :meth:`full_precision`.
+        """
+
+        def kept(name: str) -> bool:
+            return any(name == k or name.startswith(k + ".") for k in self.keep_float32)
+
+        with torch.no_grad():
+            for name, tensor in [*self.named_parameters(), *self.named_buffers()]:
+                target = torch.float32 if kept(name) else dtype
+                if tensor.is_floating_point() and tensor.dtype != target:
+                    tensor.data = tensor.data.to(target)  # in place: modules that share the tensor see the change
+        return self
+
+    def full_precision(self) -> contextlib.AbstractContextManager:
+        """Autocast off on the tool's device: for the float32 parts of a loss or a decision computed from
+        low-precision activations (the caller casts its inputs with ``.float()``); a no-op without autocast."""
+        return torch.autocast(self.device.type, enabled=False)
+
+    # ------------------------------------------------------------------ activation checkpointing
+    def checkpoint_blocks(self) -> list[nn.Module]:
+        """The repeated blocks of the frozen network that :meth:`instance_losses` runs the prompt through, whose
+        activations :meth:`set_activation_checkpointing` recomputes in the backward pass instead of keeping them.
+        None by default (a tool that declares none trains as it is)."""
+        return []
+
+    def set_activation_checkpointing(self, enabled: bool) -> int:
+        """Switch activation checkpointing through :meth:`checkpoint_blocks` on or off; returns how many blocks.
+
+        While on, a block called with gradients enabled runs under ``torch.utils.checkpoint`` (non-reentrant): only
+        its inputs are kept for the backward pass, which runs the block again. Without gradients (gates, serving) it
+        runs its own forward. The hooks of the transformers and diffusers models (``gradient_checkpointing_enable``)
+        act only in training mode, and a frozen tool stays in eval mode, so the blocks' ``forward`` is wrapped here.
+        """
+        blocks = self.checkpoint_blocks()
+        for block in blocks:
+            wrapped = isinstance(vars(block).get("forward"), CheckpointedForward)
+            if enabled and not wrapped:
+                block.forward = CheckpointedForward(block)
+            elif not enabled and wrapped:
+                del block.forward
+        return len(blocks)
+
     @property
     def device(self) -> torch.device:
         for tensor in (*self.parameters(), *self.buffers()):
             return tensor.device
         return torch.device("cpu")
+
+
+class CheckpointedForward:
+    """A block's own ``forward`` that, with gradients enabled, runs under non-reentrant ``torch.utils.checkpoint``
+    (see :meth:`PromptTool.set_activation_checkpointing`). A plain object holding the block, so that a tool that
+    uses it still deep-copies and pickles."""
+
+    def __init__(self, block: nn.Module) -> None:
+        self.block = block
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        forward = functools.partial(type(self.block).forward, self.block)
+        if torch.is_grad_enabled():
+            return checkpoint(forward, *args, use_reentrant=False, **kwargs)
+        return forward(*args, **kwargs)
 
 
 # The tools this package ships are the PromptTool subclasses of modules directly inside this package (each module is

@@ -130,8 +130,14 @@ class BlipVqa(PromptTool):
         self.top_k = top_k
         model, self.processor = load_pretrained(BlipForQuestionAnswering, BlipProcessor, model_name, "BLIP VQA")
         self.model = self.freeze(model)
-        honour_cross_attention_masks(self.model)
         text = model.config.text_config
+        if text.encoder_hidden_size != text.hidden_size:
+            # transformers sizes the answer decoder's cross-attention by the vision width; it reads the question encoding
+            raise ModelError(
+                f"BLIP VQA model {model_name!r}: its answer decoder cross-attends to {text.encoder_hidden_size}-wide "
+                f"states (the vision width), but the question encoder gives {text.hidden_size}-wide ones; "
+                "BlipForQuestionAnswering needs the vision and text widths equal (BLIP's VQA checkpoints use ViT-B)")
+        honour_cross_attention_masks(self.model)
         self.bos_id, self.sep_id, self.pad_id = text.bos_token_id, text.sep_token_id, text.pad_token_id
         self.hidden_size = int(text.hidden_size)
         self.max_positions = int(text.max_position_embeddings)
@@ -163,6 +169,11 @@ class BlipVqa(PromptTool):
         """Prompts start near zero (uniform in +-0.02, BERT's init scale): close to the unmodified tool, so a
         prompt is what was learned, and the ensemble's average of prompts averages that, not initial noise."""
         return 0.02
+
+    def checkpoint_blocks(self) -> list[nn.Module]:
+        """The answer decoder's layers: the prompt enters through their cross-attention (the question encoder runs
+        once per chunk, without gradients)."""
+        return list(self.model.text_decoder.bert.encoder.layer)
 
     def _fingerprint(self) -> str:
         probes = ("vision_model.embeddings.class_embedding", "vision_model.post_layernorm.weight",
@@ -233,9 +244,10 @@ class BlipVqa(PromptTool):
 
     def decoder_logits(self, encoded: _Encoded, answers: _Answers, prompts: torch.Tensor | None) -> torch.Tensor:
         states, mask = self._with_prompts(encoded, prompts)
+        # no cache: a checkpointed layer runs twice, and would append its keys to a cache twice
         return self.model.text_decoder(
             input_ids=answers.inputs, attention_mask=answers.mask, encoder_hidden_states=states,
-            encoder_attention_mask=mask, return_dict=True,
+            encoder_attention_mask=mask, use_cache=False, return_dict=True,
         ).logits
 
     @torch.no_grad()
@@ -290,7 +302,7 @@ class BlipVqa(PromptTool):
     def instance_losses(self, ctx: VqaChunk, prompts: torch.Tensor) -> torch.Tensor:
         logits = self.decoder_logits(ctx.question, ctx.answers, prompts)
         per_token = F.cross_entropy(
-            logits.transpose(1, 2), ctx.answers.targets, ignore_index=-100, reduction="none",
+            logits.float().transpose(1, 2), ctx.answers.targets, ignore_index=-100, reduction="none",
             label_smoothing=self.label_smoothing,
         )
         return per_token.sum(1)

@@ -192,6 +192,7 @@ class PromptedClip(PromptTool):
     evaluation_metrics: ClassVar[tuple[str, ...]] = ("accuracy_no_prompt", "accuracy_pool")
     served_operations: ClassVar[tuple[str, ...]] = ("score", "classify", "select")
     request_image_field: ClassVar[str] = "images"
+    keep_float32: ClassVar[tuple[str, ...]] = ("mean", "std")  # images are resized and normalised in float32
 
     def __init__(
         self,
@@ -280,6 +281,10 @@ class PromptedClip(PromptTool):
         patch = self.model.visual.conv1.kernel_size
         return math.sqrt(6.0 / (3 * patch[0] * patch[1] + self.width))
 
+    def checkpoint_blocks(self) -> list[nn.Module]:
+        """The image tower's residual blocks, which the prompted forward (:meth:`encode_tokens`) calls one by one."""
+        return list(self.model.visual.transformer.resblocks)
+
     def _fingerprint(self) -> str:
         """Architecture + weights identity: shapes of all tensors and the bytes of a few small ones."""
         digest = hashlib.sha256()
@@ -306,12 +311,17 @@ class PromptedClip(PromptTool):
         missing = [n for n in dict.fromkeys(names) if n not in self._text_cache]
         if missing:
             for name, feature in zip(missing, self.encode_text(missing)):
-                self._text_cache[name] = feature
+                self._text_cache[name] = feature.float()
         return torch.stack([self._text_cache[n] for n in names]).to(self.mean.device)
 
     @property
     def logit_scale(self) -> torch.Tensor:
         return self.model.logit_scale.exp()
+
+    def logits(self, features: torch.Tensor, text: torch.Tensor) -> torch.Tensor:
+        """``logit_scale * features @ text.T`` in float32 (also under autocast: every loss and decision reads it)."""
+        with self.full_precision():
+            return self.logit_scale.float() * features.float() @ text.float().T
 
     # ------------------------------------------------------------------ image
     def preprocess(self, images: torch.Tensor) -> torch.Tensor:
@@ -366,7 +376,7 @@ class PromptedClip(PromptTool):
         pooled, _ = visual._pool(x)
         if visual.proj is not None:
             pooled = pooled @ visual.proj
-        return F.normalize(pooled, dim=-1)
+        return F.normalize(pooled.float(), dim=-1)
 
     def encode_image(self, images: torch.Tensor, prompts: torch.Tensor | None = None) -> torch.Tensor:
         """Normalised image features of ``[N, 3, H, W]`` images in [0, 1], optionally prompted."""
@@ -396,8 +406,7 @@ class PromptedClip(PromptTool):
         text = self.text_features(names)
         val_unprompted = None
         if self.gate_decision != "prompted" or self.gate_criterion == "fewer_errors":
-            features = self.encode_tokens(val_tokens, None)
-            logits = self.logit_scale * features @ text.to(features.dtype).T
+            logits = self.logits(self.encode_tokens(val_tokens, None), text)
             val_unprompted = logits.masked_fill(~candidates[val_owner], float("-inf")).softmax(-1)
         return ClipChunk(
             tokens, images, owner, labels, first, candidates, text, names,
@@ -406,8 +415,7 @@ class PromptedClip(PromptTool):
         )
 
     def _logits(self, tokens: torch.Tensor, owner: torch.Tensor, prompts: torch.Tensor, ctx: ClipChunk) -> torch.Tensor:
-        features = self.encode_tokens(tokens, prompts[owner])
-        logits = self.logit_scale * features @ ctx.text.to(features.dtype).T
+        logits = self.logits(self.encode_tokens(tokens, prompts[owner]), ctx.text)
         return logits.masked_fill(~ctx.candidates[owner], float("-inf"))
 
     def instance_losses(self, ctx: ClipChunk, prompts: torch.Tensor) -> torch.Tensor:
@@ -472,7 +480,7 @@ class PromptedClip(PromptTool):
         return self.encode_tokens(ctx.tokens[ctx.first_image], None)
 
     def unmodified_outputs(self, ctx: ClipChunk) -> torch.Tensor:
-        return F.normalize(self.model.encode_image(self.preprocess(ctx.images)), dim=-1)
+        return F.normalize(self.model.encode_image(self.preprocess(ctx.images)).float(), dim=-1)
 
     def prompted_outputs(self, ctx: ClipChunk, prompts: torch.Tensor | None) -> torch.Tensor:
         return self.encode_tokens(ctx.tokens, None if prompts is None else prompts[ctx.owner])
@@ -499,7 +507,9 @@ class PromptedClip(PromptTool):
         """Index of the crop (``[M, 3, H, W]`` in [0, 1]) that best matches ``concept``, and all scores."""
         tokens = self.embed_patches(crops)
         prompts = lookup.prompts_for(concept, self.encode_tokens(tokens, None))
-        scores = self.encode_tokens(tokens, prompts) @ self.text_features([concept])[0]
+        features = self.encode_tokens(tokens, prompts)
+        with self.full_precision():
+            scores = features @ self.text_features([concept])[0]
         return int(scores.argmax()), scores.cpu()
 
     def evaluate(self, lookup: PromptLookup, batch: dict[str, Any]) -> dict[str, torch.Tensor]:

@@ -50,7 +50,7 @@ def classify_forwards(lookup, images: torch.Tensor, labels: Sequence[str], tool=
     tool = tool or lookup.tool
     tokens, text = tool.embed_patches(images), tool.text_features(list(labels))
     base = tool.encode_tokens(tokens, None)
-    unprompted_logits = tool.logit_scale * base @ text.T
+    unprompted_logits = tool.logits(base, text)
     prompted = {}
     for k, label in enumerate(labels):
         prompts = lookup.prompts_for(label, base)
@@ -60,7 +60,7 @@ def classify_forwards(lookup, images: torch.Tensor, labels: Sequence[str], tool=
         rows = prompts.flatten(1).abs().amax(1) > 0
         if bool(rows.any()):
             features = tool.encode_tokens(tokens[rows], prompts[rows])
-            probabilities[rows] = (tool.logit_scale * features @ text.T).softmax(-1).to(probabilities.dtype)
+            probabilities[rows] = tool.logits(features, text).softmax(-1).to(probabilities.dtype)
         prompted[k] = probabilities
     return ClassifyForwards(unprompted_logits, prompted)
 

@@ -63,6 +63,13 @@ def detection_losses(
 
     Each image's loss is normalised by its own number of boxes (at least 1).
     """
+    with torch.autocast(logits.device.type, enabled=False):  # matching and losses in float32 under any autocast
+        return _detection_losses(logits.float(), boxes.float(), query_mask, targets)
+
+
+def _detection_losses(
+    logits: torch.Tensor, boxes: torch.Tensor, query_mask: torch.Tensor, targets: list[BoxTargets]
+) -> torch.Tensor:
     n, patches, queries = logits.shape
     device = logits.device
     class_targets = torch.zeros(n, patches, queries, device=device, dtype=logits.dtype)
@@ -78,8 +85,8 @@ def detection_losses(
     focal = (focal * query_mask[:, None, :].float()).sum((1, 2))
     counts = torch.tensor([max(len(t.labels), 1) for t in targets], device=device, dtype=torch.float)
     predicted, wanted, owner = torch.cat(matched_boxes), torch.cat(wanted_boxes), torch.cat(owners)
-    l1 = torch.zeros(n, device=device).index_add(0, owner, (predicted - wanted).abs().sum(-1).float())
-    giou_pairs = generalized_box_iou_loss(box_convert(predicted.float(), "cxcywh", "xyxy"),
-                                          box_convert(wanted.float(), "cxcywh", "xyxy"), reduction="none")
-    giou = torch.zeros(n, device=device).index_add(0, owner, giou_pairs.float())
+    l1 = torch.zeros(n, device=device).index_add(0, owner, (predicted - wanted).abs().sum(-1))
+    giou_pairs = generalized_box_iou_loss(box_convert(predicted, "cxcywh", "xyxy"),
+                                          box_convert(wanted, "cxcywh", "xyxy"), reduction="none")
+    giou = torch.zeros(n, device=device).index_add(0, owner, giou_pairs)
     return (CLASS_WEIGHT * focal + L1_WEIGHT * l1 + GIOU_WEIGHT * giou) / counts

@@ -152,6 +152,11 @@ class MaskFormerSeg(PromptTool):
         """Prompts start small (uniform in +-0.02): close to the unmodified tool."""
         return 0.02
 
+    def checkpoint_blocks(self) -> list[torch.nn.Module]:
+        """The transformer decoder's layers, whose cross-attention reads the prompt (backbone and pixel decoder run
+        once per chunk, without gradients)."""
+        return list(self.model.model.transformer_module.decoder.layers)
+
     def _fingerprint(self) -> str:
         probes = ("model.transformer_module.queries_embedder.weight", "class_predictor.weight",
                   "model.transformer_module.decoder.layernorm.weight", "model.pixel_level_module.decoder.mask_projection.weight")
@@ -287,13 +292,15 @@ class MaskFormerSeg(PromptTool):
         views = ctx.train
         classes, masks = self.decode_views(views, prompts)
         losses = []
-        for v, target in enumerate(views.targets):
-            padded = masks.new_zeros(len(target), *views.frame)
-            padded[:, : target.shape[1], : target.shape[2]] = target
-            indices = self.matcher(masks[v : v + 1].detach(), classes[v : v + 1].detach(), [padded],
-                                   [torch.zeros(len(target), dtype=torch.long, device=masks.device)])
-            parts = self.model.criterion.loss_masks(masks[v : v + 1], [padded], indices, num_masks=len(target))
-            losses.append(self.mask_weight * parts["loss_mask"] + self.dice_weight * parts["loss_dice"])
+        with self.full_precision():  # matching, focal and dice losses in float32, whatever the network's precision
+            classes, masks = classes.float(), masks.float()
+            for v, target in enumerate(views.targets):
+                padded = masks.new_zeros(len(target), *views.frame)
+                padded[:, : target.shape[1], : target.shape[2]] = target
+                indices = self.matcher(masks[v : v + 1].detach(), classes[v : v + 1].detach(), [padded],
+                                       [torch.zeros(len(target), dtype=torch.long, device=masks.device)])
+                parts = self.model.criterion.loss_masks(masks[v : v + 1], [padded], indices, num_masks=len(target))
+                losses.append(self.mask_weight * parts["loss_mask"] + self.dice_weight * parts["loss_dice"])
         return torch.stack(losses)
 
     def gate(self, ctx: SegChunk, prompts: torch.Tensor) -> list[GateResult]:

@@ -153,6 +153,10 @@ class OwlVitLoc(PromptTool):
         """Prompts start small (uniform in +-0.02) next to layer-normalised tokens: close to the unmodified tool."""
         return 0.02
 
+    def checkpoint_blocks(self) -> list[torch.nn.Module]:
+        """The vision encoder's layers, which the prompt tokens run through."""
+        return list(self.model.owlvit.vision_model.encoder.layers)
+
     def _fingerprint(self) -> str:
         probes = ("owlvit.vision_model.embeddings.class_embedding", "owlvit.vision_model.post_layernorm.weight",
                   "box_head.dense2.weight", "class_head.dense0.weight", "owlvit.text_projection.weight")

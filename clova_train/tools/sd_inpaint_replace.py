@@ -338,6 +338,14 @@ class InpaintTextualInversion(PromptTool):
     def prompt_shape(self) -> tuple[int, int]:
         return (1, self.width)
 
+    def checkpoint_blocks(self) -> list[torch.nn.Module]:
+        """The UNet's down, mid and up blocks and the text encoder's layers: the token reaches the loss through the
+        text encoder and the UNet's cross-attention (the VAE runs once per chunk, without gradients)."""
+        unet = self.unet
+        mid = [] if unet.mid_block is None else [unet.mid_block]
+        text = getattr(self.text_encoder, "text_model", self.text_encoder)  # transformers 4.x nests it, 5.x does not
+        return [*unet.down_blocks, *mid, *unet.up_blocks, *text.encoder.layers]
+
     @property
     def feature_dim(self) -> int:
         return int(self.vae.config.latent_channels)
@@ -366,11 +374,14 @@ class InpaintTextualInversion(PromptTool):
         return pixels.clamp(-1, 1).to(self.device), masks.to(self.device)
 
     def encode(self, images: Sequence[MaskedImage]) -> Latents:
-        """Scaled posterior-mode latents of the images and of their masked images, masks at latent size."""
+        """Scaled posterior-mode latents of the images and of their masked images, masks at latent size.
+
+        Float32 whatever the VAE's dtype: the noise, the schedule's noising and the loss's target are computed from
+        them in float32 (the UNet's input is cast to its precision by autocast)."""
         pixels, masks = self._pixels(images)
         scale = float(self.vae.config.scaling_factor)
-        latents = self.vae.encode(pixels).latent_dist.mode() * scale
-        masked = self.vae.encode(pixels * (masks < 0.5)).latent_dist.mode() * scale
+        latents = self.vae.encode(pixels).latent_dist.mode().float() * scale
+        masked = self.vae.encode(pixels * (masks < 0.5)).latent_dist.mode().float() * scale
         return Latents(latents, masked, F.interpolate(masks, size=latents.shape[-2:]))
 
     def check_instance(self, instance: ReplaceInstance) -> None:

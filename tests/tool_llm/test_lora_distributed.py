@@ -1,6 +1,8 @@
 """The LoRA tool LLM on several processes, shown to be right: 2 DDP ranks train what one device trains at the same
 global batch, validation scores every sample once on uneven shards, a sharded (FSDP2) run exports the same adapter,
-and a run killed inside an epoch resumes to exactly the adapter of an uninterrupted run.
+and a run killed inside an epoch resumes to exactly the adapter of an uninterrupted run. Sharded, only rank 0 reads
+the base (the others build it on the meta device and start from rank 0's weights), a restored checkpoint wins over
+them, and a base rank 0 cannot load stops every rank with its message.
 
 Tolerance of the cross-layout comparisons: 1e-4 on LoRA weights of magnitude ~0.1 after 12 AdamW steps. The runs
 compute the same sums over the same samples in other shapes (sub-batches, other padding), so they differ by float
@@ -138,3 +140,72 @@ def test_a_run_killed_inside_an_epoch_resumes_to_the_uninterrupted_adapter(small
     run(fit_args(small_data, tiny_llama_dir, killed, *common, f"--ckpt_path={last}"))
     resumed, uninterrupted = adapter(killed), adapter(reference)
     assert all(torch.equal(resumed[k], uninterrupted[k]) for k in uninterrupted)  # bit for bit
+
+
+def probe(directory: Path) -> str:
+    """The ``fit``/``validate`` argument that adds :class:`tool_llm.sharded_probe.ShardedStartProbe`."""
+    return ('--trainer.callbacks=[{"class_path": "tool_llm.sharded_probe.ShardedStartProbe", '
+            '"init_args": {"directory": "%s"}}]' % directory)
+
+
+def records(directory: Path, hook: str) -> list[dict]:
+    return [torch.load(directory / f"{hook}-rank{rank}.pt", weights_only=False) for rank in (0, 1)]
+
+
+def test_sharded_only_rank_0_reads_the_base_and_a_restored_checkpoint_wins(small_data: Path, tiny_llama_dir: Path,
+                                                                          tmp_path: Path) -> None:
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from clova_train.models.sharded_loading import non_persistent_buffers
+
+    run(fit_args(small_data, tiny_llama_dir, tmp_path / "fit", "--data.init_args.batch_size=5", "--trainer.devices=2",
+                 SHARDED, "--trainer.limit_train_batches=2", "--trainer.limit_val_batches=0", probe(tmp_path / "fit")))
+    started = records(tmp_path / "fit", "fit_start")  # after the strategy set the model up, before the first step
+    assert [r["loads"] for r in started] == [[str(tiny_llama_dir)], []]
+    checkpoint = load_file(str(tiny_llama_dir / "model.safetensors"))
+    full_bytes = sum(t.numel() * t.element_size() for t in checkpoint.values())
+    assert started[0]["bytes_before_sharding"] > full_bytes and started[1]["bytes_before_sharding"] == 0
+    fresh = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(tiny_llama_dir))
+    fresh_buffers = {f"base_model.model.{name}": b for name, b in non_persistent_buffers(fresh)}
+    assert any(name.endswith("rotary_emb.inv_freq") for name in fresh_buffers)
+    for r in started:
+        base = {k.removeprefix("base_model.model.").replace(".base_layer.", "."): v
+                for k, v in r["parameters"].items() if "lora_" not in k}
+        assert base.keys() == checkpoint.keys()
+        assert all(torch.equal(base[k], checkpoint[k]) for k in checkpoint)  # rank 0's checkpoint, on every rank
+        lora_b = [k for k in r["parameters"] if ".lora_B." in k]
+        assert lora_b and all(not r["local_shards"][k].any() and not r["parameters"][k].any() for k in lora_b)
+        assert r["buffers"].keys() == fresh_buffers.keys()
+        assert all(torch.equal(r["buffers"][k], fresh_buffers[k]) for k in fresh_buffers)  # rotary inv_freq
+    assert all(torch.equal(started[0]["parameters"][k], started[1]["parameters"][k]) for k in started[0]["parameters"])
+
+    # A restored checkpoint wins over rank 0's initial weights (the trained LoRA B is no longer zero).
+    args = fit_args(small_data, tiny_llama_dir, tmp_path / "validate", "--trainer.devices=2", SHARDED,
+                    "--trainer.limit_val_batches=1", f"--ckpt_path={tmp_path / 'fit' / 'checkpoints' / 'last.ckpt'}",
+                    probe(tmp_path / "validate"))
+    args[0] = "validate"
+    run(args)
+    trained = adapter(tmp_path / "fit")
+    assert all(trained[k].any() for k in trained if ".lora_B." in k)
+    validated = records(tmp_path / "validate", "validation_start")
+    assert [r["loads"] for r in validated] == [[str(tiny_llama_dir)], []]
+    for r in validated:
+        lora = {k.replace(".default.", "."): v for k, v in r["parameters"].items() if "lora_" in k}
+        assert lora.keys() == trained.keys() and all(torch.equal(lora[k], trained[k]) for k in trained)
+
+
+def test_a_base_rank_0_cannot_load_stops_every_sharded_rank_with_its_message(small_data: Path, tiny_llama_dir: Path,
+                                                                             tmp_path: Path) -> None:
+    import shutil
+
+    broken = tmp_path / "llama"
+    shutil.copytree(tiny_llama_dir, broken)
+    weights = broken / "model.safetensors"
+    with weights.open("r+b") as handle:
+        handle.truncate(weights.stat().st_size // 2)
+    args = fit_args(small_data, broken, tmp_path / "run", "--trainer.devices=2", SHARDED)
+    args[args.index(f"--data.init_args.tokenizer={broken}")] = f"--data.init_args.tokenizer={tiny_llama_dir}"
+    result = run_cli_subprocess(args, timeout=200)  # rank 1 does not wait for a model that never comes
+    assert result.returncode == 2
+    assert result.stderr.count(f"cannot load the causal LM from '{broken}': SafetensorError") == 2, result.stderr[-3000:]
+    assert "Traceback" not in result.stderr

@@ -429,3 +429,29 @@ def test_the_frozen_base_is_stored_in_the_training_precision(tool_data_root: Pat
     frozen = {p.dtype for p in module.model.parameters() if not p.requires_grad}
     trained = {p.dtype for p in module.model.parameters() if p.requires_grad}
     assert frozen == {torch.bfloat16} and trained == {torch.float32}
+
+
+def test_gradient_checkpointing_acts_in_a_lightning_fit(tool_data_root: Path, tiny_llama_dir: Path,
+                                                        tmp_path: Path) -> None:
+    """transformers checkpoints a decoder layer only in training mode, and from_pretrained leaves the base in eval mode
+    (which Lightning keeps through fit): the activations a training step keeps, measured in the forward pass, must
+    shrink with gradient_checkpointing, on the same batch, and the loss must not change."""
+    from lightning import Trainer
+
+    from clova_train.models import LoraToolLLM
+    from clova_train.quickstart.real_size.probe import StepProbe
+
+    kept, losses = {}, {}
+    for checkpointing in (False, True):
+        torch.manual_seed(0)
+        module = LoraToolLLM(str(tiny_llama_dir), max_new_tokens=8, lora_dropout=0.0,
+                             gradient_checkpointing=checkpointing)
+        probe = StepProbe(str(tmp_path / f"probe-{checkpointing}.json"), measure_activations=True)
+        trainer = Trainer(accelerator="cpu", max_steps=1, limit_val_batches=0, logger=False, enable_progress_bar=False,
+                          enable_checkpointing=False, enable_model_summary=False, callbacks=[probe],
+                          default_root_dir=str(tmp_path))
+        trainer.fit(module, data_module(tool_data_root, tiny_llama_dir))
+        kept[checkpointing] = probe.activation_bytes
+        losses[checkpointing] = float(trainer.callback_metrics["train/loss"])
+    assert kept[True] < 0.5 * kept[False], kept
+    assert losses[True] == pytest.approx(losses[False], rel=1e-5)

@@ -36,15 +36,22 @@ def build_tiny_owlvit(image_size: int = 64, seed: int = 0, width: int = 64, laye
     )
     image_processor = OwlViTImageProcessor(size={"height": image_size, "width": image_size},
                                            crop_size={"height": image_size, "width": image_size})
-    model = OwlViTForObjectDetection(config)
-    # transformers initialises the detection heads with unit-variance weights (real checkpoints overwrite
-    # them): from there the box head saturates at once. Small weights start every box at its patch.
+    model = small_detection_heads(OwlViTForObjectDetection(config))
+    return model.eval(), OwlViTProcessor(image_processor=image_processor, tokenizer=tokenizer)
+
+
+def small_detection_heads(model: torch.nn.Module) -> torch.nn.Module:
+    """Redraw an OWL-ViT's class and box heads with small weights and zero biases (in place; returns the model).
+
+    transformers initialises the detection heads with unit-variance weights (real checkpoints overwrite them): from
+    there the box head saturates at once. Small weights start every box at its patch.
+    """
     for head in (model.class_head, model.box_head):
         for layer in head.modules():
             if isinstance(layer, torch.nn.Linear):
                 torch.nn.init.normal_(layer.weight, std=0.02)
                 torch.nn.init.zeros_(layer.bias)
-    return model.eval(), OwlViTProcessor(image_processor=image_processor, tokenizer=tokenizer)
+    return model
 
 
 # The tiny detectors learn every colour name, but purple and orange only from other shades than the ones

@@ -1,0 +1,494 @@
+"""Real-size smoke check (``make smoke-real``): every paper config at its real architecture and size, offline.
+
+For each ``configs/paper/*`` config: build its model at the real size with random weights in the real checkpoint's
+layout (:mod:`clova_train.quickstart.real_size.models`; cached under ``--models``), write a little synthetic data in
+the real formats at the paths the config names, run ``clova-train fit`` (``controller fit``) with the config as
+shipped plus the overrides listed in the table (local model paths, a few steps, a few samples; nothing that changes
+a shape), export the run and load the export for serving (one request answered, one chat reply generated, the
+TorchScript and SB3 controller loaded). Each step runs in its own process, as a user runs it; the table gives
+seconds per step, peak resident memory, parameters and the activations one training instance (one sample) keeps,
+measured, next to whether each stage succeeded. Not part of ``make test``; ``tests/project/test_smoke_real.py``
+runs one config.
+
+The same runner serves ``make gpu-check`` (``--device cuda``: bf16-mixed on one GPU, peak GPU memory recorded).
+
+    python benchmarks/smoke_real.py                      # every config, CPU (about 40 minutes on 2 cores)
+    python benchmarks/smoke_real.py --configs loc vqa    # some of them
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from results_file import machine, publish  # noqa: E402
+
+REPO = Path(__file__).resolve().parents[1]
+CONFIGS = REPO / "configs" / "paper"
+PROBE = "clova_train.quickstart.real_size.probe.StepProbe"
+MEMORY_PROBE = "clova_train.quickstart.real_size.probe.ActivationMemory"
+MEMORY_MODES = ("fp32", "fp32 checkpointed", "bf16", "bf16 checkpointed")
+ACTIVATIONS_LINE = re.compile(r"prompt tuning: ([\d,.]+) MB of activations per instance \(\+([\d,.]+) MB shared\)")
+
+
+@dataclass
+class Case:
+    """One paper config as the smoke run drives it.
+
+    Args:
+        name: short name (``--configs``).
+        config: file under ``configs/paper``.
+        model: the :data:`~clova_train.quickstart.real_size.models.REAL_SIZES` entry it runs on (None: no model file).
+        overrides: what the run changes, ``{model}`` standing for the model directory.
+        data: writes the synthetic data under the working directory, at the config's own paths (``full``: one whole
+            chunk of the config's).
+        kind: ``prompt`` (PromptTuning), ``lora`` (LoraToolLLM) or ``controller``.
+        inner_steps: prompt tuning's optimisation steps per instance (the ``steps`` override).
+        ranks: processes the run uses on CPU (the sharded config: 2 data-parallel ranks).
+    """
+
+    name: str
+    config: str
+    model: str | None
+    overrides: list[str]
+    data: Callable[[Path, bool], None]
+    kind: str = "prompt"
+    inner_steps: int = 0
+    ranks: int = 1
+    request: dict = field(default_factory=dict)
+
+
+# ------------------------------------------------------------------------------------------------- synthetic data
+# Each writer takes the working directory and whether to write one whole chunk of the config's (the GPU check, whose
+# memory figures must be the config's own) or the fewest instances that run every stage (CPU).
+def concept_folders(workdir: Path, full: bool) -> None:
+    from clova_train.synthetic.shapes import write_concept_folders
+
+    write_concept_folders(workdir / "data" / "concepts", ["red", "purple"], images_per_concept=17 if full else 2,
+                          image_size=224)
+
+
+def vqa_records(workdir: Path, full: bool) -> None:
+    from clova_train.synthetic.vqa import write_vqa_records
+
+    write_vqa_records(workdir / "data" / "vqa", ["orange"], [], images_per_colour=32 if full else 2, wrong_answers=0,
+                      eval_per_colour=1, image_size=128)
+
+
+def coco_scenes(workdir: Path, full: bool) -> None:
+    from clova_train.synthetic.grounding import write_coco_scenes
+
+    scenes = write_coco_scenes(workdir / "data" / "scenes", ["purple circle"], 34 if full else 4,
+                               distractor_colours=["red", "green"], objects_per_image=2, image_size=128, seed=1)
+    (workdir / "data" / "lvis").mkdir(parents=True, exist_ok=True)
+    (workdir / "data" / "coco").mkdir(parents=True, exist_ok=True)
+    os.symlink(scenes / "annotations.json", workdir / "data" / "lvis" / "lvis_v1_train.json")
+    os.symlink(scenes / "images", workdir / "data" / "coco" / "train2017")
+
+
+def masked_concepts(workdir: Path, full: bool) -> None:
+    from clova_train.synthetic.masked_concepts import write_masked_concepts
+
+    write_masked_concepts(workdir / "data" / "replace_concepts", ["orange_circle"], images_per_concept=10 if full else 4,
+                          image_size=64)
+
+
+def tool_instructions(model_dir: Path) -> Callable[[Path, bool], None]:
+    def write(workdir: Path, full: bool) -> None:
+        from clova_train.datamodules import SyntheticToolDataModule
+
+        scratch = workdir / "data" / "synthetic"
+        SyntheticToolDataModule(str(scratch), str(model_dir), conversations_per_tool=1, negatives=4,
+                                eval_conversations_per_tool=1).prepare_data()
+        target = workdir / "data" / "gpt4tools"
+        target.mkdir(parents=True, exist_ok=True)
+        for source, name, keep in (("train.json", "gpt4tools_71k.json", None), ("val.json", "gpt4tools_val_seen.json", 2),
+                                   ("test.json", "gpt4tools_test_unseen.json", 2)):
+            records = json.loads((scratch / source).read_text(encoding="utf-8"))
+            (target / name).write_text(json.dumps(records[:keep] if keep else records), encoding="utf-8")
+    return write
+
+
+def no_data(workdir: Path, full: bool) -> None:
+    return None
+
+
+# ------------------------------------------------------------------------------------------------------ the cases
+PROMPT_RUN = ["--data.init_args.num_workers=0", "--model.init_args.max_memory_gb=1000"]
+LLM_RUN = ["--model.init_args.model_name_or_path={model}", "--data.init_args.tokenizer={model}",
+           "--data.init_args.eval_batch_size=2", "--data.init_args.num_workers=0", "--model.init_args.max_new_tokens=8",
+           "--trainer.max_epochs=1", "--trainer.limit_train_batches=4", "--trainer.accumulate_grad_batches=2",
+           "--trainer.limit_val_batches=1", "--trainer.num_sanity_val_steps=0"]
+
+
+def cases(models_dir: Path, llm: str = "vicuna-stand-in") -> dict[str, Case]:
+    llm_data = tool_instructions(models_dir / llm)
+    listed = (
+        Case("clip", "clip_prompt_vit_l14.yaml", "clip-vit-l14",
+             ["--model.init_args.tool.init_args.model_name=local-dir:{model}",
+              "--model.init_args.tool.init_args.pretrained=null", "--model.init_args.steps=3", *PROMPT_RUN],
+             concept_folders, inner_steps=3,
+             request={"images": ["data/concepts/purple/purple_001.png"], "labels": ["purple", "red"]}),
+        Case("vqa", "vqa_prompt_blip.yaml", "blip-vqa-capfilt-large",
+             ["--model.init_args.tool.init_args.model_name={model}", "--model.init_args.steps=3", *PROMPT_RUN],
+             vqa_records, inner_steps=3, request={"image": "@vqa", "question": "what colour is the circle?"}),
+        Case("loc", "loc_prompt_owlvit.yaml", "owlvit-base-patch32",
+             ["--model.init_args.tool.init_args.model_name={model}", "--data.init_args.concept=purple circle",
+              "--data.init_args.num_val_images=1", "--data.init_args.num_eval_images=1", "--model.init_args.steps=3",
+              *PROMPT_RUN],
+             coco_scenes, inner_steps=3, request={"image": "data/coco/train2017/00001.png", "concept": "purple circle"}),
+        Case("seg", "seg_prompt_maskformer.yaml", "maskformer-swin-base-coco",
+             ["--model.init_args.tool.init_args.model_name={model}", "--data.init_args.concept=purple circle",
+              "--data.init_args.num_val_images=1", "--data.init_args.num_eval_images=1", "--model.init_args.steps=3",
+              *PROMPT_RUN],
+             coco_scenes, inner_steps=3, request={"image": "data/coco/train2017/00001.png", "concept": "purple circle"}),
+        Case("replace", "replace_prompt_sd_inpaint.yaml", "sd-inpainting",
+             ["--model.init_args.tool.init_args.model_name={model}", "--model.init_args.tool.init_args.gate_timesteps=1",
+              "--model.init_args.tool.init_args.gate_noise_draws=1",
+              "--model.init_args.tool.init_args.num_inference_steps=2", "--model.init_args.steps=2", *PROMPT_RUN],
+             masked_concepts, inner_steps=2,
+             request={"image": "data/replace_concepts/orange_circle/orange_circle_000.png",
+                      "mask": "data/replace_concepts/orange_circle/masks/orange_circle_000.png",
+                      "concept": "orange_circle", "output": "served.png", "seed": 0}),
+        Case("llm", "tool_llm_vicuna13b.yaml", llm, [*LLM_RUN], llm_data, kind="lora"),
+        Case("llm-sharded", "tool_llm_vicuna13b_sharded.yaml", llm, [*LLM_RUN], llm_data, kind="lora",
+             ranks=2),
+        Case("controller", "controller_dqn_hydra.yaml", None,
+             ["--env.llm.kind=scripted", "--env.embedder.kind=hashing", "--train.total_timesteps=2000",
+              "--train.eval_every=0", "--train.eval_episodes=20", "--train.checkpoint_every=2000",
+              "--train.control_steps=0", "--train.progress_bar=false"],
+             no_data, kind="controller"),
+    )
+    return {case.name: case for case in listed}
+
+
+# ------------------------------------------------------------------------------------------------------- running
+@dataclass
+class Stage:
+    """One process's outcome: exit status, wall seconds, peak resident memory of its largest process (GB) and the tail
+    of its output."""
+
+    returncode: int
+    seconds: float
+    peak_rss_gb: float
+    tail: str
+
+
+def _children() -> dict[int, list[int]]:
+    tree: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                parent = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+            tree.setdefault(parent, []).append(int(entry.name))
+    return tree
+
+
+def _high_water_marks(root: int, marks: dict[int, int]) -> None:
+    """Record ``VmHWM`` (kB) of ``root`` and its descendants. The kernel's ``ru_maxrss`` is no use here: a child
+    started by fork or vfork inherits the parent's high-water mark through exec."""
+    tree, pending = _children(), [root]
+    while pending:
+        pid = pending.pop()
+        pending += tree.get(pid, [])
+        try:
+            for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+                if line.startswith("VmHWM:"):
+                    marks[pid] = max(marks.get(pid, 0), int(line.split()[1]))
+        except OSError:
+            continue
+
+
+def run_stage(args: list[str], cwd: Path, log: Path, timeout: float, env: dict[str, str] | None = None) -> Stage:
+    """Run ``args`` in ``cwd`` with output to ``log``, sampling the process tree's memory high-water marks."""
+    start = time.perf_counter()
+    marks: dict[int, int] = {}
+    with log.open("w") as out:
+        process = subprocess.Popen(args, cwd=cwd, stdout=out, stderr=subprocess.STDOUT,
+                                   env={**os.environ, "PYTHONWARNINGS": "ignore", **(env or {})})
+        while process.poll() is None:
+            _high_water_marks(process.pid, marks)
+            if time.perf_counter() - start > timeout:
+                process.kill()
+                process.wait()
+                break
+            time.sleep(0.25)
+    text = log.read_text(errors="replace")
+    return Stage(process.returncode, time.perf_counter() - start, max(marks.values(), default=0) / 1e6, text[-3000:])
+
+
+def clova(*args: str) -> list[str]:
+    return [sys.executable, "-m", "clova_train", *args]
+
+
+def device_overrides(case: Case, device: str) -> list[str]:
+    if case.kind == "controller":
+        return ["--dqn.device=cuda" if device == "cuda" else "--dqn.device=cpu"]
+    if device == "cuda":
+        run = ["--trainer.accelerator=gpu", "--trainer.devices=1", "--trainer.precision=bf16-mixed"]
+        return run + (["--trainer.strategy.init_args.data_parallel_size=1"] if case.ranks > 1 else ["--trainer.strategy=auto"])
+    run = ["--trainer.accelerator=cpu", f"--trainer.devices={case.ranks}"]
+    return run + ([f"--trainer.strategy.init_args.data_parallel_size={case.ranks}"] if case.ranks > 1
+                  else ["--trainer.strategy=auto"])
+
+
+def config_setting(case: Case, dotted: str) -> object:
+    import yaml
+
+    node: object = yaml.safe_load((CONFIGS / case.config).read_text(encoding="utf-8"))
+    for key in dotted.split("."):
+        node = node.get(key) if isinstance(node, dict) else None
+    return node
+
+
+def run_case(case: Case, models_dir: Path, out: Path, device: str, timeout: float) -> dict:
+    """Build, fit, export and serve one case; returns its table row's values."""
+    from clova_train.quickstart.real_size.models import REAL_SIZES
+
+    row: dict = {"case": case.name, "config": case.config, "stages": {}}
+    model_dir = None
+    if case.model is not None:
+        # built in its own process: the runner stays small, and holds no GPU memory the runs need
+        model_dir = models_dir / case.model
+        models_dir.mkdir(parents=True, exist_ok=True)
+        build = run_stage([sys.executable, "-c", "import sys\nfrom clova_train.quickstart.real_size.models import "
+                           "build_real_size\nbuild_real_size(sys.argv[1], sys.argv[2])", case.model, str(models_dir)],
+                          models_dir, models_dir / f"{case.model}.log", timeout)
+        row["stages"]["build"] = build
+        row["build_s"] = build.seconds
+        if build.returncode != 0:
+            return row
+        row["parameters_m"] = json.loads((model_dir / "real_size.json").read_text())["parameters"] / 1e6
+        row["stand_in"] = REAL_SIZES[case.model].stand_in
+    workdir = out / case.name
+    shutil.rmtree(workdir, ignore_errors=True)
+    workdir.mkdir(parents=True)
+    case.data(workdir, device == "cuda")
+    overrides = [o.replace("{model}", str(model_dir)) for o in case.overrides] + device_overrides(case, device)
+    row["overrides"] = [o.replace(str(model_dir), "<model>") for o in overrides] if model_dir else overrides
+    probe = workdir / "probe.json"
+    if case.kind == "controller":
+        fit = clova("controller", "fit", "--config", str(CONFIGS / case.config), *overrides)
+    else:
+        init = {"output": str(probe), "measure_activations": case.kind == "lora" and case.ranks == 1}
+        fit = clova("fit", "--config", str(CONFIGS / case.config), *overrides,
+                    "--trainer.callbacks+=" + json.dumps({"class_path": PROBE, "init_args": init}))
+    stage = run_stage(fit, workdir, workdir / "fit.log", timeout)
+    row["stages"]["fit"] = stage
+    if stage.returncode != 0:
+        return row
+    text = (workdir / "fit.log").read_text(errors="replace")
+    if case.kind == "prompt":
+        measured = ACTIVATIONS_LINE.search(text)
+        if measured:
+            row["activations_mb"] = float(measured.group(1).replace(",", ""))
+    if probe.is_file():
+        row["probe"] = json.loads(probe.read_text())
+    if case.kind == "controller":
+        row["probe"] = controller_speed(workdir / str(config_setting(case, "train.output_dir")))
+    export_and_serve(case, row, workdir, overrides, timeout, device)
+    if case.kind == "prompt" and device == "cpu":
+        measure_activation_modes(case, row, workdir, overrides, timeout)
+    return row
+
+
+def measure_activation_modes(case: Case, row: dict, workdir: Path, overrides: list[str], timeout: float) -> None:
+    """What one inner step keeps per instance in float32 and bfloat16, with and without activation checkpointing
+    (:class:`~clova_train.quickstart.real_size.probe.ActivationMemory`; a fit that stops before its first step)."""
+    output = workdir / "activation_memory.json"
+    callback = {"class_path": MEMORY_PROBE, "init_args": {"output": str(output)}}
+    stage = run_stage(clova("fit", "--config", str(CONFIGS / case.config), *overrides, "--trainer.max_steps=0",
+                            "--trainer.precision=32-true", "--trainer.default_root_dir=activation-memory",
+                            "--trainer.callbacks+=" + json.dumps(callback)),
+                      workdir, workdir / "activation_memory.log", timeout)
+    row["stages"]["memory"] = stage
+    if stage.returncode == 0 and output.is_file():
+        row["activation_modes"] = json.loads(output.read_text())["modes"]
+
+
+def controller_speed(run_dir: Path) -> dict:
+    import csv
+
+    rows = []
+    for path in run_dir.rglob("progress.csv"):
+        with path.open() as handle:
+            rows += [r for r in csv.DictReader(handle) if r.get("time/fps")]
+    fps = float(rows[-1]["time/fps"]) if rows else None
+    return {"env_steps_per_s": fps}
+
+
+def export_and_serve(case: Case, row: dict, workdir: Path, overrides: list[str], timeout: float, device: str) -> None:
+    run_dir = workdir / str(config_setting(case, "trainer.default_root_dir") or config_setting(case, "train.output_dir"))
+    export = workdir / "export"
+    if case.kind == "controller":
+        stage = run_stage(clova("controller", "export", "--config", str(CONFIGS / case.config), *overrides,
+                                "--output", str(export)), workdir, workdir / "export.log", timeout)
+    else:
+        source = run_dir / "checkpoints" / "last.ckpt" if case.ranks > 1 else run_dir
+        stage = run_stage(clova("export", str(source), "--output", str(export)), workdir, workdir / "export.log", timeout)
+    row["stages"]["export"] = stage
+    if stage.returncode != 0:
+        return
+    if case.kind == "prompt":
+        request = dict(case.request)
+        if request.get("image") == "@vqa":
+            first = json.loads((workdir / "data" / "vqa" / "eval.jsonl").read_text().splitlines()[0])
+            request["image"] = str(workdir / "data" / "vqa" / first["image"])
+        serve = clova("serve", str(export), "--device", device, "--request", json.dumps(request))
+    elif case.kind == "lora":
+        serve = [sys.executable, "-c", (
+            "import sys\nfrom clova_train.tooluse.served_llm import ServedToolLLM, ChatRequest\n"
+            f"served = ServedToolLLM.from_export({str(export)!r}, device={device!r})\n"
+            "reply = served.chat_batch([ChatRequest(messages=[{'role': 'user', 'content': 'What is in image.png?'}], "
+            "max_tokens=8)])[0]\nprint('reply tokens', reply.completion_tokens)\n")]
+    else:
+        serve = [sys.executable, "-c", (
+            "import json, torch\nfrom stable_baselines3 import DQN\n"
+            f"export = {str(export)!r}\n"
+            "size = json.load(open(export + '/controller.json'))['observation_dim']\n"
+            "net = torch.jit.load(export + '/q_network.pt')\n"
+            "print('q values', net(torch.zeros(1, size)).shape, 'parameters', sum(p.numel() for p in net.parameters()))\n"
+            "DQN.load(export + '/controller.zip', device='cpu')\n")]
+    stage = run_stage(serve, workdir, workdir / "serve.log", timeout)
+    row["stages"]["serve"] = stage
+    found = re.search(r"parameters (\d+)", stage.tail)
+    if case.kind == "controller" and found:
+        row["parameters_m"] = int(found.group(1)) / 1e6
+
+
+# ------------------------------------------------------------------------------------------------------- the table
+def step_figures(case: Case, row: dict) -> tuple[str, str]:
+    """(seconds per step, throughput) from the probe: prompt tuning's chunk time over its inner steps (gate and
+    validation included), the LLM's micro-batch time after the first, the controller's environment steps."""
+    probe = row.get("probe") or {}
+    if case.kind == "controller":
+        fps = probe.get("env_steps_per_s")
+        return ("-", f"{fps:,.0f} env steps/s") if fps else ("-", "-")
+    seconds = probe.get("batch_seconds") or []
+    if not seconds:
+        return "-", "-"
+    if case.kind == "prompt":
+        instances = sum(probe.get("batch_samples") or [0])
+        per_step = sum(seconds) / (len(seconds) * case.inner_steps)
+        return f"{per_step:.1f}", f"{instances / sum(seconds) * 60:.1f} instances/min"
+    timed = seconds[1:] or seconds
+    tokens = (probe.get("batch_tokens") or [0])[1:] or probe.get("batch_tokens") or [0]
+    return f"{sum(timed) / len(timed):.1f}", f"{sum(tokens) / sum(timed):,.0f} tokens/s"
+
+
+def activations(case: Case, row: dict) -> str:
+    if "activations_mb" in row:
+        return f"{row['activations_mb']:,.1f} MB / instance"
+    probe = row.get("probe") or {}
+    saved, samples = probe.get("first_batch_activation_bytes"), (probe.get("batch_samples") or [0])[0]
+    if saved and samples:
+        tokens = (probe.get("batch_tokens") or [0])[0]
+        return f"{saved / samples / 1e6:,.1f} MB / sample ({tokens // samples} tokens)"
+    return "-"
+
+
+def outcome(row: dict) -> str:
+    parts = []
+    for name in ("build", "fit", "export", "serve", "memory"):
+        stage = row["stages"].get(name)
+        parts.append(f"{name} " + ("-" if stage is None else "ok" if stage.returncode == 0 else f"FAILED ({stage.returncode})"))
+    return ", ".join(parts)
+
+
+def table_row(case: Case, row: dict) -> str:
+    per_step, throughput = step_figures(case, row)
+    fit = row["stages"].get("fit")
+    serve = row["stages"].get("serve")
+    gpu = (row.get("probe") or {}).get("peak_gpu_bytes")
+    parameters = f"{row['parameters_m']:,.1f} M" if "parameters_m" in row else "-"
+    model = f"{parameters}" + (f" ({row['stand_in']})" if row.get("stand_in") else "")
+    return (f"| {case.config} | {model} | {per_step} | {throughput} | "
+            f"{fit.peak_rss_gb:.1f} | {serve.peak_rss_gb if serve else float('nan'):.1f} | "
+            f"{f'{gpu / 1e9:.1f}' if gpu else '-'} | {activations(case, row)} | {fit.seconds:.0f} | {outcome(row)} |")
+
+
+COLUMNS = ["config", "parameters", "s/step", "throughput", "fit peak RSS GB", "serve peak RSS GB", "peak GPU GB",
+           "activations kept", "fit s", "stages"]
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description="Run every paper config at its real model size (random weights) for a "
+                                     "few steps, export and serve it; print and record the table.")
+    parser.add_argument("--configs", nargs="+", default=None, help="which cases (default: all): " + ", ".join(cases(Path("."))))
+    parser.add_argument("--models", default="checkpoints/models/real-size",
+                        help="where the real-size models are built (reused when finished)")
+    parser.add_argument("--output", default="checkpoints/smoke-real", help="working directories of the runs")
+    parser.add_argument("--device", default="cpu", choices=("cpu", "cuda"), help="cpu, or one GPU in bf16-mixed")
+    parser.add_argument("--llm", default="vicuna-stand-in", choices=("vicuna-stand-in", "vicuna-13b"),
+                        help="the LLM configs' model: the 0.9B stand-in (CPU) or Vicuna-13B's own sizes (a GPU)")
+    parser.add_argument("--timeout", type=float, default=1800, help="seconds each process may run")
+    parser.add_argument("--record", action=argparse.BooleanOptionalAction, default=True,
+                        help="append the table to benchmarks/results/smoke_real.md")
+    parsed = parser.parse_args(argv)
+    models_dir, out = Path(parsed.models).resolve(), Path(parsed.output).resolve()
+    chosen = cases(models_dir, parsed.llm)
+    names = parsed.configs or list(chosen)
+    unknown = [n for n in names if n not in chosen]
+    if unknown:
+        parser.error(f"unknown case(s) {', '.join(unknown)} (known: {', '.join(chosen)})")
+    rows, failed, memory_rows = [], [], []
+    started = time.perf_counter()
+    for name in names:
+        case = chosen[name]
+        print(f"smoke-real: {name} ({case.config}) ...", flush=True)
+        row = run_case(case, models_dir, out, parsed.device, parsed.timeout)
+        rows.append(table_row(case, row))
+        if row.get("activation_modes"):
+            modes = row["activation_modes"]
+            memory_rows.append(f"| {case.config} | " + " | ".join(
+                f"{modes[m]['mb_per_instance']:,.1f}" if m in modes else "-" for m in MEMORY_MODES) + " |")
+        print(rows[-1], flush=True)
+        bad = [s for s in row["stages"].values() if s.returncode != 0]
+        if bad or not {"fit", "export", "serve"} <= set(row["stages"]):
+            failed.append(name)
+            print(f"smoke-real: {name} failed; log tail:\n{bad[0].tail if bad else ''}", flush=True)
+        (out / name / "row.json").write_text(json.dumps(
+            {**{k: v for k, v in row.items() if k != "stages"},
+             "stages": {k: {"returncode": s.returncode, "seconds": s.seconds, "peak_rss_gb": s.peak_rss_gb}
+                        for k, s in row["stages"].items()}}, indent=1))
+    total = time.perf_counter() - started
+    description = (
+        f"Machine: {machine()}. Device: {parsed.device}. Every config as shipped, models at the real sizes with random "
+        "weights (built offline, the real checkpoints' layouts), synthetic data in the real formats, a few steps; the "
+        "overrides are in each run's row.json (local model paths, steps, sample counts, workers 0; CPU: one device, "
+        "the sharded config at 2 data-parallel ranks; the LLM at 4 batches with gradient accumulation 2 and 8 new "
+        "tokens). s/step: prompt tuning's chunk time over its inner steps (gate and validation included); the LLM's "
+        "micro-batch of 4 after the first. Activations: prompt tuning's own measure (bytes autograd keeps per instance, "
+        "1 vs 2 instances); the LLM's first micro-batch (checkpointed layers recompute theirs). Peak RSS: the largest "
+        f"process. Total {total / 60:.1f} min.")
+    publish("smoke_real", "Real-size smoke check (make smoke-real, make gpu-check)", f"{len(rows)} configs on {parsed.device}",
+            description, COLUMNS, rows, parsed.record)
+    if memory_rows:
+        publish("smoke_real", "Real-size smoke check (make smoke-real, make gpu-check)",
+                "prompt tuning's activations per instance at real size",
+                f"Machine: {machine()}. What autograd keeps for one inner step, per instance (MB; one and two instances "
+                "of the run's data, the tool's weights excluded), with the tool stored in float32 or in bfloat16 under "
+                "autocast (as bf16-mixed trains), and with activation_checkpointing off or on. Memory of a chunk = "
+                "weights + chunk x per instance + 16 bytes per prompt number (prompt, gradient, two Adam moments).",
+                ["config", *MEMORY_MODES], memory_rows, parsed.record)
+    if failed:
+        print(f"smoke-real: failed: {', '.join(failed)} (logs under {out})", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
