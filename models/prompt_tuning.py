@@ -335,15 +335,21 @@ class PromptTuning(LightningModule):
             return contextlib.nullcontext()
         return torch.autocast(self.prompts.device.type, dtype=self.tool_dtype)
 
+    def activation_profile(self, probe: list[TrainingInstance]) -> tuple[int, int]:
+        """``(bytes per instance, bytes shared by the chunk)`` one inner step keeps, from :meth:`activation_bytes` of
+        one and of two instances of ``probe`` (a share is independent of the count: text features, a chunk's tables;
+        with one instance, all of it counts per instance)."""
+        one = self.activation_bytes(probe[:1])
+        per_instance = max(self.activation_bytes(probe[:2]) - one, 1) if len(probe) > 1 else one
+        return per_instance, max(one - per_instance, 0)
+
     def fitting_instances(self, probe: list[TrainingInstance]) -> int:
-        """How many instances one inner step may hold within ``max_memory_gb``, from the bytes saved for one and for
-        two instances of ``probe`` (a share of them is independent of the count: text features, a chunk's tables)."""
+        """How many instances one inner step may hold within ``max_memory_gb``, from :meth:`activation_profile` of
+        ``probe``."""
         budget = float(self.max_memory_gb) * 1e9
         if not probe:
             return self.prompts.shape[0]
-        one = self.activation_bytes(probe[:1])
-        per_instance = max(self.activation_bytes(probe[:2]) - one, 1) if len(probe) > 1 else one
-        shared = max(one - per_instance, 0)
+        per_instance, shared = self.activation_profile(probe)
         fitting = max(1, int((budget - shared) // per_instance))
         note = "" if budget >= shared + per_instance else " (one instance needs more than the budget: tuned one at a time)"
         rank_zero_info(f"prompt tuning: {per_instance / 1e6:,.1f} MB of activations per instance "

@@ -109,11 +109,9 @@ class ActivationMemory(Callback):
             pl_module.tool_dtype = dtype
             for checkpointed in (False, True):
                 blocks = tool.set_activation_checkpointing(checkpointed)
-                one = pl_module.activation_bytes(instances[:1])
-                per_instance = pl_module.activation_bytes(instances[:2]) - one if len(instances) > 1 else one
+                per_instance, shared = pl_module.activation_profile(instances)
                 modes[f"{'bf16' if dtype == torch.bfloat16 else 'fp32'}{' checkpointed' if checkpointed else ''}"] = {
-                    "mb_per_instance": per_instance / 1e6, "mb_shared": max(one - per_instance, 0) / 1e6,
-                    "checkpointed_blocks": blocks}
+                    "mb_per_instance": per_instance / 1e6, "mb_shared": shared / 1e6, "checkpointed_blocks": blocks}
         tool.set_activation_checkpointing(False)
         tool.store_weights_in(torch.float32)  # as the run's precision has it (the stop after this evaluates it)
         pl_module.tool_dtype = torch.float32
