@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import multiprocessing as mp
+import queue as queue_module
 import resource
 import sys
 import tempfile
@@ -169,7 +170,14 @@ def measure(kind: str, model_dir: Path, train: Path, args: argparse.Namespace, w
     queue = ctx.Queue()
     proc = ctx.Process(target=_child, args=(kind, str(model_dir), str(train), args, str(workdir / kind), queue))
     proc.start()
-    result = queue.get()
+    while True:  # a child that dies before it reports must end the benchmark, not leave it waiting
+        try:
+            result = queue.get(timeout=5)
+            break
+        except queue_module.Empty:
+            if not proc.is_alive():
+                raise SystemExit(f"lora_finetune: the {kind} run ended (exit {proc.exitcode}) without a result; "
+                                 "its error is above") from None
     proc.join()
     return result
 

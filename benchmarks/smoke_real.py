@@ -14,6 +14,12 @@ The same runner serves ``make gpu-check`` (``--device cuda``: bf16-mixed on one 
 
     python benchmarks/smoke_real.py                      # every config, CPU (about 40 minutes on 2 cores)
     python benchmarks/smoke_real.py --configs loc vqa    # some of them
+    python benchmarks/smoke_real.py --device cuda --build-jobs 6 --beside --budget-minutes 6   # as gpu-check runs it
+
+``--build-jobs`` builds a queue's models first, that many at once (the CPU's threads shared among them). ``--beside`` runs
+the LLM cases in a second queue beside the others (one GPU holds both): their s/step are then marked as measured with
+a neighbour. ``--budget-minutes`` caps the whole run: a case that would start with under a minute left is skipped and
+listed as such, and every process is stopped at the deadline, so the table is always written.
 """
 
 from __future__ import annotations
@@ -25,8 +31,10 @@ import re
 import shutil
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -183,6 +191,7 @@ class Stage:
     seconds: float
     peak_rss_gb: float
     tail: str
+    stopped: bool = False  # killed at its time limit (``--timeout`` or the budget's deadline)
 
 
 def _children() -> dict[int, list[int]]:
@@ -216,6 +225,7 @@ def run_stage(args: list[str], cwd: Path, log: Path, timeout: float, env: dict[s
     """Run ``args`` in ``cwd`` with output to ``log``, sampling the process tree's memory high-water marks."""
     start = time.perf_counter()
     marks: dict[int, int] = {}
+    stopped = False
     with log.open("w") as out:
         process = subprocess.Popen(args, cwd=cwd, stdout=out, stderr=subprocess.STDOUT,
                                    env={**os.environ, "PYTHONWARNINGS": "ignore", **(env or {})})
@@ -224,10 +234,12 @@ def run_stage(args: list[str], cwd: Path, log: Path, timeout: float, env: dict[s
             if time.perf_counter() - start > timeout:
                 process.kill()
                 process.wait()
+                stopped = True
                 break
             time.sleep(0.25)
     text = log.read_text(errors="replace")
-    return Stage(process.returncode, time.perf_counter() - start, max(marks.values(), default=0) / 1e6, text[-3000:])
+    return Stage(process.returncode, time.perf_counter() - start, max(marks.values(), default=0) / 1e6, text[-3000:],
+                 stopped=stopped)
 
 
 def clova(*args: str) -> list[str]:
@@ -254,8 +266,38 @@ def config_setting(case: Case, dotted: str) -> object:
     return node
 
 
-def run_case(case: Case, models_dir: Path, out: Path, device: str, timeout: float) -> dict:
-    """Build, fit, export and serve one case; returns its table row's values."""
+class Budget:
+    """Seconds each process may run: ``--timeout``, or less where the run's deadline comes sooner."""
+
+    def __init__(self, per_process: float, minutes: float | None) -> None:
+        self.per_process = per_process
+        self.deadline = None if minutes is None else time.monotonic() + minutes * 60
+
+    def left(self) -> float:
+        return float("inf") if self.deadline is None else self.deadline - time.monotonic()
+
+    def __call__(self) -> float:
+        return max(1.0, min(self.per_process, self.left()))
+
+
+def build_ahead(models: list[str], models_dir: Path, jobs: int, timeout: Callable[[], float]) -> dict[str, Stage]:
+    """Build ``models`` ``jobs`` at a time, each in its own process with its share of the CPU's threads; a finished
+    build is reused. Each case's own build stage then finds its model ready."""
+    models_dir.mkdir(parents=True, exist_ok=True)
+    threads = str(max(1, (os.cpu_count() or 1) // jobs))
+
+    def build(name: str) -> Stage:
+        return run_stage([sys.executable, "-c", "import sys\nfrom clova_train.quickstart.real_size.models import "
+                          "build_real_size\nbuild_real_size(sys.argv[1], sys.argv[2])", name, str(models_dir)],
+                         models_dir, models_dir / f"{name}.log", timeout(), env={"OMP_NUM_THREADS": threads})
+
+    with ThreadPoolExecutor(jobs) as pool:
+        return dict(zip(models, pool.map(build, models)))
+
+
+def run_case(case: Case, models_dir: Path, out: Path, device: str, timeout: Callable[[], float]) -> dict:
+    """Build, fit, export and serve one case; returns its table row's values. ``timeout()`` gives the seconds the next
+    process may run."""
     from clova_train.quickstart.real_size.models import REAL_SIZES
 
     row: dict = {"case": case.name, "config": case.config, "stages": {}}
@@ -266,7 +308,7 @@ def run_case(case: Case, models_dir: Path, out: Path, device: str, timeout: floa
         models_dir.mkdir(parents=True, exist_ok=True)
         build = run_stage([sys.executable, "-c", "import sys\nfrom clova_train.quickstart.real_size.models import "
                            "build_real_size\nbuild_real_size(sys.argv[1], sys.argv[2])", case.model, str(models_dir)],
-                          models_dir, models_dir / f"{case.model}.log", timeout)
+                          models_dir, models_dir / f"{case.model}.log", timeout())
         row["stages"]["build"] = build
         row["build_s"] = build.seconds
         if build.returncode != 0:
@@ -286,7 +328,7 @@ def run_case(case: Case, models_dir: Path, out: Path, device: str, timeout: floa
         init = {"output": str(probe), "measure_activations": case.kind == "lora" and case.ranks == 1}
         fit = clova("fit", "--config", str(CONFIGS / case.config), *overrides,
                     "--trainer.callbacks+=" + json.dumps({"class_path": PROBE, "init_args": init}))
-    stage = run_stage(fit, workdir, workdir / "fit.log", timeout)
+    stage = run_stage(fit, workdir, workdir / "fit.log", timeout())
     row["stages"]["fit"] = stage
     if stage.returncode != 0:
         return row
@@ -300,12 +342,13 @@ def run_case(case: Case, models_dir: Path, out: Path, device: str, timeout: floa
     if case.kind == "controller":
         row["probe"] = controller_speed(workdir / str(config_setting(case, "train.output_dir")))
     export_and_serve(case, row, workdir, overrides, timeout, device)
-    if case.kind == "prompt" and device == "cpu":
+    if case.kind == "prompt":
         measure_activation_modes(case, row, workdir, overrides, timeout)
     return row
 
 
-def measure_activation_modes(case: Case, row: dict, workdir: Path, overrides: list[str], timeout: float) -> None:
+def measure_activation_modes(case: Case, row: dict, workdir: Path, overrides: list[str],
+                             timeout: Callable[[], float]) -> None:
     """What one inner step keeps per instance in float32 and bfloat16, with and without activation checkpointing
     (:class:`~clova_train.quickstart.real_size.probe.ActivationMemory`; a fit that stops before its first step)."""
     output = workdir / "activation_memory.json"
@@ -313,7 +356,7 @@ def measure_activation_modes(case: Case, row: dict, workdir: Path, overrides: li
     stage = run_stage(clova("fit", "--config", str(CONFIGS / case.config), *overrides, "--trainer.max_steps=0",
                             "--trainer.precision=32-true", "--trainer.default_root_dir=activation-memory",
                             "--trainer.callbacks+=" + json.dumps(callback)),
-                      workdir, workdir / "activation_memory.log", timeout)
+                      workdir, workdir / "activation_memory.log", timeout())
     row["stages"]["memory"] = stage
     if stage.returncode == 0 and output.is_file():
         row["activation_modes"] = json.loads(output.read_text())["modes"]
@@ -330,15 +373,16 @@ def controller_speed(run_dir: Path) -> dict:
     return {"env_steps_per_s": fps}
 
 
-def export_and_serve(case: Case, row: dict, workdir: Path, overrides: list[str], timeout: float, device: str) -> None:
+def export_and_serve(case: Case, row: dict, workdir: Path, overrides: list[str], timeout: Callable[[], float],
+                     device: str) -> None:
     run_dir = workdir / str(config_setting(case, "trainer.default_root_dir") or config_setting(case, "train.output_dir"))
     export = workdir / "export"
     if case.kind == "controller":
         stage = run_stage(clova("controller", "export", "--config", str(CONFIGS / case.config), *overrides,
-                                "--output", str(export)), workdir, workdir / "export.log", timeout)
+                                "--output", str(export)), workdir, workdir / "export.log", timeout())
     else:
         source = run_dir / "checkpoints" / "last.ckpt" if case.ranks > 1 else run_dir
-        stage = run_stage(clova("export", str(source), "--output", str(export)), workdir, workdir / "export.log", timeout)
+        stage = run_stage(clova("export", str(source), "--output", str(export)), workdir, workdir / "export.log", timeout())
     row["stages"]["export"] = stage
     if stage.returncode != 0:
         return
@@ -362,7 +406,7 @@ def export_and_serve(case: Case, row: dict, workdir: Path, overrides: list[str],
             "net = torch.jit.load(export + '/q_network.pt')\n"
             "print('q values', net(torch.zeros(1, size)).shape, 'parameters', sum(p.numel() for p in net.parameters()))\n"
             "DQN.load(export + '/controller.zip', device='cpu')\n")]
-    stage = run_stage(serve, workdir, workdir / "serve.log", timeout)
+    stage = run_stage(serve, workdir, workdir / "serve.log", timeout())
     row["stages"]["serve"] = stage
     found = re.search(r"parameters (\d+)", stage.tail)
     if case.kind == "controller" and found:
@@ -383,10 +427,10 @@ def step_figures(case: Case, row: dict) -> tuple[str, str]:
     if case.kind == "prompt":
         instances = sum(probe.get("batch_samples") or [0])
         per_step = sum(seconds) / (len(seconds) * case.inner_steps)
-        return f"{per_step:.1f}", f"{instances / sum(seconds) * 60:.1f} instances/min"
+        return f"{per_step:.2f}", f"{instances / sum(seconds) * 60:.1f} instances/min"
     timed = seconds[1:] or seconds
     tokens = (probe.get("batch_tokens") or [0])[1:] or probe.get("batch_tokens") or [0]
-    return f"{sum(timed) / len(timed):.1f}", f"{sum(tokens) / sum(timed):,.0f} tokens/s"
+    return f"{sum(timed) / len(timed):.2f}", f"{sum(tokens) / sum(timed):,.0f} tokens/s"
 
 
 def activations(case: Case, row: dict) -> str:
@@ -401,27 +445,42 @@ def activations(case: Case, row: dict) -> str:
 
 
 def outcome(row: dict) -> str:
+    if row.get("skipped"):
+        return f"skipped: {row['skipped']}"
     parts = []
     for name in ("build", "fit", "export", "serve", "memory"):
         stage = row["stages"].get(name)
-        parts.append(f"{name} " + ("-" if stage is None else "ok" if stage.returncode == 0 else f"FAILED ({stage.returncode})"))
+        parts.append(f"{name} " + ("-" if stage is None else "ok" if stage.returncode == 0 else
+                                   "stopped at its time limit" if stage.stopped else f"FAILED ({stage.returncode})"))
     return ", ".join(parts)
 
 
 def table_row(case: Case, row: dict) -> str:
     per_step, throughput = step_figures(case, row)
+    if row.get("beside") and per_step != "-":
+        per_step, throughput = f"{per_step} (b)", f"{throughput} (b)"
     fit = row["stages"].get("fit")
+    if fit is None:
+        return f"| {case.config} | - | - | - | - | - | - | - | - | {outcome(row)} |"
     serve = row["stages"].get("serve")
     gpu = (row.get("probe") or {}).get("peak_gpu_bytes")
     parameters = f"{row['parameters_m']:,.1f} M" if "parameters_m" in row else "-"
     model = f"{parameters}" + (f" ({row['stand_in']})" if row.get("stand_in") else "")
     return (f"| {case.config} | {model} | {per_step} | {throughput} | "
-            f"{fit.peak_rss_gb:.1f} | {serve.peak_rss_gb if serve else float('nan'):.1f} | "
+            f"{fit.peak_rss_gb:.1f} | {f'{serve.peak_rss_gb:.1f}' if serve else '-'} | "
             f"{f'{gpu / 1e9:.1f}' if gpu else '-'} | {activations(case, row)} | {fit.seconds:.0f} | {outcome(row)} |")
 
 
 COLUMNS = ["config", "parameters", "s/step", "throughput", "fit peak RSS GB", "serve peak RSS GB", "peak GPU GB",
            "activations kept", "fit s", "stages"]
+
+
+def queues(chosen: dict[str, Case], names: list[str], beside: bool) -> list[list[str]]:
+    """The order cases run in: one queue, or with ``beside`` the LLM cases in a second queue next to the others."""
+    if not beside:
+        return [names]
+    split = [[n for n in names if chosen[n].kind == "lora"], [n for n in names if chosen[n].kind != "lora"]]
+    return [queue for queue in split if queue]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -435,6 +494,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--llm", default="vicuna-stand-in", choices=("vicuna-stand-in", "vicuna-13b"),
                         help="the LLM configs' model: the 0.9B stand-in (CPU) or Vicuna-13B's own sizes (a GPU)")
     parser.add_argument("--timeout", type=float, default=1800, help="seconds each process may run")
+    parser.add_argument("--budget-minutes", type=float, default=None,
+                        help="the whole run's limit: cases that would start with under a minute left are skipped")
+    parser.add_argument("--build-jobs", type=int, default=1,
+                        help="build the models first, this many at once (1: each case builds its own when it starts)")
+    parser.add_argument("--beside", action="store_true",
+                        help="run the LLM cases in a second queue beside the others; their timings are marked (b)")
     parser.add_argument("--record", action=argparse.BooleanOptionalAction, default=True,
                         help="append the table to benchmarks/results/smoke_real.md")
     parsed = parser.parse_args(argv)
@@ -444,36 +509,74 @@ def main(argv: list[str] | None = None) -> int:
     unknown = [n for n in names if n not in chosen]
     if unknown:
         parser.error(f"unknown case(s) {', '.join(unknown)} (known: {', '.join(chosen)})")
-    rows, failed, memory_rows = [], [], []
+    budget = Budget(parsed.timeout, parsed.budget_minutes)
     started = time.perf_counter()
+    plan = queues(chosen, names, parsed.beside)
+    beside = len(plan) > 1
+    finished: dict[str, dict] = {}
+    lock = threading.Lock()
+
+    def run_queue(queue: list[str]) -> None:
+        models = list(dict.fromkeys(chosen[n].model for n in queue if chosen[n].model is not None))
+        if parsed.build_jobs > 1 and len(models) > 1:
+            with lock:
+                print(f"smoke-real: building {', '.join(models)}, {parsed.build_jobs} at once ...", flush=True)
+            for model, stage in build_ahead(models, models_dir, parsed.build_jobs, budget).items():
+                with lock:
+                    print(f"smoke-real: built {model} in {stage.seconds:.0f} s (exit {stage.returncode})", flush=True)
+        for name in queue:
+            case = chosen[name]
+            if budget.left() < 60:
+                row = {"case": name, "config": case.config, "stages": {},
+                       "skipped": f"{max(budget.left(), 0):.0f} s of the {parsed.budget_minutes:g}-minute budget left"}
+            else:
+                with lock:
+                    print(f"smoke-real: {name} ({case.config}) ...", flush=True)
+                row = run_case(case, models_dir, out, parsed.device, budget)
+            row["beside"] = beside
+            with lock:
+                finished[name] = row
+                print(table_row(case, row), flush=True)
+            (out / name).mkdir(parents=True, exist_ok=True)
+            (out / name / "row.json").write_text(json.dumps(
+                {**{k: v for k, v in row.items() if k != "stages"},
+                 "stages": {k: {"returncode": s.returncode, "seconds": s.seconds, "peak_rss_gb": s.peak_rss_gb}
+                            for k, s in row["stages"].items()}}, indent=1))
+
+    with ThreadPoolExecutor(len(plan)) as pool:
+        list(pool.map(run_queue, plan))
+    rows, failed, skipped, memory_rows = [], [], [], []
     for name in names:
-        case = chosen[name]
-        print(f"smoke-real: {name} ({case.config}) ...", flush=True)
-        row = run_case(case, models_dir, out, parsed.device, parsed.timeout)
+        case, row = chosen[name], finished[name]
         rows.append(table_row(case, row))
         if row.get("activation_modes"):
             modes = row["activation_modes"]
             memory_rows.append(f"| {case.config} | " + " | ".join(
                 f"{modes[m]['mb_per_instance']:,.1f}" if m in modes else "-" for m in MEMORY_MODES) + " |")
-        print(rows[-1], flush=True)
         bad = [s for s in row["stages"].values() if s.returncode != 0]
-        if bad or not {"fit", "export", "serve"} <= set(row["stages"]):
+        if row.get("skipped") or any(s.stopped for s in bad):
+            skipped.append(name)
+        elif bad or not {"fit", "export", "serve"} <= set(row["stages"]):
             failed.append(name)
             print(f"smoke-real: {name} failed; log tail:\n{bad[0].tail if bad else ''}", flush=True)
-        (out / name / "row.json").write_text(json.dumps(
-            {**{k: v for k, v in row.items() if k != "stages"},
-             "stages": {k: {"returncode": s.returncode, "seconds": s.seconds, "peak_rss_gb": s.peak_rss_gb}
-                        for k, s in row["stages"].items()}}, indent=1))
     total = time.perf_counter() - started
+    llm_batches = "4 batches with gradient accumulation 2 and 8 new tokens" + (
+        ", at Vicuna-13B's own sizes" if parsed.llm == "vicuna-13b" else ", on the 0.9B stand-in")
     description = (
-        f"Machine: {machine()}. Device: {parsed.device}. Every config as shipped, models at the real sizes with random "
-        "weights (built offline, the real checkpoints' layouts), synthetic data in the real formats, a few steps; the "
-        "overrides are in each run's row.json (local model paths, steps, sample counts, workers 0; CPU: one device, "
-        "the sharded config at 2 data-parallel ranks; the LLM at 4 batches with gradient accumulation 2 and 8 new "
-        "tokens). s/step: prompt tuning's chunk time over its inner steps (gate and validation included); the LLM's "
-        "micro-batch of 4 after the first. Activations: prompt tuning's own measure (bytes autograd keeps per instance, "
-        "1 vs 2 instances); the LLM's first micro-batch (checkpointed layers recompute theirs). Peak RSS: the largest "
-        f"process. Total {total / 60:.1f} min.")
+        f"Machine: {machine()}. Device: {parsed.device}" + (" (bf16-mixed)" if parsed.device == "cuda" else "") +
+        ". Every config as shipped, models at the real sizes with random weights (built offline, the real checkpoints' "
+        "layouts), synthetic data in the real formats, a few steps; the overrides are in each run's row.json (local "
+        "model paths, steps, sample counts, workers 0; " +
+        ("CPU: one device, the sharded config at 2 data-parallel ranks; " if parsed.device == "cpu" else
+         "one GPU; prompt tuning on one whole chunk of the config's; ") +
+        f"the LLM at {llm_batches}). s/step: prompt tuning's chunk time over its inner steps (gate and validation "
+        "included); the LLM's micro-batch after the first. Activations: prompt tuning's own measure (bytes autograd "
+        "keeps per instance, 1 vs 2 instances); the LLM's first micro-batch (checkpointed layers recompute theirs). "
+        "Peak RSS: the largest process; peak GPU: torch's peak allocated in the fit." +
+        (" (b): measured while the LLM queue ran beside the others on the same machine (--beside), so a shared GPU "
+         "and CPU: an upper bound on s/step." if beside else "") +
+        (f" Skipped or stopped at the time limits: {', '.join(skipped)}." if skipped else "") +
+        f" Total {total / 60:.1f} min.")
     publish("smoke_real", "Real-size smoke check (make smoke-real, make gpu-check)", f"{len(rows)} configs on {parsed.device}",
             description, COLUMNS, rows, parsed.record)
     if memory_rows:
@@ -484,8 +587,9 @@ def main(argv: list[str] | None = None) -> int:
                 "autocast (as bf16-mixed trains), and with activation_checkpointing off or on. Memory of a chunk = "
                 "weights + chunk x per instance + 16 bytes per prompt number (prompt, gradient, two Adam moments).",
                 ["config", *MEMORY_MODES], memory_rows, parsed.record)
-    if failed:
-        print(f"smoke-real: failed: {', '.join(failed)} (logs under {out})", file=sys.stderr)
+    if failed or skipped:
+        print(f"smoke-real: failed: {', '.join(failed) or 'none'}; skipped: {', '.join(skipped) or 'none'} "
+              f"(logs under {out})", file=sys.stderr)
         return 1
     return 0
 

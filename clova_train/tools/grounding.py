@@ -81,10 +81,11 @@ def queries_for(image: GroundedImage, concept: str, num_negatives: int, rng: np.
 
 
 def best_box_iou(predicted: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
-    """For each target box ``[t, 4]``, the best IoU with any predicted box ``[p, 4]`` (0 without predictions)."""
+    """For each target box ``[t, 4]``, the best IoU with any predicted box ``[p, 4]`` (0 without predictions), on the
+    CPU: the targets may come from a batch Lightning moved to the GPU, the predictions from a list of floats."""
     if predicted.numel() == 0:
         return torch.zeros(len(target))
-    return box_iou(target.float(), predicted.float()).max(1).values
+    return box_iou(target.detach().float().cpu(), predicted.detach().float().cpu()).max(1).values
 
 
 def prompts_of_views(owner: torch.Tensor, prompts: torch.Tensor | None) -> torch.Tensor | None:

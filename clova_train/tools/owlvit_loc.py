@@ -206,7 +206,7 @@ class OwlVitLoc(PromptTool):
             keep = [i for i, label in enumerate(item.labels) if label in row]
             xyxy = item.boxes[keep].float()
             height, width = item.size
-            scale = torch.tensor([width, height, width, height], dtype=torch.float)
+            scale = torch.tensor([width, height, width, height], dtype=torch.float, device=xyxy.device)
             targets.append(BoxTargets(torch.tensor([row.index(item.labels[i]) for i in keep], dtype=torch.long),
                                       box_convert(xyxy / scale, "xyxy", "cxcywh")))
             boxes.append(xyxy)

@@ -57,13 +57,42 @@ def test_real_size_architectures_have_the_real_checkpoints_parameter_counts() ->
 
 
 def test_every_paper_config_has_a_smoke_case() -> None:
+    smoke_real = _smoke_real()
+    configs = {case.config for case in smoke_real.cases(Path("models")).values()}
+    assert configs == {path.name for path in (REPO / "configs" / "paper").glob("*.yaml")}
+
+
+def _smoke_real():
     sys.path.insert(0, str(BENCHMARKS))
     try:
         import smoke_real
     finally:
         sys.path.remove(str(BENCHMARKS))
-    configs = {case.config for case in smoke_real.cases(Path("models")).values()}
-    assert configs == {path.name for path in (REPO / "configs" / "paper").glob("*.yaml")}
+    return smoke_real
+
+
+def test_beside_runs_the_llm_cases_in_a_queue_of_their_own() -> None:
+    smoke_real = _smoke_real()
+    chosen = smoke_real.cases(Path("models"))
+    names = ["llm", "controller", "clip", "llm-sharded", "vqa"]
+    assert smoke_real.queues(chosen, names, beside=False) == [names]
+    assert smoke_real.queues(chosen, names, beside=True) == [["llm", "llm-sharded"], ["controller", "clip", "vqa"]]
+    assert smoke_real.queues(chosen, ["clip", "vqa"], beside=True) == [["clip", "vqa"]]
+
+
+def test_cases_past_the_budget_are_skipped_listed_and_the_table_still_written(tmp_path: Path) -> None:
+    done = subprocess.run(
+        [sys.executable, str(BENCHMARKS / "smoke_real.py"), "--configs", "controller", "vqa", "--budget-minutes", "0",
+         "--no-record", "--models", str(tmp_path / "models"), "--output", str(tmp_path / "runs")],
+        capture_output=True, text=True, timeout=300, cwd=REPO,
+    )
+    assert done.returncode == 1
+    assert "skipped: controller, vqa" in done.stderr and "Traceback" not in done.stderr
+    table = done.stdout[done.stdout.index("| config |"):]
+    assert "| controller_dqn_hydra.yaml | - |" in table and "skipped: 0 s of the 0-minute budget left" in table
+    row = json.loads((tmp_path / "runs" / "vqa" / "row.json").read_text())
+    assert row["stages"] == {} and row["skipped"]
+    assert not (tmp_path / "models").exists()  # nothing was built
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the check runs on a GPU here")

@@ -143,3 +143,22 @@ def test_too_few_images_for_the_split_is_an_error(coco_root: Path) -> None:
     annotations = GroundingAnnotations(coco_root / "annotations.json")
     with pytest.raises(DataError, match="none left for training"):
         GroundingSplit(annotations, "purple circle", 4, num_val_images=8, num_eval_images=0, split_seed=0)
+
+
+def test_best_box_iou_scores_each_target_against_its_best_prediction() -> None:
+    from clova_train.tools.grounding import best_box_iou
+
+    targets = torch.tensor([[0.0, 0.0, 10.0, 10.0], [20.0, 20.0, 30.0, 30.0]])
+    predicted = torch.tensor([[0.0, 0.0, 10.0, 5.0], [20.0, 20.0, 30.0, 30.0], [100.0, 100.0, 110.0, 110.0]])
+    assert best_box_iou(predicted, targets).tolist() == pytest.approx([0.5, 1.0])
+    assert best_box_iou(torch.zeros(0, 4), targets).tolist() == [0.0, 0.0]
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU: the batch's boxes on it, the predictions not")
+def test_best_box_iou_takes_targets_from_a_batch_on_the_gpu() -> None:
+    # the GPU check found LOC's validation failing here: Lightning moves the batch's boxes to the GPU while the
+    # detections come back as lists of floats
+    from clova_train.tools.grounding import best_box_iou
+
+    targets = torch.tensor([[0.0, 0.0, 10.0, 10.0]], device="cuda")
+    assert best_box_iou(torch.tensor([[0.0, 0.0, 10.0, 5.0]]), targets).tolist() == pytest.approx([0.5])
