@@ -164,8 +164,8 @@ benchmark: $(STAMP)
 	$(BIN)/python benchmarks/cli_startup.py
 
 # Every paper config at its real model size (random weights, built offline in the real checkpoints' layouts) for a
-# few steps on CPU, exported and served; prints the table and appends it to benchmarks/results/smoke_real.md. About
-# 40 minutes on 2 cores (the models are built once, under checkpoints/models/real-size, about 11 GB); not in `make test`.
+# few steps on CPU, exported and served; prints the table and appends it to benchmarks/results/smoke_real.md. 27
+# minutes on 2 cores, quiet, models built fresh (they are built once, under checkpoints/models/real-size, about 11 GB); not in `make test`.
 smoke-real: $(STAMP)
 	$(BIN)/python benchmarks/smoke_real.py
 

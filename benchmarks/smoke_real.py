@@ -12,7 +12,7 @@ runs one config.
 
 The same runner serves ``make gpu-check`` (``--device cuda``: bf16-mixed on one GPU, peak GPU memory recorded).
 
-    python benchmarks/smoke_real.py                      # every config, CPU (about 40 minutes on 2 cores)
+    python benchmarks/smoke_real.py                      # every config, CPU (27 minutes on 2 cores, models built)
     python benchmarks/smoke_real.py --configs loc vqa    # some of them
     python benchmarks/smoke_real.py --device cuda --build-jobs 6 --beside --budget-minutes 6   # as gpu-check runs it
 

@@ -305,16 +305,17 @@ class PromptTuning(LightningModule):
             records.update({r.instance_id: r for r in self._zero_prompt_records(unchanged)})
         return [records[item.instance_id] for item in chunk]
 
-    def activation_bytes(self, chunk: list[TrainingInstance]) -> int:
+    def activation_bytes(self, chunk: list[TrainingInstance], by_dtype: dict[str, int] | None = None) -> int:
         """Bytes autograd saves for backpropagation in one inner step over ``chunk`` (tensors of the frozen tool's own
-        weights excluded, each storage counted once): the activation memory a step needs beyond the model."""
+        weights excluded, each storage counted once): the activation memory a step needs beyond the model.
+        ``by_dtype``, when given, receives the same bytes split by the saved tensors' dtype (``"float32": n``)."""
         weights = {t.untyped_storage().data_ptr() for t in [*self.tool.parameters(), *self.tool.buffers()]}
-        seen: dict[int, int] = {}
+        seen: dict[int, tuple[int, str]] = {}
 
         def pack(tensor: torch.Tensor) -> torch.Tensor:
             storage = tensor.untyped_storage()
             if storage.data_ptr() not in weights:
-                seen[storage.data_ptr()] = storage.nbytes()
+                seen[storage.data_ptr()] = (storage.nbytes(), str(tensor.dtype).removeprefix("torch."))
             return tensor
 
         n = len(chunk)
@@ -326,7 +327,10 @@ class PromptTuning(LightningModule):
             with torch.enable_grad(), torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
                 losses = self.tool.instance_losses(context, prompts[:n])
         del losses
-        return sum(seen.values())
+        if by_dtype is not None:
+            for nbytes, dtype in seen.values():
+                by_dtype[dtype] = by_dtype.get(dtype, 0) + nbytes
+        return sum(nbytes for nbytes, _ in seen.values())
 
     def _tool_precision(self) -> contextlib.AbstractContextManager:
         """Autocast to the frozen tool's dtype when it is stored in low precision (Lightning's steps already run
@@ -335,12 +339,16 @@ class PromptTuning(LightningModule):
             return contextlib.nullcontext()
         return torch.autocast(self.prompts.device.type, dtype=self.tool_dtype)
 
-    def activation_profile(self, probe: list[TrainingInstance]) -> tuple[int, int]:
+    def activation_profile(self, probe: list[TrainingInstance],
+                           by_dtype: dict[str, int] | None = None) -> tuple[int, int]:
         """``(bytes per instance, bytes shared by the chunk)`` one inner step keeps, from :meth:`activation_bytes` of
         one and of two instances of ``probe`` (a share is independent of the count: text features, a chunk's tables;
-        with one instance, all of it counts per instance)."""
+        with one instance, all of it counts per instance). ``by_dtype`` receives the largest step's bytes by dtype."""
+        if len(probe) < 2:
+            one = self.activation_bytes(probe[:1], by_dtype)
+            return one, 0
         one = self.activation_bytes(probe[:1])
-        per_instance = max(self.activation_bytes(probe[:2]) - one, 1) if len(probe) > 1 else one
+        per_instance = max(self.activation_bytes(probe[:2], by_dtype) - one, 1)
         return per_instance, max(one - per_instance, 0)
 
     def fitting_instances(self, probe: list[TrainingInstance]) -> int:
@@ -349,12 +357,15 @@ class PromptTuning(LightningModule):
         budget = float(self.max_memory_gb) * 1e9
         if not probe:
             return self.prompts.shape[0]
-        per_instance, shared = self.activation_profile(probe)
+        by_dtype: dict[str, int] = {}
+        per_instance, shared = self.activation_profile(probe, by_dtype)
         fitting = max(1, int((budget - shared) // per_instance))
         note = "" if budget >= shared + per_instance else " (one instance needs more than the budget: tuned one at a time)"
+        largest_first = sorted(by_dtype.items(), key=lambda item: -item[1])
+        split = ", ".join(f"{dtype} {nbytes / 1e6:,.1f} MB" for dtype, nbytes in largest_first)
         rank_zero_info(f"prompt tuning: {per_instance / 1e6:,.1f} MB of activations per instance "
                        f"(+{shared / 1e6:,.1f} MB shared); max_memory_gb={self.max_memory_gb} fits {fitting} instances "
-                       f"per inner step{note}")
+                       f"per inner step{note}; saved by dtype in the measured step: {split}")
         return fitting
 
     def _zero_prompt_records(self, chunk: list[TrainingInstance]) -> list[InstanceRecord]:

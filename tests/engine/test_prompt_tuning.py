@@ -40,6 +40,7 @@ def test_a_memory_budget_splits_chunks_without_changing_the_prompts(tiny_clip_di
     (line,) = [r.getMessage() for r in caplog.records if "MB of activations per instance" in r.getMessage()]
     fitting = int(line.split(" fits ")[1].split()[0])
     assert 1 <= fitting < 8, line
+    assert "saved by dtype in the measured step: float32 " in line, line
     (pool_a, summary_a), (pool_b, summary_b) = load_run(whole), load_run(split)
     assert_same_pools(pool_a, pool_b)
     for x, y in zip(summary_a["instances"], summary_b["instances"]):

@@ -75,7 +75,9 @@ def test_checkpointing_keeps_losses_and_gradients_and_keeps_fewer_activations(
     module = PromptTuning(tool)
     module.setup("fit")
     losses, gradients = losses_and_gradients(tool, instances, prompts)
-    saved = module.activation_bytes(instances)
+    by_dtype: dict[str, int] = {}
+    saved = module.activation_bytes(instances, by_dtype)
+    assert sum(by_dtype.values()) == saved and "float32" in by_dtype  # the split accounts for every byte
     outputs = no_grad_outputs(tool, instances, prompts)
     request = served_query(built, tmp_path)
     reply = serve(tool, request)

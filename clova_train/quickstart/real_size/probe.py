@@ -86,7 +86,8 @@ class StepProbe(Callback):
 class ActivationMemory(Callback):
     """Measure, before training starts, what one inner step of prompt tuning keeps per instance in four modes: float32
     and bfloat16 (the tool stored in bf16 under autocast, as ``bf16-mixed`` trains), each with and without activation
-    checkpointing through the frozen tool; written as JSON (MB per instance, and MB shared by the chunk). Run with
+    checkpointing through the frozen tool; written as JSON (MB per instance, MB shared by the chunk, and the measured
+    step's saved MB by dtype: where float32 copies under autocast go). Run with
     ``--trainer.max_steps=0`` and ``trainer.precision=32-true``: the tool is converted to bfloat16 for the last two.
 
     Args:
@@ -109,9 +110,11 @@ class ActivationMemory(Callback):
             pl_module.tool_dtype = dtype
             for checkpointed in (False, True):
                 blocks = tool.set_activation_checkpointing(checkpointed)
-                per_instance, shared = pl_module.activation_profile(instances)
+                by_dtype: dict[str, int] = {}
+                per_instance, shared = pl_module.activation_profile(instances, by_dtype)
                 modes[f"{'bf16' if dtype == torch.bfloat16 else 'fp32'}{' checkpointed' if checkpointed else ''}"] = {
-                    "mb_per_instance": per_instance / 1e6, "mb_shared": shared / 1e6, "checkpointed_blocks": blocks}
+                    "mb_per_instance": per_instance / 1e6, "mb_shared": shared / 1e6, "checkpointed_blocks": blocks,
+                    "mb_by_dtype": {name: nbytes / 1e6 for name, nbytes in by_dtype.items()}}
         tool.set_activation_checkpointing(False)
         tool.store_weights_in(torch.float32)  # as the run's precision has it (the stop after this evaluates it)
         pl_module.tool_dtype = torch.float32
