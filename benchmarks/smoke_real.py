@@ -280,16 +280,22 @@ class Budget:
         return max(1.0, min(self.per_process, self.left()))
 
 
+def build_stage(name: str, models_dir: Path, timeout: float, env: dict[str, str] | None = None) -> Stage:
+    """Build one real-size model in its own process (the runner stays small, and holds no GPU memory the runs need);
+    a finished build is reused."""
+    models_dir.mkdir(parents=True, exist_ok=True)
+    return run_stage([sys.executable, "-c", "import sys\nfrom clova_train.quickstart.real_size.models import "
+                      "build_real_size\nbuild_real_size(sys.argv[1], sys.argv[2])", name, str(models_dir)],
+                     models_dir, models_dir / f"{name}.log", timeout, env=env)
+
+
 def build_ahead(models: list[str], models_dir: Path, jobs: int, timeout: Callable[[], float]) -> dict[str, Stage]:
     """Build ``models`` ``jobs`` at a time, each in its own process with its share of the CPU's threads; a finished
     build is reused. Each case's own build stage then finds its model ready."""
-    models_dir.mkdir(parents=True, exist_ok=True)
     threads = str(max(1, (os.cpu_count() or 1) // jobs))
 
     def build(name: str) -> Stage:
-        return run_stage([sys.executable, "-c", "import sys\nfrom clova_train.quickstart.real_size.models import "
-                          "build_real_size\nbuild_real_size(sys.argv[1], sys.argv[2])", name, str(models_dir)],
-                         models_dir, models_dir / f"{name}.log", timeout(), env={"OMP_NUM_THREADS": threads})
+        return build_stage(name, models_dir, timeout(), env={"OMP_NUM_THREADS": threads})
 
     with ThreadPoolExecutor(jobs) as pool:
         return dict(zip(models, pool.map(build, models)))
@@ -303,12 +309,8 @@ def run_case(case: Case, models_dir: Path, out: Path, device: str, timeout: Call
     row: dict = {"case": case.name, "config": case.config, "stages": {}}
     model_dir = None
     if case.model is not None:
-        # built in its own process: the runner stays small, and holds no GPU memory the runs need
         model_dir = models_dir / case.model
-        models_dir.mkdir(parents=True, exist_ok=True)
-        build = run_stage([sys.executable, "-c", "import sys\nfrom clova_train.quickstart.real_size.models import "
-                           "build_real_size\nbuild_real_size(sys.argv[1], sys.argv[2])", case.model, str(models_dir)],
-                          models_dir, models_dir / f"{case.model}.log", timeout())
+        build = build_stage(case.model, models_dir, timeout())
         row["stages"]["build"] = build
         row["build_s"] = build.seconds
         if build.returncode != 0:
