@@ -6,9 +6,10 @@
    loop, same run (``prompt_tuning.py``).
 3. Every paper config at its real size for a few steps in bf16 on the GPU (``smoke_real.py --device cuda``, one whole
    chunk or batch of the config's, Vicuna-13B at its own sizes): seconds per step, instances or tokens per second
-   and peak GPU memory, next to the README's memory table (docs/tool-llm.md, docs/prompt-tools.md). The LLM cases run
-   in a queue beside the prompt tools' (one GPU holds both; their timings are marked), the models are built several
-   at once, and the cases go in order of what the memory tables rest on most.
+   and peak GPU memory (the whole fit's and each phase's), next to the README's memory table (docs/tool-llm.md,
+   docs/prompt-tools.md). The LLM cases run in a queue beside the prompt tools' (one GPU holds both; their timings
+   are marked), the models are built several at once, and the cases go in order of what the memory tables rest on
+   most.
 
 The two benchmarks run first and alone, since they compare timings. Built to fit the device time it is given
 (``--budget-minutes``, 25 by default): the benchmarks have their own caps, the smoke run the rest, and a case that

@@ -477,6 +477,21 @@ COLUMNS = ["config", "parameters", "s/step", "throughput", "fit peak RSS GB", "s
            "activations kept", "fit s", "stages"]
 
 
+PHASES = ["prepare", "inner steps", "gate", "training step", "validation"]
+PHASE_COLUMNS = ["config", *PHASES, "whole fit"]
+
+
+def phase_peak_row(case: Case, row: dict) -> str | None:
+    """The config's peak GPU memory by phase of the fit (GB), or None where the probe measured none (the CPU)."""
+    probe = row.get("probe") or {}
+    peaks = probe.get("phase_peak_bytes")
+    if not peaks:
+        return None
+    cells = [f"{peaks[p] / 1e9:.1f}" if p in peaks else "-" for p in PHASES]
+    whole = probe.get("peak_gpu_bytes")
+    return f"| {case.config} | " + " | ".join(cells) + f" | {f'{whole / 1e9:.1f}' if whole else '-'} |"
+
+
 def queues(chosen: dict[str, Case], names: list[str], beside: bool) -> list[list[str]]:
     """The order cases run in: one queue, or with ``beside`` the LLM cases in a second queue next to the others."""
     if not beside:
@@ -547,10 +562,13 @@ def main(argv: list[str] | None = None) -> int:
 
     with ThreadPoolExecutor(len(plan)) as pool:
         list(pool.map(run_queue, plan))
-    rows, failed, skipped, memory_rows = [], [], [], []
+    rows, failed, skipped, memory_rows, phase_rows = [], [], [], [], []
     for name in names:
         case, row = chosen[name], finished[name]
         rows.append(table_row(case, row))
+        phase_row = phase_peak_row(case, row)
+        if phase_row:
+            phase_rows.append(phase_row)
         if row.get("activation_modes"):
             modes = row["activation_modes"]
             memory_rows.append(f"| {case.config} | " + " | ".join(
@@ -589,6 +607,13 @@ def main(argv: list[str] | None = None) -> int:
                 "autocast (as bf16-mixed trains), and with activation_checkpointing off or on. Memory of a chunk = "
                 "weights + chunk x per instance + 16 bytes per prompt number (prompt, gradient, two Adam moments).",
                 ["config", *MEMORY_MODES], memory_rows, parsed.record)
+    if phase_rows:
+        publish("smoke_real", "Real-size smoke check (make smoke-real, make gpu-check)", "peak GPU memory by phase of the fit",
+                f"Machine: {machine()}. torch's peak allocated GB in each phase of the fit (StepProbe, the largest over "
+                "the phase's occurrences): prompt tuning's prepare (the chunk's inputs, once), inner steps (forward and "
+                "backward through the frozen tool, the optimizer), gate (and the records after it); the LLM's training "
+                "step; validation; and the whole fit (setup included).",
+                PHASE_COLUMNS, phase_rows, parsed.record)
     if failed or skipped:
         print(f"smoke-real: failed: {', '.join(failed) or 'none'}; skipped: {', '.join(skipped) or 'none'} "
               f"(logs under {out})", file=sys.stderr)

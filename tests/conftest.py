@@ -9,6 +9,7 @@ import subprocess
 import sys
 import shutil
 import threading
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -42,11 +43,27 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(pytest.mark.slow)
 
 
+def built_once(tmp_path_factory: pytest.TempPathFactory, name: str, build: Callable[[Path], Path]) -> Path:
+    """``build(directory)`` run once for the whole test run: under pytest-xdist the first worker to ask builds into
+    the run's shared base directory while the others wait on a lock, then all read it (a session fixture would
+    pretrain the same model again in every worker: identical, since every worker pretrains on one thread)."""
+    root = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        root = root.parent  # the directory every worker's base directory is in, new for each run
+    directory, marker = root / f"shared-{name}", root / f"shared-{name}.built"
+    with FileLock(str(root / f"shared-{name}.lock")):
+        if not marker.exists():
+            shutil.rmtree(directory, ignore_errors=True)  # a worker that failed while building left a part
+            built = Path(build(directory))
+            marker.write_text(str(built.resolve().relative_to(directory.resolve())))
+    return directory / marker.read_text()
+
+
 @pytest.fixture(scope="session")
 def tiny_clip_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     # Not the registry's CLIP (that one has the quickstart's misconceptions): the engine tests were calibrated on
     # this plainer, shorter-pretrained one.
-    return make_tiny_clip(tmp_path_factory.mktemp("tiny-clip"), seed=0, pretrain_steps=150)
+    return built_once(tmp_path_factory, "tiny-clip", lambda d: make_tiny_clip(d, seed=0, pretrain_steps=150))
 
 
 @pytest.fixture(scope="session")
@@ -63,7 +80,7 @@ def tiny_llama_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     from clova_train.quickstart.tiny.llama import make_tiny_llama, tool_corpus
 
     texts, prompts = tool_corpus(0)
-    return make_tiny_llama(tmp_path_factory.mktemp("tiny-llama"), texts, prompts, pretrain_steps=300)
+    return built_once(tmp_path_factory, "tiny-llama", lambda d: make_tiny_llama(d, texts, prompts, pretrain_steps=300))
 
 
 @pytest.fixture(scope="session")
@@ -222,7 +239,7 @@ def tiny_maskformer_dir(tiny_models: TinyModels) -> Path:
 @pytest.fixture(scope="session")
 def tiny_blip_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The registry's tiny BLIP (the VQA quickstart's), pretrained in this process."""
-    return tiny_model("blip").build(tmp_path_factory.mktemp("tiny-blip"), seed=0, pretrain_steps=300)
+    return built_once(tmp_path_factory, "tiny-blip", lambda d: tiny_model("blip").build(d, seed=0, pretrain_steps=300))
 
 
 # The data that several test modules (and the shipped configs' multi-device runs) use.

@@ -126,7 +126,9 @@ def test_export_writes_zip_torchscript_and_description(quickstart_run: Path, tmp
     assert "stable-baselines3" in json.loads((tmp_path / "export" / "versions.json").read_text())
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]  # no staging directory left behind
 
+    # the fitted controls learn from as many logged steps as the run trained on (the fixture's 10,000)
     evaluation = run_cli_subprocess(["controller", "evaluate", "--config", config, "--episodes=20",
+                                     "--train.total_timesteps=10000",
                                      f"--train.output_dir={quickstart_run}", f"--env.cache_path={tmp_path / 'eval.sqlite'}"])
     assert evaluation.returncode == 0 and "| random sample |" in evaluation.stdout
 

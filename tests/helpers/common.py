@@ -3,6 +3,8 @@ process; the arguments of a small, quiet CLIP prompt-tuning fit."""
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import os
 import subprocess
@@ -57,6 +59,15 @@ def run_fit(*args: str) -> int:
         return int(stop.code or 0)
     finally:
         sys.argv = saved_argv
+
+
+def run_cli_captured(args: list[str]) -> subprocess.CompletedProcess:
+    """Run the CLI in this process with its output captured, as :func:`run_cli_subprocess` returns it: for commands
+    that stop before any work (``--help``, ``--print_config``), where a fresh interpreter would only repeat the imports."""
+    stdout, stderr = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr):
+        code = run_fit(*args)
+    return subprocess.CompletedProcess(["clova-train", *args], code, stdout.getvalue(), stderr.getvalue())
 
 
 def run_cli_subprocess(args: list[str], timeout: float = 300, cwd: Path = REPO, **kwargs) -> subprocess.CompletedProcess:

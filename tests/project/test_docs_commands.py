@@ -14,7 +14,7 @@ import sys
 
 import pytest
 
-from helpers.common import REPO, run_cli_subprocess
+from helpers.common import REPO, run_cli_captured
 from helpers.docs import documentation_files, shell_commands, without_comment
 
 NOT_OURS = ("pip", "tensorboard", "vllm", "git", "cd", "export", "base64")
@@ -49,7 +49,7 @@ def make_targets() -> set[str]:
 
 @functools.cache
 def help_text(*subcommand: str) -> str:
-    result = run_cli_subprocess([*subcommand, "--help"], timeout=120)
+    result = run_cli_captured([*subcommand, "--help"])
     assert result.returncode == 0, result.stderr[-2000:]
     return result.stdout
 
@@ -92,7 +92,7 @@ def test_python_scripts_and_modules_exist_with_their_options(where: str, command
 def test_other_subcommands_take_the_options_shown(where: str, command: str) -> None:
     argv = words(command)[1:] if command.startswith("clova-train") else words(command)[3:]
     if argv[0].startswith("-"):
-        assert run_cli_subprocess(argv, timeout=120).returncode == 0, f"{where}: `{command}` fails"
+        assert run_cli_captured(argv).returncode == 0, f"{where}: `{command}` fails"
         return
     text = help_text(argv[0])
     for option in options(argv[1:]):
@@ -106,5 +106,5 @@ def test_training_commands_parse_their_configs_and_arguments(where: str, command
     argv = words(command)[1:]
     if not any(a.endswith(".help") or a == "--help" for a in argv):
         argv.append("--print_config")
-    result = run_cli_subprocess(argv, timeout=180)
+    result = run_cli_captured(argv)
     assert result.returncode == 0, f"{where}: `{command}`:\n{result.stderr[-2000:]}"

@@ -95,6 +95,18 @@ def test_cases_past_the_budget_are_skipped_listed_and_the_table_still_written(tm
     assert not (tmp_path / "models").exists()  # nothing was built
 
 
+def test_the_phase_table_has_a_row_only_where_phases_were_measured() -> None:
+    smoke_real = _smoke_real()
+    case = smoke_real.cases(Path("models"))["seg"]
+    gb = 10**9
+    probe = {"phase_peak_bytes": {"prepare": 2 * gb, "inner steps": 5 * gb, "gate": 3 * gb, "validation": 7 * gb},
+             "peak_gpu_bytes": 7.4 * gb}
+    assert smoke_real.phase_peak_row(case, {"probe": probe}) == f"| {case.config} | 2.0 | 5.0 | 3.0 | - | 7.0 | 7.4 |"
+    assert len(smoke_real.PHASE_COLUMNS) == 7
+    assert smoke_real.phase_peak_row(case, {"probe": {"phase_peak_bytes": None}}) is None
+    assert smoke_real.phase_peak_row(case, {"skipped": "budget"}) is None
+
+
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the check runs on a GPU here")
 def test_gpu_check_without_a_gpu_stops_at_once_and_says_why() -> None:
     done = subprocess.run([sys.executable, str(BENCHMARKS / "gpu_check.py")], capture_output=True, text=True, timeout=120)
@@ -124,3 +136,63 @@ def test_smoke_real_runs_one_config_through_build_fit_export_and_serve(tmp_path:
     assert '"boxes"' in served, served[-2000:]
     table = done.stdout[done.stdout.index("| config |"):]
     assert "loc_prompt_owlvit.yaml | 153.2 M |" in table and "fit ok, export ok, serve ok" in table
+
+
+class CountingGauge:
+    """A stand-in for CUDA's peak counter: the peak since the last reset is 1000 times the resets so far."""
+
+    def __init__(self) -> None:
+        self.resets = 0
+
+    def reset(self) -> None:
+        self.resets += 1
+
+    def peak(self) -> int:
+        return 1000 * self.resets
+
+
+def _probed_toy_fit(tmp_path: Path, probe: object, accelerator: str = "cpu") -> dict:
+    from lightning import Trainer
+
+    from clova_train.models import PromptTuning
+    from helpers.toy_tool import SyntheticToyDataModule, ToyPromptClassifier, build_toy_model
+
+    tool = ToyPromptClassifier(str(build_toy_model(tmp_path / "toy", pretrain_steps=0)))
+    trainer = Trainer(accelerator=accelerator, devices=1, max_epochs=1, logger=False, enable_progress_bar=False,
+                      enable_checkpointing=False, enable_model_summary=False, callbacks=[probe],
+                      default_root_dir=str(tmp_path / "run"))
+    data = SyntheticToyDataModule(root=str(tmp_path / "data"), chunk_size=4)
+    trainer.fit(PromptTuning(tool, steps=3, pool_path=str(tmp_path / "run" / "pool.safetensors")), data)
+    return json.loads((tmp_path / "probe.json").read_text())
+
+
+def test_step_probe_gives_each_phase_of_a_prompt_tuning_fit_its_own_peak(tmp_path: Path) -> None:
+    """The phases in the order they run, each peak read before the next reset, the whole fit's peak over all of them
+    (the counter's resets notwithstanding); on the CPU the probe measures no phases at all."""
+    from clova_train.quickstart.real_size.probe import PhasePeaks, StepProbe
+
+    probe = StepProbe(str(tmp_path / "probe.json"))
+    probe.phases = PhasePeaks(CountingGauge())  # what on_fit_start sets on a CUDA device
+    record = _probed_toy_fit(tmp_path, probe)
+    peaks = record["phase_peak_bytes"]
+    assert set(peaks) == {"prepare", "inner steps", "gate"}, peaks  # no bare "training step"; the toy validates nothing
+    assert peaks["prepare"] < peaks["inner steps"] < peaks["gate"]  # one chunk after another: the last chunk's
+    assert record["peak_gpu_bytes"] == 1000 * probe.phases.gauge.resets >= max(peaks.values())
+    assert len(record["batch_seconds"]) >= 2  # several chunks, each split the same way
+
+    probe.on_validation_start(None, None)  # type: ignore[arg-type]
+    probe.on_validation_end(None, None)  # type: ignore[arg-type]
+    assert probe.phases.peaks["validation"] == 1000 * probe.phases.gauge.resets
+
+    (tmp_path / "cpu").mkdir()
+    assert _probed_toy_fit(tmp_path / "cpu", StepProbe(str(tmp_path / "cpu" / "probe.json")))["phase_peak_bytes"] is None
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU: torch's CUDA peak counter")
+def test_step_probe_measures_phases_on_a_gpu(tmp_path: Path) -> None:
+    from clova_train.quickstart.real_size.probe import StepProbe
+
+    record = _probed_toy_fit(tmp_path, StepProbe(str(tmp_path / "probe.json")), accelerator="cuda")
+    peaks = record["phase_peak_bytes"]
+    assert {"prepare", "inner steps", "gate"} <= set(peaks) and all(v > 0 for v in peaks.values())
+    assert record["peak_gpu_bytes"] >= max(peaks.values())

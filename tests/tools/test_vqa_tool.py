@@ -170,7 +170,10 @@ def test_export_serves_in_a_fresh_process_and_changes_answers(vqa_reference_run:
     out = tmp_path / "export"
     assert main(["export", str(vqa_reference_run), "-o", str(out)]) == 0
     assert json.loads((out / "export.json").read_text())["learner"] == "prompt_tool"
-    images = sorted((vqa_root / "images").glob("eval_orange_*.png"))
+    # held-out orange images, each with its own question (the forms the tiny BLIP was pretrained on)
+    held_out = [json.loads(line) for line in (vqa_root / "eval.jsonl").read_text().splitlines()]
+    held_out = [record for record in held_out if record["answer"] == "orange"]
+    images = [vqa_root / record["image"] for record in held_out]
     code = (
         "import sys, json, torch, numpy as np\n"
         "from PIL import Image\n"
@@ -178,7 +181,7 @@ def test_export_serves_in_a_fresh_process_and_changes_answers(vqa_reference_run:
         f"s = PromptToolServer.from_export({str(out)!r})\n"
         f"paths = {[str(p) for p in images]!r}\n"
         "imgs = [torch.from_numpy(np.asarray(Image.open(p).convert('RGB')).copy()).permute(2, 0, 1) for p in paths]\n"
-        "qs = ['what colour is the shape?'] * len(imgs)\n"
+        f"qs = {[record['question'] for record in held_out]!r}\n"
         "class NoPrompt:\n"
         "    def prompts_for(self, concept, features): return None\n"
         "print(json.dumps({'pool': s.answer(imgs, qs), 'plain': s.tool.answer(NoPrompt(), imgs, qs),\n"

@@ -1,5 +1,6 @@
-"""A Lightning callback the real-size smoke run adds to a paper config: wall time of every training batch and, for the
-first batch, the bytes autograd keeps for backpropagation (``--trainer.callbacks+=``)."""
+"""A Lightning callback the real-size smoke run adds to a paper config: wall time of every training batch, for the
+first batch the bytes autograd keeps for backpropagation, and on a GPU the peak memory of each phase of the fit
+(``--trainer.callbacks+=``)."""
 
 from __future__ import annotations
 
@@ -14,19 +15,67 @@ from lightning.pytorch import Callback, LightningModule, Trainer
 from clova_train.core.atomic import write_text_atomic
 
 
+class CudaPeakMemory:
+    """torch's peak allocated bytes on the current CUDA device since the last :meth:`reset`."""
+
+    def reset(self) -> None:
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+
+    def peak(self) -> int:
+        torch.cuda.synchronize()
+        return int(torch.cuda.max_memory_allocated())
+
+
+class PhasePeaks:
+    """The peak memory of each phase of a fit, the largest over its occurrences, from a gauge with ``reset()`` and
+    ``peak()``. Phases follow one another: starting one ends the one before."""
+
+    def __init__(self, gauge: Any) -> None:
+        self.gauge = gauge
+        self.peaks: dict[str, int] = {}
+        self.current: str | None = None
+        self._overall = 0
+
+    def start(self, phase: str) -> None:
+        self.end()
+        self.gauge.reset()
+        self.current = phase
+
+    def end(self) -> None:
+        peak = self.gauge.peak()  # outside a phase too: the gap since the last reset counts for the whole fit
+        self._overall = max(self._overall, peak)
+        if self.current is not None:
+            self.peaks[self.current] = max(self.peaks.get(self.current, 0), peak)
+            self.current = None
+
+    def overall(self) -> int:
+        """The peak over the whole measurement, the resets notwithstanding."""
+        return max(self._overall, self.gauge.peak())
+
+
 class StepProbe(Callback):
-    """Record each training batch's wall time and the activation bytes of the first one, written as JSON at the end.
+    """Record each training batch's wall time and the activation bytes of the first one, and on a GPU the peak memory
+    of each phase of the fit; written as JSON at the end.
 
     Args:
         output: JSON file rank 0 writes when training ends.
         measure_activations: sum the storages autograd saves in the first batch's forward pass (the module's own
             parameters and buffers excluded, each storage once): the activations kept for backward. Checkpointed
             layers keep only their inputs; what they recompute in the backward pass is not counted.
+        phase_memory: on a CUDA device, torch's peak allocated bytes in each phase: ``training step`` and
+            ``validation``; for prompt tuning the training step split into ``prepare`` (the chunk's inputs, once),
+            ``inner steps`` (forward and backward through the frozen tool, the optimizer) and ``gate`` (and the
+            records after it). Not measured on the CPU (resetting the peak resident set would also reset the peak a
+            parent reads from the process's rusage).
     """
 
-    def __init__(self, output: str, measure_activations: bool = False) -> None:
+    def __init__(self, output: str, measure_activations: bool = False, phase_memory: bool = True) -> None:
         self.output = output
         self.measure_activations = measure_activations
+        self.phase_memory = phase_memory
+        self.phases: PhasePeaks | None = None
+        self._split = False
         self.seconds: list[float] = []
         self.samples: list[int] = []
         self.tokens: list[int] = []
@@ -36,7 +85,48 @@ class StepProbe(Callback):
         self._saved: dict[int, int] = {}
         self._weights: set[int] = set()
 
+    def on_fit_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        if self.phases is None and self.phase_memory and pl_module.device.type == "cuda":
+            self.phases = PhasePeaks(CudaPeakMemory())
+        tool = getattr(pl_module, "tool", None)
+        if self.phases is not None and tool is not None and hasattr(tool, "prepare") and hasattr(tool, "gate"):
+            self._split_training_step(trainer, tool)
+            self._split = True
+
+    def _split_training_step(self, trainer: Trainer, tool: Any) -> None:
+        """Wrap the prompt tool's ``prepare`` and ``gate`` on this instance: inside a training step each starts its
+        phase and, when it returns, the next one (validation calls them too and keeps its own phase)."""
+        phases = self.phases
+        assert phases is not None
+        prepare, gate = tool.prepare, tool.gate
+
+        def timed_prepare(*args: Any, **kwargs: Any) -> Any:
+            if not trainer.training:
+                return prepare(*args, **kwargs)
+            phases.start("prepare")
+            result = prepare(*args, **kwargs)
+            phases.start("inner steps")
+            return result
+
+        def timed_gate(*args: Any, **kwargs: Any) -> Any:
+            if not trainer.training:
+                return gate(*args, **kwargs)
+            phases.start("gate")
+            return gate(*args, **kwargs)
+
+        tool.prepare, tool.gate = timed_prepare, timed_gate
+
+    def on_validation_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        if self.phases is not None:
+            self.phases.start("validation")
+
+    def on_validation_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        if self.phases is not None:
+            self.phases.end()
+
     def on_train_batch_start(self, trainer: Trainer, pl_module: LightningModule, batch: Any, batch_idx: int) -> None:
+        if self.phases is not None and not self._split:
+            self.phases.start("training step")
         if self.measure_activations and self.activation_bytes is None and self._hooks is None:
             self._weights = {t.untyped_storage().data_ptr() for t in [*pl_module.parameters(), *pl_module.buffers()]}
             self._hooks = torch.autograd.graph.saved_tensors_hooks(self._pack, lambda tensor: tensor)
@@ -71,6 +161,8 @@ class StepProbe(Callback):
         else:
             self.samples.append(len(batch) if hasattr(batch, "__len__") else 1)
         self._stop_measuring()
+        if self.phases is not None:
+            self.phases.end()
 
     def on_train_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
         if trainer.global_rank != 0:
@@ -78,7 +170,9 @@ class StepProbe(Callback):
         record = {"batch_seconds": self.seconds, "batch_samples": self.samples, "batch_tokens": self.tokens,
                   "optimizer_steps": int(trainer.global_step), "first_batch_activation_bytes": self.activation_bytes,
                   "world_size": trainer.world_size,
-                  "peak_gpu_bytes": torch.cuda.max_memory_allocated() if torch.cuda.is_available() else None}
+                  "peak_gpu_bytes": (self.phases.overall() if self.phases is not None else
+                                     torch.cuda.max_memory_allocated() if torch.cuda.is_available() else None),
+                  "phase_peak_bytes": self.phases.peaks if self.phases is not None else None}
         Path(self.output).parent.mkdir(parents=True, exist_ok=True)
         write_text_atomic(self.output, json.dumps(record, indent=1))
 
