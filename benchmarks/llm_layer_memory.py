@@ -30,6 +30,8 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from results_file import machine, publish  # noqa: E402
 
+from clova_train.core.saved_tensors import SavedTensorBytes  # noqa: E402
+
 VICUNA_13B = {"hidden_size": 5120, "intermediate_size": 13824, "num_attention_heads": 40, "num_key_value_heads": 40,
               "vocab_size": 32000}
 
@@ -50,14 +52,6 @@ def build(layers: int, sizes: dict[str, int], device: str, checkpointing: bool) 
 
 def one_step(model: torch.nn.Module, batch: int, seq: int, response: int, device: str) -> dict[str, float]:
     """Saved bytes, peak CUDA memory above the start, and seconds of one forward + backward."""
-    weights = {p.untyped_storage().data_ptr() for p in model.parameters() if not p.requires_grad}
-    seen: dict[int, int] = {}
-
-    def pack(tensor: torch.Tensor) -> torch.Tensor:
-        if tensor.device.type != "meta" and tensor.untyped_storage().data_ptr() not in weights:
-            seen[tensor.untyped_storage().data_ptr()] = tensor.untyped_storage().nbytes()
-        return tensor
-
     ids = torch.randint(0, model.config.vocab_size, (batch, seq), device=device)
     if device.startswith("cuda"):
         torch.cuda.synchronize()
@@ -65,7 +59,7 @@ def one_step(model: torch.nn.Module, batch: int, seq: int, response: int, device
     start_memory = torch.cuda.memory_allocated() if device.startswith("cuda") else 0
     started = time.perf_counter()
     with torch.autocast(device_type=device.split(":")[0], dtype=torch.bfloat16), \
-            torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
+            SavedTensorBytes(p for p in model.parameters() if not p.requires_grad) as saved:
         # Only response positions get logits, as LoraToolLLM computes them (logits_to_keep).
         logits = model(input_ids=ids, logits_to_keep=response, use_cache=False).logits
         loss = torch.nn.functional.cross_entropy(logits.float().flatten(0, 1), ids[:, -response:].flatten())
@@ -75,7 +69,7 @@ def one_step(model: torch.nn.Module, batch: int, seq: int, response: int, device
     seconds = time.perf_counter() - started
     peak = torch.cuda.max_memory_allocated() - start_memory if device.startswith("cuda") else float("nan")
     model.zero_grad(set_to_none=True)
-    return {"saved": float(sum(seen.values())), "peak": float(peak), "seconds": seconds}
+    return {"saved": float(saved.total), "peak": float(peak), "seconds": seconds}
 
 
 def measure(layers: int, sizes: dict[str, int], args: argparse.Namespace, checkpointing: bool) -> dict[str, float]:

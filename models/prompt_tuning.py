@@ -53,6 +53,7 @@ from clova_train.core.atomic import write_json_atomic, write_text_atomic
 from clova_train.core.errors import ModelError, PoolError
 from clova_train.core.pool import PoolSpec, PromptPool, control_pool, merge_into_file
 from clova_train.core.precision import precision_dtype
+from clova_train.core.saved_tensors import SavedTensorBytes
 from clova_train.core.evaluation_report import SampleTable, format_report
 from clova_train.tools.base import PromptTool
 from clova_train.tools.contracts import ChunkPlan, ChunkSource, InstanceRecord, TrainingInstance
@@ -309,28 +310,19 @@ class PromptTuning(LightningModule):
         """Bytes autograd saves for backpropagation in one inner step over ``chunk`` (tensors of the frozen tool's own
         weights excluded, each storage counted once): the activation memory a step needs beyond the model.
         ``by_dtype``, when given, receives the same bytes split by the saved tensors' dtype (``"float32": n``)."""
-        weights = {t.untyped_storage().data_ptr() for t in [*self.tool.parameters(), *self.tool.buffers()]}
-        seen: dict[int, tuple[int, str]] = {}
-
-        def pack(tensor: torch.Tensor) -> torch.Tensor:
-            storage = tensor.untyped_storage()
-            if storage.data_ptr() not in weights:
-                seen[storage.data_ptr()] = (storage.nbytes(), str(tensor.dtype).removeprefix("torch."))
-            return tensor
-
         n = len(chunk)
         with self._tool_precision():
             with torch.no_grad():
                 context = self.tool.prepare(chunk)
                 start = self.start_prompts(chunk).to(self.prompts)
             prompts = start.clone().requires_grad_(True)
-            with torch.enable_grad(), torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
+            with torch.enable_grad(), SavedTensorBytes([*self.tool.parameters(), *self.tool.buffers()]) as saved:
                 losses = self.tool.instance_losses(context, prompts[:n])
         del losses
         if by_dtype is not None:
-            for nbytes, dtype in seen.values():
+            for dtype, nbytes in saved.by_dtype().items():
                 by_dtype[dtype] = by_dtype.get(dtype, 0) + nbytes
-        return sum(nbytes for nbytes, _ in seen.values())
+        return saved.total
 
     def _tool_precision(self) -> contextlib.AbstractContextManager:
         """Autocast to the frozen tool's dtype when it is stored in low precision (Lightning's steps already run

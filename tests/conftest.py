@@ -79,8 +79,7 @@ def tiny_llama_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     # calibrated on.
     from clova_train.quickstart.tiny.llama import make_tiny_llama, tool_corpus
 
-    texts, prompts = tool_corpus(0)
-    return built_once(tmp_path_factory, "tiny-llama", lambda d: make_tiny_llama(d, texts, prompts, pretrain_steps=300))
+    return built_once(tmp_path_factory, "tiny-llama", lambda d: make_tiny_llama(d, *tool_corpus(0), pretrain_steps=300))
 
 
 @pytest.fixture(scope="session")
@@ -238,7 +237,7 @@ def tiny_maskformer_dir(tiny_models: TinyModels) -> Path:
 
 @pytest.fixture(scope="session")
 def tiny_blip_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The registry's tiny BLIP (the VQA quickstart's), pretrained in this process."""
+    """The registry's tiny BLIP (the VQA quickstart's), pretrained once per test run."""
     return built_once(tmp_path_factory, "tiny-blip", lambda d: tiny_model("blip").build(d, seed=0, pretrain_steps=300))
 
 

@@ -13,6 +13,7 @@ import torch
 from lightning.pytorch import Callback, LightningModule, Trainer
 
 from clova_train.core.atomic import write_text_atomic
+from clova_train.core.saved_tensors import SavedTensorBytes
 
 
 class CudaPeakMemory:
@@ -81,9 +82,7 @@ class StepProbe(Callback):
         self.tokens: list[int] = []
         self.activation_bytes: int | None = None
         self._start = 0.0
-        self._hooks: Any = None
-        self._saved: dict[int, int] = {}
-        self._weights: set[int] = set()
+        self._saved: SavedTensorBytes | None = None
 
     def on_fit_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
         if self.phases is None and self.phase_memory and pl_module.device.type == "cuda":
@@ -127,17 +126,9 @@ class StepProbe(Callback):
     def on_train_batch_start(self, trainer: Trainer, pl_module: LightningModule, batch: Any, batch_idx: int) -> None:
         if self.phases is not None and not self._split:
             self.phases.start("training step")
-        if self.measure_activations and self.activation_bytes is None and self._hooks is None:
-            self._weights = {t.untyped_storage().data_ptr() for t in [*pl_module.parameters(), *pl_module.buffers()]}
-            self._hooks = torch.autograd.graph.saved_tensors_hooks(self._pack, lambda tensor: tensor)
-            self._hooks.__enter__()
+        if self.measure_activations and self.activation_bytes is None and self._saved is None:
+            self._saved = SavedTensorBytes([*pl_module.parameters(), *pl_module.buffers()]).__enter__()
         self._start = time.perf_counter()
-
-    def _pack(self, tensor: torch.Tensor) -> torch.Tensor:
-        storage = tensor.untyped_storage()
-        if storage.data_ptr() not in self._weights:
-            self._saved[storage.data_ptr()] = storage.nbytes()
-        return tensor
 
     def on_before_backward(self, trainer: Trainer, pl_module: LightningModule, loss: torch.Tensor) -> None:
         # What the forward pass saved, before the backward pass recomputes checkpointed layers (their recomputed
@@ -145,11 +136,10 @@ class StepProbe(Callback):
         self._stop_measuring()
 
     def _stop_measuring(self) -> None:
-        if self._hooks is not None:
-            self._hooks.__exit__(None, None, None)
-            self._hooks = None
-            self.activation_bytes = sum(self._saved.values())
-            self._saved = {}
+        if self._saved is not None:
+            self._saved.__exit__(None, None, None)
+            self.activation_bytes = self._saved.total
+            self._saved = None
 
     def on_train_batch_end(self, trainer: Trainer, pl_module: LightningModule, outputs: Any, batch: Any,
                            batch_idx: int) -> None:
