@@ -1,60 +1,120 @@
 """The GPU check (``make gpu-check``): everything the README claims of a GPU, run on one, in one script.
 
-1. The LoRA benchmark on the GPU in bf16: LoraToolLLM against the Hugging Face Trainer + PEFT with dynamic padding
-   (and the public recipe's padding), same run, at the stand-in's 2048 x 16 sizes (``lora_finetune.py``).
-2. The prompt-tuning benchmark on the GPU at CLIP ViT-L/14 sizes: the chunked engine against the fair per-instance
-   loop, same run (``prompt_tuning.py``).
-3. Every paper config at its real size for a few steps in bf16 on the GPU (``smoke_real.py --device cuda``, one whole
-   chunk or batch of the config's, Vicuna-13B at its own sizes): seconds per step, instances or tokens per second
-   and peak GPU memory (the whole fit's and each phase's), next to the README's memory table (docs/tool-llm.md,
-   docs/prompt-tools.md). The LLM cases run in a queue beside the prompt tools' (one GPU holds both; their timings
-   are marked), the models are built several at once, and the cases go in order of what the memory tables rest on
-   most.
+Stages, in the order they run by default (``--stages`` picks and orders them):
 
-The two benchmarks run first and alone, since they compare timings. Built to fit the device time it is given
-(``--budget-minutes``, 25 by default): the benchmarks have their own caps, the smoke run the rest, and a case that
-would start with under a minute left is skipped and listed. Every table goes to its results file under
-``benchmarks/results/``. Without a GPU (or without a package a stage needs) it stops before starting anything and says
-why.
+1. ``smoke``: the paper configs at their real size for a few steps in bf16 on the GPU (``smoke_real.py --device
+   cuda``, one whole chunk or batch of the config's, Vicuna-13B at its own sizes): fit, export and serve, seconds per
+   step, peak GPU memory (the whole fit's and each phase's), next to the memory tables (docs/tool-llm.md,
+   docs/prompt-tools.md). The LLM cases run in a queue beside the prompt tools' (one GPU holds both; their timings are
+   marked) and the models are built several at once. ``--smoke-cases`` picks the configs.
+2. ``serving``: p50/p99 latency and requests/s of the smoke run's CLIP and Vicuna-13B exports behind ``clova-train
+   serve`` at 1 and 8 concurrent clients, against the same model answering in-process (``serving_latency.py``).
+3. ``prompt``: the prompt-tuning engine against the fair per-instance loop at the paper chunk size, CLIP ViT-L/14
+   (chunk 32) and OWL-ViT B/32 LOC (chunk 32) on the smoke run's real-size models (``prompt_tuning.py``).
+4. ``lora``: LoraToolLLM against the Hugging Face Trainer + PEFT with dynamic padding, bf16, 2048 x 16 Llama, a few
+   hundred steps with the steady-state rate over the second half (``lora_finetune.py``).
 
-    python benchmarks/gpu_check.py [--budget-minutes 25] [--stages smoke prompt lora]
+The serving and prompt stages use what the smoke stage built (the exports and the real-size models), so they come
+after it; the timing stages run alone, each in its own process. Built to fit the device time it is given
+(``--budget-minutes``): each stage has a cap, a stage that would start with under a minute left is skipped and
+listed, and the smoke run stops its own cases in time to write its table. Every table goes to its results file under
+``benchmarks/results/``. Without a GPU (or without a package a stage needs) it stops before starting anything and
+says why.
+
+    python benchmarks/gpu_check.py [--budget-minutes 6.5] [--stages smoke serving prompt lora]
+    python benchmarks/gpu_check.py --stages smoke lora --smoke-cases vqa replace controller llm-sharded
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib.util
+import json
 import subprocess
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
+REPO = HERE.parent
 NEEDED = ("torch", "lightning", "transformers", "peft", "open_clip", "diffusers", "gymnasium", "stable_baselines3",
-          "jsonargparse", "safetensors", "scipy", "clova_train")
+          "jsonargparse", "safetensors", "scipy", "litserve", "clova_train")
+SMOKE_OUTPUT = REPO / "checkpoints" / "gpu-check"
+MODELS = REPO / "checkpoints" / "models" / "real-size"
 
-# the smoke cases, most telling first: the 13B LLM and the controller in one queue, the prompt tools in the other
-SMOKE_CASES = ["llm", "controller", "llm-sharded", "replace", "clip", "loc", "seg", "vqa"]
-
-STAGES: dict[str, tuple[str, list[str], float]] = {
-    # name: (what it measures, its arguments after the python executable, its share of the budget: at most that many
-    # minutes, None for what is left)
-    "lora": ("LoRA: LoraToolLLM vs HF Trainer + PEFT (dynamic padding and padded), bf16, 2048 x 16 Llama",
-             [str(HERE / "lora_finetune.py"), "--device", "cuda", "--bf16", "--hidden-size", "2048", "--layers", "16",
-              "--steps", "20", "--batch-size", "8"], 2.5),
-    # 32 instances x 20 steps, best of 2, did not finish in 2.5 minutes on an H100 (the per-instance loops dominate)
-    "prompt": ("prompt tuning: engine vs fair loop, CLIP ViT-L/14 at 224 px, 100 x 3 prompt tokens",
-               [str(HERE / "prompt_tuning.py"), "--device", "cuda", "--model", "ViT-L-14", "--image-size", "224",
-                "--instances", "16", "--chunk-size", "16", "--steps", "10", "--prompt-tokens", "100", "--repeats", "1"],
-               4.0),
-    "smoke": ("every paper config at real size, bf16, one GPU",
-              [str(HERE / "smoke_real.py"), "--device", "cuda", "--llm", "vicuna-13b", "--output",
-               "checkpoints/gpu-check", "--models", "checkpoints/models/real-size", "--beside", "--build-jobs", "6",
-               "--configs", *SMOKE_CASES], None),
-}
+# The smoke cases, most telling first: LOC (never yet run on a GPU), SEG and CLIP (the phase table's open questions)
+# in the prompt tools' queue; the 13B LLM (whose export the serving stage loads) in the other.
+SMOKE_CASES = ["loc", "seg", "clip", "llm", "vqa", "replace", "controller", "llm-sharded"]
 
 
-def why_not(stages: list[str]) -> str | None:
+@dataclass
+class Command:
+    """One benchmark run of a stage: its arguments after the python executable, the real-size models it tunes (built
+    first when missing, as the smoke run builds them) and the smoke run's exports it loads (skipped when one is
+    missing: that smoke case did not run or failed)."""
+
+    args: list[str]
+    models: tuple[str, ...] = ()
+    exports: tuple[str, ...] = ()
+
+
+@dataclass
+class Stage:
+    """One stage: what it measures, the commands it runs, and at most how many minutes it may take."""
+
+    what: str
+    commands: list[Command]
+    minutes: float
+
+
+def prompt_benchmark(tool: str, model: str, chunk: int, *extra: str) -> Command:
+    """The engine against the fair per-instance loop on one real-size model, one whole chunk at the paper size."""
+    return Command([str(HERE / "prompt_tuning.py"), "--device", "cuda", "--tool", tool, "--model-dir",
+                    str(MODELS / model), "--instances", str(chunk), "--chunk-size", str(chunk), "--steps", "5",
+                    "--prompt-tokens", "100", "--repeats", "1", "--methods", "engine", "sequential", *extra],
+                   models=(model,))
+
+
+def stages(smoke_cases: list[str]) -> dict[str, Stage]:
+    clip_image = SMOKE_OUTPUT / "clip" / "data" / "concepts" / "purple" / "purple_001.png"
+    return {
+        "smoke": Stage("every chosen paper config at real size, bf16, one GPU: fit, export, serve",
+                       [Command([str(HERE / "smoke_real.py"), "--device", "cuda", "--llm", "vicuna-13b", "--output",
+                                 str(SMOKE_OUTPUT), "--models", str(MODELS), "--beside", "--build-jobs", "6",
+                                 "--no-activation-modes", "--configs", *smoke_cases])], 4.0),
+        "prompt": Stage("prompt tuning: engine vs fair loop at the paper chunk size (OWL-ViT B/32 LOC, CLIP ViT-L/14)",
+                        [prompt_benchmark("loc", "owlvit-base-patch32", 32),
+                         prompt_benchmark("clip", "clip-vit-l14", 32, "--image-size", "224")], 2.5),
+        "serving": Stage("serving latency at 1 and 8 clients: CLIP ViT-L/14 and Vicuna-13B exports vs in-process",
+                         [Command([str(HERE / "serving_latency.py"), str(SMOKE_OUTPUT / "clip" / "export"), "--device",
+                                   "cuda", "--label", "CLIP ViT-L/14 (real size, random weights, pool of one chunk)",
+                                   "--request", json.dumps({"images": [str(clip_image)], "labels": ["purple", "red"]}),
+                                   "--requests", "64", "--baseline-requests", "32", "--log-dir",
+                                   str(SMOKE_OUTPUT / "serving-clip")], exports=("clip",)),
+                          # the smoke run's LoRA export, or (no LLM smoke case this time) random adapter weights on
+                          # the real-size base, exported without a fit
+                          Command([str(HERE / "serving_latency.py"), str(SMOKE_OUTPUT / "llm" / "export"), "--device",
+                                   "cuda", "--random-lora-on", str(MODELS / "vicuna-13b"), "--label",
+                                   "Vicuna-13B LoRA (real size, random weights, adapter on the bf16 base)",
+                                   "--max-tokens", "16", "--requests", "16", "--baseline-requests", "4",
+                                   "--log-dir", str(SMOKE_OUTPUT / "serving-llm")], models=("vicuna-13b",))], 3.0),
+        "lora": Stage("LoRA: LoraToolLLM vs HF Trainer + PEFT (dynamic padding), bf16, 2048 x 16 Llama, steady state",
+                      [Command([str(HERE / "lora_finetune.py"), "--device", "cuda", "--bf16", "--hidden-size", "2048",
+                                "--layers", "16", "--steps", "150", "--steady-from", "50", "--batch-size", "8",
+                                "--methods", "clova-train", "hf-dynamic"])], 3.0),
+    }
+
+
+def build_model(name: str, seconds: float) -> int | None:
+    """Build one real-size model as the smoke run does (reused when finished); its exit code, None when stopped."""
+    MODELS.mkdir(parents=True, exist_ok=True)
+    return run_within([sys.executable, "-c", "import sys\nfrom clova_train.quickstart.real_size.models import "
+                       "build_real_size\nbuild_real_size(sys.argv[1], sys.argv[2])", name, str(MODELS)], seconds,
+                      cwd=MODELS)  # not the repository: `python -c` would import its unmapped source tree
+
+
+def why_not() -> str | None:
     """Why the check cannot run here (None when it can): no CUDA device, or packages missing."""
     missing = [name for name in NEEDED if importlib.util.find_spec(name) is None]
     if missing:
@@ -70,38 +130,94 @@ def why_not(stages: list[str]) -> str | None:
     return None
 
 
+def run_within(command: list[str], seconds: float, cwd: Path = REPO) -> int | None:
+    """Run ``command`` in the repository; its exit code, or None when it was stopped at ``seconds``: SIGTERM first (the
+    serving benchmark then stops its server's process group), SIGKILL 15 s later."""
+    process = subprocess.Popen(command, cwd=cwd)
+    try:
+        return process.wait(timeout=seconds)
+    except subprocess.TimeoutExpired:
+        process.terminate()
+        try:
+            process.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+        return None
+
+
+def chosen(command: Command, tools: list[str]) -> bool:
+    """Whether a prompt or serving command is one of ``tools`` (its ``--tool``, or the smoke case whose export it loads)."""
+    args = command.args
+    named = args[args.index("--tool") + 1] if "--tool" in args else None
+    served = Path(args[1]).parent.name if Path(args[0]).name == "serving_latency.py" else None
+    return named in tools or served in tools
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--budget-minutes", type=float, default=25.0, help="device time the whole check may take")
-    parser.add_argument("--stages", nargs="+", choices=list(STAGES), default=list(STAGES), help="which stages, in order")
+    parser.add_argument("--budget-minutes", type=float, default=12.0, help="device time the whole check may take")
+    parser.add_argument("--stages", nargs="+", choices=["smoke", "prompt", "serving", "lora"],
+                        default=["smoke", "prompt", "serving", "lora"], help="which stages, in order")
+    parser.add_argument("--tools", nargs="+", default=None,
+                        help="the prompt stage's tools (default: loc clip), the serving stage's exports (clip, llm)")
+    parser.add_argument("--smoke-cases", nargs="+", choices=SMOKE_CASES, default=SMOKE_CASES,
+                        help="the smoke stage's paper configs (smoke_real.py's case names)")
+    parser.add_argument("--smoke-minutes", type=float, default=None, help="the smoke stage's cap (default 4)")
     parsed = parser.parse_args(argv)
     print(f"gpu-check: stages {', '.join(parsed.stages)}; budget {parsed.budget_minutes:g} min", flush=True)
-    reason = why_not(parsed.stages)
+    reason = why_not()
     if reason is not None:
         print(f"gpu-check: not run: {reason}", file=sys.stderr, flush=True)
         return 2
     import torch
 
     print(f"gpu-check: {torch.cuda.get_device_name(0)}, torch {torch.__version__}", flush=True)
+    planned = stages(parsed.smoke_cases)
+    if parsed.tools:
+        for stage_name in ("prompt", "serving"):
+            planned[stage_name].commands = [c for c in planned[stage_name].commands if chosen(c, parsed.tools)]
+    if parsed.smoke_minutes is not None:
+        planned["smoke"].minutes = parsed.smoke_minutes
     deadline = time.monotonic() + parsed.budget_minutes * 60
     outcomes = []
     for name in parsed.stages:
-        what, args, share = STAGES[name]
+        stage = planned[name]
         left = deadline - time.monotonic()
         if left < 60:
-            outcomes.append(f"{name}: skipped ({left:.0f} s of the budget left): {what}")
+            outcomes.append(f"{name}: skipped ({left:.0f} s of the budget left): {stage.what}")
             continue
-        allowed = left if share is None else min(left, share * 60)
-        if name == "smoke":  # it stops its own cases in time to write its table
-            args = [*args, "--budget-minutes", f"{(allowed - 20) / 60:.2f}"]
-        print(f"gpu-check: {name}: {what} (at most {allowed / 60:.1f} min)", flush=True)
+        allowed = min(left, stage.minutes * 60)
+        print(f"gpu-check: {name}: {stage.what} (at most {allowed / 60:.1f} min)", flush=True)
         start = time.monotonic()
-        try:
-            done = subprocess.run([sys.executable, *args], timeout=allowed)
-            status = "ok" if done.returncode == 0 else f"FAILED (exit {done.returncode})"
-        except subprocess.TimeoutExpired:
-            status = "stopped at the budget"
-        outcomes.append(f"{name}: {status} in {(time.monotonic() - start) / 60:.1f} min: {what}")
+        notes: list[str] = []
+        for command in stage.commands:
+            script = Path(command.args[0]).name
+            absent = [case for case in command.exports if not (SMOKE_OUTPUT / case / "export").is_dir()]
+            if absent:
+                notes.append(f"{script} skipped: no {', '.join(absent)} export from the smoke run")
+                continue
+            remaining = allowed - (time.monotonic() - start)
+            for model in command.models:
+                if not (MODELS / model / "real_size.json").is_file():
+                    built = build_model(model, max(remaining, 1))
+                    if built != 0:
+                        notes.append(f"building {model} failed or ran out of time")
+            args = command.args
+            remaining = allowed - (time.monotonic() - start)
+            if name == "smoke":  # it stops its own cases in time to write its table
+                args = [*args, "--budget-minutes", f"{(remaining - 20) / 60:.2f}"]
+            if remaining < 20:
+                notes.append(f"{script} {' '.join(args[1:6])} ...: no time left")
+                continue
+            returncode = run_within([sys.executable, *args], remaining)
+            if returncode is None:
+                notes.append(f"{script} stopped at the stage's time limit")
+                break
+            if returncode != 0:
+                notes.append(f"{script} FAILED (exit {returncode})")
+        status = "ok" if not notes else "; ".join(notes)
+        outcomes.append(f"{name}: {status} in {(time.monotonic() - start) / 60:.1f} min: {stage.what}")
     print("gpu-check summary:\n  " + "\n  ".join(outcomes), flush=True)
     return 0 if all(": ok " in line for line in outcomes) else 1
 

@@ -39,6 +39,9 @@ BENCH_LLAMA = {"hidden_size": 256, "intermediate_size": 688, "num_hidden_layers"
 LORA = {"r": 16, "lora_alpha": 16, "lora_dropout": 0.05, "target_modules": ["q_proj", "k_proj", "v_proj", "o_proj"]}
 
 
+METHODS = ("clova-train", "hf-dynamic", "hf-padded")
+
+
 def _rss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
@@ -105,7 +108,19 @@ def run_clova(model_dir: Path, train: Path, args: argparse.Namespace, out: Path)
 
 
 def _summary(times: list[float], tokens: list[int], losses: list[float], memory: float) -> dict:
-    return {"seconds": times[-1] - times[0], "tokens": sum(tokens[1:len(times)]), "losses": losses, "memory": memory}
+    """``times[i]`` ends step i and ``tokens[i]`` is its batch's non-padding tokens; the steady-state figures are
+    taken in the parent from the same lists."""
+    return {"seconds": times[-1] - times[0], "tokens": sum(tokens[1:len(times)]), "losses": losses, "memory": memory,
+            "times": times, "step_tokens": tokens[:len(times)]}
+
+
+def steady_rate(result: dict, start: int) -> float | None:
+    """Non-padding tokens per second from the end of step ``start`` to the end of the last step (None when the run
+    had no steps after it)."""
+    times, tokens = result["times"], result["step_tokens"]
+    if start < 0 or start >= len(times) - 1:
+        return None
+    return sum(tokens[start + 1:]) / (times[-1] - times[start])
 
 
 def run_hf(model_dir: Path, train: Path, args: argparse.Namespace, out: Path, padded: bool) -> dict:
@@ -197,23 +212,38 @@ def main() -> None:
                              "base loaded in bf16)")
     parser.add_argument("--hidden-size", type=int, default=BENCH_LLAMA["hidden_size"], help="the random Llama's width")
     parser.add_argument("--layers", type=int, default=BENCH_LLAMA["num_hidden_layers"], help="its decoder layers")
+    parser.add_argument("--methods", nargs="+", choices=list(METHODS), default=list(METHODS),
+                        help="which methods to time (clova-train first: the others are compared with it)")
+    parser.add_argument("--steady-from", type=int, default=None,
+                        help="also report the rate from the end of this step on (the steady state: every sequence "
+                             "length met, allocator and kernels warm)")
     parser.add_argument("--no-record", action="store_true")
     args = parser.parse_args()
+    if args.methods[0] != "clova-train":
+        parser.error("--methods: clova-train comes first (the others are compared with it)")
+    if args.steady_from is not None and not 0 <= args.steady_from < args.steps - 1:
+        parser.error(f"--steady-from must be between 0 and --steps - 2 ({args.steps - 2})")
     if args.device == "cuda" and not torch.cuda.is_available():
         parser.error("--device cuda: torch sees no CUDA device")
 
     with tempfile.TemporaryDirectory() as tmp:
         workdir = Path(tmp)
         model_dir, train = build(workdir, args)
-        results = {kind: measure(kind, model_dir, train, args, workdir) for kind in ("clova-train", "hf-dynamic", "hf-padded")}
+        results = {kind: measure(kind, model_dir, train, args, workdir) for kind in args.methods}
 
     ours = results["clova-train"]
     ours_rate = ours["tokens"] / ours["seconds"]
+    ours_steady = steady_rate(ours, args.steady_from) if args.steady_from is not None else None
     rows = []
     for kind, r in results.items():
         rate = r["tokens"] / r["seconds"]
         final = sum(r["losses"][-10:]) / len(r["losses"][-10:])
-        rows.append(f"| {kind} | {rate:.0f} | {ours_rate / rate:.2f}x | {final:.3f} | {r['memory']:.0f} | {r['seconds']:.1f} |")
+        steady = ""
+        if args.steady_from is not None:
+            theirs = steady_rate(r, args.steady_from)
+            steady = (f" {theirs:.0f} | {ours_steady / theirs:.2f}x |" if theirs and ours_steady else " - | - |")
+        rows.append(f"| {kind} | {rate:.0f} | {ours_rate / rate:.2f}x |{steady} {final:.3f} | {r['memory']:.0f} | "
+                    f"{r['seconds']:.1f} |")
     sizes = model_sizes(args)
     where = f"{args.device}{' bf16' if args.bf16 else ''}: {machine()}" + ("" if args.device == "cuda" else f", {args.threads} threads")
     publish(
@@ -221,7 +251,9 @@ def main() -> None:
         f"Llama {sizes['hidden_size']}d x {sizes['num_hidden_layers']} layers (random weights), "
         f"LoRA r 16 on q/k/v/o, {args.steps} steps of batch {args.batch_size}, lr {args.lr}, synthetic GPT4Tools "
         f"records with {args.tools_per_prompt} tools per prompt, max_length {args.max_length}",
-        ["method", "trained tokens/s (non-padding)", "clova-train speed-up", "loss (last 10 steps)",
+        ["method", "trained tokens/s (non-padding)", "clova-train speed-up",
+         *([f"tokens/s after step {args.steady_from}", "speed-up there"] if args.steady_from is not None else []),
+         "loss (last 10 steps)",
          "peak GPU MB" if args.device == "cuda" else "peak RSS MB",
          "timed seconds"],
         rows, record=not args.no_record,

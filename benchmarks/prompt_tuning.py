@@ -89,6 +89,9 @@ def _build(args: argparse.Namespace, workdir: Path) -> tuple[str, Path]:
     from clova_train.synthetic.shapes import write_concept_folders
     from clova_train.quickstart.tiny.clip import make_tiny_clip
 
+    if args.model_dir is not None:
+        return _model_dir_name(args), _write_data(args, workdir)
+
     if args.tool == "replace":
         from clova_train.synthetic.masked_concepts import write_masked_concepts
         from clova_train.quickstart.tiny.sd_inpaint import build_tiny_inpainting_pipeline
@@ -136,6 +139,35 @@ def _build(args: argparse.Namespace, workdir: Path) -> tuple[str, Path]:
     per_concept = args.instances // 4 + 1
     data = write_concept_folders(workdir / "data", ["red", "green", "blue", "yellow"], per_concept + 1, 64, seed=0)
     return f"local-dir:{model_dir}", data
+
+
+def _model_dir_name(args: argparse.Namespace) -> str:
+    """The tool's model name for a saved model directory (``--model-dir``): open_clip's ``local-dir:`` for CLIP."""
+    return f"local-dir:{args.model_dir}" if args.tool == "clip" else str(args.model_dir)
+
+
+def _write_data(args: argparse.Namespace, workdir: Path) -> Path:
+    """The benchmark's synthetic data for ``args.tool`` (the tool's processor resizes it to the model's input)."""
+    if args.tool == "replace":
+        from clova_train.synthetic.masked_concepts import write_masked_concepts
+
+        return write_masked_concepts(workdir / "data", [REPLACE_CONCEPT], args.instances + REPLACE_VAL_IMAGES,
+                                     image_size=BENCH_SD["image_size"], seed=0)
+    if args.tool in ("loc", "seg"):
+        from clova_train.synthetic.grounding import write_coco_scenes
+
+        return write_coco_scenes(workdir / "data", [GROUNDING_CONCEPT], args.instances + GROUNDING_VAL_IMAGES,
+                                 objects_per_image=2, image_size=64, seed=0)
+    if args.tool == "vqa":
+        from clova_train.synthetic.vqa import write_vqa_records
+
+        return write_vqa_records(workdir / "data", ["orange", "purple", "red", "green"], [],
+                                 images_per_colour=args.instances // 4 + 1, wrong_answers=0, eval_per_colour=1,
+                                 image_size=BENCH_BLIP["image_size"], seed=0)
+    from clova_train.synthetic.shapes import write_concept_folders
+
+    return write_concept_folders(workdir / "data", ["red", "green", "blue", "yellow"], args.instances // 4 + 2, 64,
+                                 seed=0)
 
 
 def _module(args: argparse.Namespace, model_name: str):
@@ -343,6 +375,8 @@ def _reference_replace_prompt(module, item, device: str) -> torch.Tensor:
 
 
 def run_loop(args: argparse.Namespace, model_name: str, data: Path, kind: str) -> dict:
+    from lightning.pytorch.utilities import move_data_to_device
+
     module = _module(args, model_name).to(args.device)
     dm = _datamodule(args, data, 1)
     if args.tool == "replace":
@@ -360,6 +394,8 @@ def run_loop(args: argparse.Namespace, model_name: str, data: Path, kind: str) -
     for item in _instances(dm, args.instances):
         if args.tool == "replace":  # the loops do not gate: no held-out latents or word losses to prepare
             item = dataclasses.replace(item, val=[])
+        # on the device as Lightning moves the engine's chunks (boxes, masks and targets too, not only the images)
+        item = move_data_to_device(item, torch.device(args.device))
         prompts[item.instance_id] = step(module, item, args.device)
     _sync(args)
     return _result(args, time.perf_counter() - start, base, prompts)
@@ -411,6 +447,18 @@ def measure(kind: str, args: argparse.Namespace, model_name: str, data: Path, wo
     return result
 
 
+def _model_label(model_dir: Path) -> str:
+    """A saved model's name: its real-size build record's, else the directory's."""
+    record = model_dir / "real_size.json"
+    if record.is_file():
+        import json
+
+        described = json.loads(record.read_text())
+        return (f"{model_dir.name}, {described.get('checkpoint', '?')}'s architecture at "
+                f"{described.get('parameters', 0) / 1e6:,.1f} M parameters")
+    return model_dir.name
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--tool", choices=["clip", "vqa", "loc", "seg", "replace"], default="clip", help="which prompt tool to tune")
@@ -424,8 +472,15 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=torch.get_num_threads())
     parser.add_argument("--repeats", type=int, default=2, help="runs per method; the fastest counts")
     parser.add_argument("--model", default=None, help="open_clip architecture (random weights); default: a small ViT")
+    parser.add_argument("--model-dir", type=Path, default=None,
+                        help="a saved model of the tool's architecture to tune on instead of the small benchmark one "
+                             "(for example a real-size build of benchmarks/smoke_real.py); random weights do for timing")
+    parser.add_argument("--methods", nargs="+", choices=["engine", "sequential", "reference"],
+                        default=["engine", "sequential", "reference"], help="which methods to time (engine first)")
     parser.add_argument("--no-record", action="store_true", help="print only; do not append to the results file")
     args = parser.parse_args()
+    if args.methods[0] != "engine":
+        parser.error("--methods: the engine comes first (every other method is compared with it)")
     if args.lr is None:
         args.lr = {"vqa": 1e-3, "loc": 5e-4, "seg": 1e-1, "replace": 5e-3}.get(args.tool, 1e-2)
 
@@ -434,21 +489,24 @@ def main() -> None:
         model_name, data = _build(args, workdir)
         results = {}
         for _ in range(args.repeats):
-            for kind in ("engine", "sequential", "reference"):
+            for kind in args.methods:
                 run = measure(kind, args, model_name, data, workdir)
                 if kind not in results or run["seconds"] < results[kind]["seconds"]:
                     results[kind] = run
 
     engine = results["engine"]
     rows = []
-    for kind in ("engine", "sequential", "reference"):
+    for kind in args.methods:
         r = results[kind]
         diff = max(float((r["prompts"][i] - engine["prompts"][i]).abs().max()) for i in engine["prompts"])
         rows.append(
             f"| {kind} | {args.instances / r['seconds']:.2f} | {r['seconds'] / engine['seconds']:.2f}x | "
             f"{r['memory_mb']:.0f} | {diff:.2e} |"
         )
-    if args.tool == "vqa":
+    if args.model_dir is not None:
+        what = (f"tool {args.tool}, model {_model_label(args.model_dir)} (random weights), {args.prompt_tokens} prompt "
+                f"tokens{' x 3 blocks' if args.tool == 'clip' else ''}, {args.steps} steps, {args.instances} instances")
+    elif args.tool == "vqa":
         b = BENCH_BLIP
         what = (f"tool BLIP VQA (BlipForQuestionAnswering, hidden {b['hidden_size']}, {b['layers']} layers per tower, "
                 f"image {b['image_size']}px, patch 8), {args.prompt_tokens} prompt tokens, {args.steps} steps, "
@@ -475,7 +533,8 @@ def main() -> None:
                 f"{args.steps} steps, {args.instances} instances (1 positive + 3 negative images each)")
     publish(
         "prompt_tuning", "Prompt-tuning benchmark results", f"{args.device}: {machine()}",
-        f"{what}, engine chunk size {args.chunk_size}, {args.threads} threads, best of {args.repeats} runs per method",
+        f"{what}, engine chunk size {args.chunk_size}, {args.threads} threads, best of {args.repeats} runs per method"
+        + ("" if args.device == "cpu" else f", peak memory: torch's max_memory_allocated"),
         ["method", "instances/s", "engine speed-up over it", "peak memory MB", "max abs prompt diff vs engine"],
         rows, record=not args.no_record,
     )

@@ -133,7 +133,10 @@ def no_data(workdir: Path, full: bool) -> None:
 
 
 # ------------------------------------------------------------------------------------------------------ the cases
-PROMPT_RUN = ["--data.init_args.num_workers=0", "--model.init_args.max_memory_gb=1000"]
+# validation_gate false: random weights pass no gate, and the export's pool must hold prompts for serving to run the
+# prompt ensemble (the gate still runs, its verdicts recorded, its time and memory measured)
+PROMPT_RUN = ["--data.init_args.num_workers=0", "--model.init_args.max_memory_gb=1000",
+              "--model.init_args.validation_gate=false"]
 LLM_RUN = ["--model.init_args.model_name_or_path={model}", "--data.init_args.tokenizer={model}",
            "--data.init_args.eval_batch_size=2", "--data.init_args.num_workers=0", "--model.init_args.max_new_tokens=8",
            "--trainer.max_epochs=1", "--trainer.limit_train_batches=4", "--trainer.accumulate_grad_batches=2",
@@ -301,7 +304,8 @@ def build_ahead(models: list[str], models_dir: Path, jobs: int, timeout: Callabl
         return dict(zip(models, pool.map(build, models)))
 
 
-def run_case(case: Case, models_dir: Path, out: Path, device: str, timeout: Callable[[], float]) -> dict:
+def run_case(case: Case, models_dir: Path, out: Path, device: str, timeout: Callable[[], float],
+             activation_modes: bool = True) -> dict:
     """Build, fit, export and serve one case; returns its table row's values. ``timeout()`` gives the seconds the next
     process may run."""
     from clova_train.quickstart.real_size.models import REAL_SIZES
@@ -344,7 +348,7 @@ def run_case(case: Case, models_dir: Path, out: Path, device: str, timeout: Call
     if case.kind == "controller":
         row["probe"] = controller_speed(workdir / str(config_setting(case, "train.output_dir")))
     export_and_serve(case, row, workdir, overrides, timeout, device)
-    if case.kind == "prompt":
+    if case.kind == "prompt" and activation_modes:
         measure_activation_modes(case, row, workdir, overrides, timeout)
     return row
 
@@ -517,6 +521,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="build the models first, this many at once (1: each case builds its own when it starts)")
     parser.add_argument("--beside", action="store_true",
                         help="run the LLM cases in a second queue beside the others; their timings are marked (b)")
+    parser.add_argument("--activation-modes", action=argparse.BooleanOptionalAction, default=True,
+                        help="also measure prompt tuning's activations per instance in fp32/bf16, with and without "
+                             "checkpointing (one more short fit per prompt tool)")
     parser.add_argument("--record", action=argparse.BooleanOptionalAction, default=True,
                         help="append the table to benchmarks/results/smoke_real.md")
     parsed = parser.parse_args(argv)
@@ -549,7 +556,7 @@ def main(argv: list[str] | None = None) -> int:
             else:
                 with lock:
                     print(f"smoke-real: {name} ({case.config}) ...", flush=True)
-                row = run_case(case, models_dir, out, parsed.device, budget)
+                row = run_case(case, models_dir, out, parsed.device, budget, parsed.activation_modes)
             row["beside"] = beside
             with lock:
                 finished[name] = row
