@@ -15,7 +15,8 @@ Endpoints (one per export; a server can hold several exports of different kinds)
   into the GPT4Tools prompt, the model's ``Action:`` / ``Action Input:`` come back as ``tool_calls``
   (``finish_reason`` ``tool_calls``) and ``tool`` messages are fed back as observations
   (:mod:`clova_train.tooluse.tool_calls`); requests, streamed or not, are batched (``max_batch_size`` /
-  ``batch_timeout``) into one left-padded ``generate`` run with a streamer;
+  ``batch_timeout``) into one left-padded ``generate`` run with a streamer, whose steps go to LitServe token by token
+  only when a request of the batch streams;
 * ``GET /health`` and ``GET /info`` (LitServe's).
 
 Every request passes :class:`~clova_train.serving.guard.RequestGuard` first (API key, body size counted after
@@ -281,6 +282,7 @@ class ServedChat:
 
     request: ChatRequest
     tools: Optional[list[ToolSpec]] = None
+    stream: bool = False
 
 
 class ToolChatAPI(ls.LitAPI):
@@ -314,9 +316,10 @@ class ToolChatAPI(ls.LitAPI):
         if request.tools and request.tool_choice != "none":
             tools = specs_from_openai(request.tools)
             instruction = instruction_from_chat(messages, tools)
-            return ServedChat(ChatRequest(messages=[{"role": "user", "content": instruction}], **options), tools)
+            return ServedChat(ChatRequest(messages=[{"role": "user", "content": instruction}], **options), tools,
+                              bool(request.stream))
         return ServedChat(ChatRequest(messages=[{"role": m["role"], "content": m["content"]} for m in messages],
-                                      **options))
+                                      **options), stream=bool(request.stream))
 
     def batch(self, inputs: list[ServedChat]) -> list[ServedChat]:
         return list(inputs)
@@ -332,7 +335,9 @@ class ToolChatAPI(ls.LitAPI):
         chats = chats if batched else [chats]
         sent = [""] * len(chats)
         answered: dict[int, dict[str, Any]] = {}  # requests with tools whose call or reply went out
-        for replies in self.llm.stream_batch([chat.request for chat in chats]):
+        # a batch nobody streams is handed over once, when generated (see ServedToolLLM.stream_batch)
+        every_step = any(chat.stream for chat in chats)
+        for replies in self.llm.stream_batch([chat.request for chat in chats], every_step=every_step):
             messages = []
             for k, (chat, reply) in enumerate(zip(chats, replies)):
                 counts = {"prompt_tokens": reply.prompt_tokens, "completion_tokens": reply.completion_tokens,

@@ -263,22 +263,25 @@ class ServedToolLLM:
         return self.stop + list(request.stop)
 
     @torch.no_grad()
-    def stream_batch(self, requests: list[ChatRequest]) -> Iterator[list[ChatReply]]:
+    def stream_batch(self, requests: list[ChatRequest], every_step: bool = True) -> Iterator[list[ChatReply]]:
         """Every request's reply so far, after each generated token (``finish_reason`` None while it is still being
         written); the last list equals :meth:`chat_batch`'s replies. Greedy requests are generated together,
-        sampled ones one after another."""
+        sampled ones one after another. ``every_step=False`` yields only when a run of requests has finished: no
+        text is decoded while generating, so the consumer leaves ``generate``'s thread the interpreter (a
+        consumer that decodes and hands on every step halves a GPU's decoding speed, which is bound by Python's
+        kernel launches), while a closed consumer still stops the generation at the next step."""
         replies = [ChatReply("", 0, 0, None) for _ in requests]
         greedy = [i for i, r in enumerate(requests) if r.temperature <= 0]
         runs = ([greedy] if greedy else []) + [[i] for i, r in enumerate(requests) if r.temperature > 0]
         for run in runs:
             if requests[run[0]].temperature > 0:
                 torch.manual_seed(requests[run[0]].seed)
-            for step in self._stream([requests[i] for i in run], sample=requests[run[0]].temperature > 0):
+            for step in self._stream([requests[i] for i in run], requests[run[0]].temperature > 0, every_step):
                 for i, reply in zip(run, step):
                     replies[i] = reply
                 yield list(replies)
 
-    def _stream(self, requests: list[ChatRequest], sample: bool) -> Iterator[list[ChatReply]]:
+    def _stream(self, requests: list[ChatRequest], sample: bool, every_step: bool = True) -> Iterator[list[ChatReply]]:
         import threading
 
         encoded, options = self._inputs(requests, sample)
@@ -304,7 +307,8 @@ class ServedToolLLM:
             for step in steps:
                 for row, token in enumerate(step):
                     tokens[row].append(token)
-                yield [self._reply(t, r, n, False) for t, r, n in zip(tokens, requests, prompt_tokens)]
+                if every_step:
+                    yield [self._reply(t, r, n, False) for t, r, n in zip(tokens, requests, prompt_tokens)]
         finally:  # the consumer stopped early (an error, a closed stream): stop generating, then wait for it
             cancelled.set()
             worker.join()

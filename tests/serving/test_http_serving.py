@@ -153,6 +153,19 @@ def test_streaming_sends_the_reply_token_by_token(server: str, lora_export: Path
         assert response.read().decode().rstrip().endswith("data: [DONE]")
 
 
+def test_a_batch_nobody_streams_is_handed_over_once_as_chat_batch_answers_it(lora_export: Path) -> None:
+    """every_step=False (the server's path for plain requests): one hand-over per run of requests, the very replies
+    chat_batch gives; every_step=True ends with the same replies after one hand-over per token."""
+    served = ServedToolLLM.from_export(lora_export)
+    requests = [ChatRequest(messages=[{"role": "user", "content": "Describe image/3.png"}], max_tokens=6),
+                ChatRequest(messages=[{"role": "user", "content": "hello"}], max_tokens=3)]
+    expected = served.chat_batch(requests)
+    once = list(served.stream_batch(requests, every_step=False))
+    assert once == [expected]
+    stepwise = list(served.stream_batch(requests))
+    assert stepwise[-1] == expected and len(stepwise) > max(r.completion_tokens for r in expected)
+
+
 def test_serve_refuses_a_missing_export_before_listening(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     assert main(["serve", str(tmp_path / "missing"), "--port", str(free_port())]) == 2
     assert "export directory not found" in capsys.readouterr().err

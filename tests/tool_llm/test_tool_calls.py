@@ -106,7 +106,10 @@ def test_the_chat_api_sends_a_call_once_with_its_finish_reason(tmp_path) -> None
     text = "Thought: Do I need to use a tool? Yes\nAction: Predict Depth On Image\nAction Input: image/a.png\nObservation:"
 
     class ScriptedLLM:
-        def stream_batch(self, requests: list) -> object:
+        every_step: list[bool] = []
+
+        def stream_batch(self, requests: list, every_step: bool = True) -> object:
+            self.every_step.append(every_step)
             yield [ChatReply(text[:10], 5, 2, None), ChatReply("x", 5, 1, None)]
             yield [ChatReply(text, 5, 9, "stop"), ChatReply("xy", 5, 2, None)]
             yield [ChatReply(text, 5, 9, "stop"), ChatReply("xyz", 5, 3, "length")]
@@ -114,8 +117,10 @@ def test_the_chat_api_sends_a_call_once_with_its_finish_reason(tmp_path) -> None
     api = ToolChatAPI(tmp_path)
     api.llm = ScriptedLLM()
     chats = [ServedChat(ChatRequest([{"role": "user", "content": "depth"}]), specs_from_openai([DEPTH])),
-             ServedChat(ChatRequest([{"role": "user", "content": "plain"}]))]
+             ServedChat(ChatRequest([{"role": "user", "content": "plain"}]), stream=True)]
     steps = list(api.predict(chats))
+    list(api.predict(chats[:1]))
+    assert api.llm.every_step == [True, False]  # steps are handed over only when a request of the batch streams
     tool_steps, plain_steps = [s[0] for s in steps], [s[1] for s in steps]
     assert [s["finish_reason"] for s in tool_steps] == [None, "tool_calls", "tool_calls"]
     assert [len(s.get("tool_calls", [])) for s in tool_steps] == [0, 1, 0]
