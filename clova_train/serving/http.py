@@ -38,9 +38,13 @@ images cannot buy minutes of decoding.
 # objects (a string annotation on ``decode_request`` would make LitServe queue the raw request object).
 
 import json
+import logging
 import os
+import tempfile
 import time
 import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional, Union
@@ -48,7 +52,7 @@ from typing import Any, Optional, Union
 import litserve as ls
 from fastapi import BackgroundTasks, HTTPException
 from litserve.specs.openai import ChatCompletionRequest, OpenAISpec
-from litserve.utils import LitAPIStatus, azip
+from litserve.utils import LitAPIStatus, WorkerSetupStatus, azip
 
 from clova_train.core.errors import ClovaTrainError, DataError, ExportError
 from clova_train.serving.guard import RequestGuard, RequestLimits, error_body, install_error_handlers
@@ -89,6 +93,20 @@ def unreadable_image_message(name: str, max_pixels: int) -> str:
             "that name on the server")
 
 
+@contextmanager
+def reported_setup(report: Optional[Path]) -> Iterator[None]:
+    """A worker's model load: a failure is written to ``report`` (one line, for the parent to print) and LitServe's
+    own traceback of it is silenced; this worker is ending and the parent stops the server."""
+    try:
+        yield
+    except Exception as err:
+        if report is not None:
+            report.write_text(str(err) if isinstance(err, ClovaTrainError) else f"{type(err).__name__}: {err}",
+                              encoding="utf-8")
+            logging.getLogger("litserve").setLevel(logging.CRITICAL)
+        raise
+
+
 class PromptToolAPI(ls.LitAPI):
     """``POST /v1/<tool>``: one exported prompt tool with its pool.
 
@@ -110,6 +128,13 @@ class PromptToolAPI(ls.LitAPI):
         super().__init__(api_path=f"/v1/{tool_name}")
         self.export, self.top_k, self.base_model, self.output_dir = export, top_k, base_model, output_dir
         self.max_image_pixels, self.max_request_pixels = max_image_pixels, max_request_pixels
+        self.setup_report: Optional[Path] = None  # where a worker that fails to load writes why
+
+    def check(self) -> None:
+        """Before the workers start: what can be checked without loading the model."""
+        from clova_train.tools.serving import PromptToolServer
+
+        PromptToolServer.check_export(self.export, self.base_model)
 
     def setup(self, device: str) -> None:
         from PIL import Image
@@ -117,7 +142,8 @@ class PromptToolAPI(ls.LitAPI):
         from clova_train.tools.serving import PromptToolServer
 
         Image.MAX_IMAGE_PIXELS = self.max_image_pixels  # the image reader refuses anything above it from the header
-        self.server = PromptToolServer.from_export(self.export, self.top_k, device, self.base_model)
+        with reported_setup(self.setup_report):
+            self.server = PromptToolServer.from_export(self.export, self.top_k, device, self.base_model)
 
     def decode_request(self, request):  # noqa: ANN001, ANN201 (unannotated: LitServe then hands over the parsed JSON)
         if not isinstance(request, dict):
@@ -302,11 +328,19 @@ class ToolChatAPI(ls.LitAPI):
         super().__init__(max_batch_size=max_batch_size, batch_timeout=batch_timeout, stream=True,
                          spec=ToolChatSpec(served_name or str(export)))
         self.export, self.base_model = export, base_model
+        self.setup_report: Optional[Path] = None  # where a worker that fails to load writes why
+
+    def check(self) -> None:
+        """Before the workers start: what can be checked without loading the model."""
+        from clova_train.tooluse.served_llm import ServedToolLLM
+
+        ServedToolLLM.check_export(self.export, self.base_model)
 
     def setup(self, device: str) -> None:
         from clova_train.tooluse.served_llm import ServedToolLLM
 
-        self.llm = ServedToolLLM.from_export(self.export, self.base_model, device)
+        with reported_setup(self.setup_report):
+            self.llm = ServedToolLLM.from_export(self.export, self.base_model, device)
 
     def decode_request(self, request: ChatRequestBody) -> ServedChat:
         stop = [request.stop] if isinstance(request.stop, str) else list(request.stop or [])
@@ -399,27 +433,57 @@ def build_apis(
     return list(apis.values())
 
 
+class WorkersFailed(RuntimeError):
+    """A worker of the server could not load its export."""
+
+
+class ExportServer(ls.LitServer):
+    """LitServer that opens its port only once every worker has loaded its export (LitServer's own check waits for
+    the first ready worker, so a server of two exports would answer with one of them broken), and stops its
+    workers when one fails."""
+
+    def verify_worker_status(self) -> None:
+        while True:
+            states = list(self.workers_setup_status.values())
+            if WorkerSetupStatus.ERROR in states:
+                for worker in self.inference_workers:
+                    worker.terminate()
+                for worker in self.inference_workers:
+                    worker.join(timeout=10)
+                raise WorkersFailed("a worker could not load its export")
+            if states and all(state == WorkerSetupStatus.READY for state in states):
+                print(f"serving {', '.join(api.api_path for api in self.litapi_connector)} (all loaded)", flush=True)
+                return
+            time.sleep(0.05)
+
+
 def serve_http(
     exports: list[str], host: str = "127.0.0.1", port: int = 8000, device: str = "cpu", top_k: int | None = None,
     base_model: str | None = None, max_batch_size: int = 4, batch_timeout: float = 0.02, timeout: float = 60.0,
     output_dir: str = "served_outputs", api_key: str | None = None, limits: RequestLimits = RequestLimits(),
     served_model_name: str | None = None,
 ) -> None:
-    """Run the server until interrupted (each export is checked and loaded before the port opens).
+    """Run the server until interrupted (each export is checked here, then loaded once, by its worker, before the port
+    opens; a worker that cannot load its export stops the server with that export's one-line error).
 
     ``api_key``: the bearer token every ``/v1/...`` request must carry (``None``: none required); ``limits``: what one
     request may hold (see :class:`~clova_train.serving.guard.RequestLimits`); ``served_model_name``: the chat model's
     name (default: the export path as given)."""
     apis = build_apis(exports, top_k, base_model, max_batch_size, batch_timeout, Path(output_dir),
                       limits.max_image_pixels, served_model_name, limits.max_request_pixels)
-    for api in apis:  # fail here, with the clova-train message, rather than inside a worker process
-        api.setup(device)
-        for loaded in ("server", "llm"):  # each worker process loads its own copy
-            api.__dict__.pop(loaded, None)
+    for api in apis:  # what fails without a model fails here, before any worker starts
+        api.check()
     accelerator = "cuda" if device.startswith("cuda") else "cpu"
     os.environ.setdefault("LITSERVE_LOG_LEVEL", "WARNING")
-    server = ls.LitServer(apis, accelerator=accelerator, devices=1, timeout=timeout,
-                          middlewares=[(RequestGuard, {"api_key": api_key, "limits": limits})])
-    install_error_handlers(server.app)
-    print(f"serving {', '.join(a.api_path for a in apis)} on http://{host}:{port}", flush=True)
-    server.run(host=host, port=port, generate_client_file=False, num_api_servers=1, log_level="warning")
+    with tempfile.TemporaryDirectory(prefix="clova-train-serve-") as reports:
+        for number, api in enumerate(apis):
+            api.setup_report = Path(reports) / f"{number}.txt"
+        server = ExportServer(apis, accelerator=accelerator, devices=1, timeout=timeout,
+                              middlewares=[(RequestGuard, {"api_key": api_key, "limits": limits})])
+        install_error_handlers(server.app)
+        print(f"loading {', '.join(exports)} for http://{host}:{port} ...", flush=True)
+        try:
+            server.run(host=host, port=port, generate_client_file=False, num_api_servers=1, log_level="warning")
+        except WorkersFailed:
+            failures = [report.read_text(encoding="utf-8") for report in sorted(Path(reports).glob("*.txt"))]
+            raise ExportError("; ".join(failures) or "a server worker could not load its export") from None

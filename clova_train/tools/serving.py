@@ -95,6 +95,18 @@ class PromptToolServer:
         self.pool = pool
         self.top_k = top_k if top_k is not None else tool.serving_top_k
 
+    @staticmethod
+    def check_export(directory: str | os.PathLike[str], base_model: str | os.PathLike[str] | None = None) -> None:
+        """What can be checked of an export without loading its model (a server checks this before its workers load
+        it): the directory, its tool description, the base model it points at and its pool file; an
+        :class:`ExportError` naming what is wrong."""
+        directory = Path(directory)
+        if not directory.is_dir():
+            raise ExportError(f"export directory not found: {directory}")
+        with_base_model(read_tool_description(directory), directory, base_model)
+        if not (directory / POOL_FILE).is_file():
+            raise ExportError(f"export directory {directory} is incomplete: {POOL_FILE} missing")
+
     @classmethod
     def from_export(
         cls,
@@ -110,11 +122,8 @@ class PromptToolServer:
         directory) overrides both; its weights must still be the ones the prompts were trained on.
         """
         directory = Path(directory)
-        if not directory.is_dir():
-            raise ExportError(f"export directory not found: {directory}")
+        cls.check_export(directory, base_model)
         description = with_base_model(read_tool_description(directory), directory, base_model)
-        if not (directory / POOL_FILE).is_file():
-            raise ExportError(f"export directory {directory} is incomplete: {POOL_FILE} missing")
         try:
             tool = PromptTool.from_description(description).to(device)
         except ModelError as err:

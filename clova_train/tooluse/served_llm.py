@@ -129,6 +129,18 @@ class ServedToolLLM:
         self.max_tokens = int(defaults.get("max_tokens", 256))
 
     @classmethod
+    def check_export(cls, directory: str | os.PathLike[str], base_model: str | os.PathLike[str] | None = None) -> None:
+        """What can be checked of a LoRA export without loading a model (a server checks this before its workers
+        load it): the adapter, and the base it applies to when that is not the export's merged model; an
+        :class:`ExportError` naming what is wrong."""
+        directory = Path(directory)
+        adapter = directory / "adapter"
+        if not (adapter / "adapter_config.json").is_file():
+            raise ExportError(f"{directory} is not a LoRA export (adapter/adapter_config.json missing)")
+        if not (directory / "merged").is_dir() or base_model is not None:
+            cls._base_location(directory, adapter, base_model)
+
+    @classmethod
     def from_export(
         cls, directory: str | os.PathLike[str], base_model: str | os.PathLike[str] | None = None,
         device: str | torch.device = "cpu",
@@ -138,8 +150,7 @@ class ServedToolLLM:
 
         directory = Path(directory)
         adapter, merged = directory / "adapter", directory / "merged"
-        if not (adapter / "adapter_config.json").is_file():
-            raise ExportError(f"{directory} is not a LoRA export (adapter/adapter_config.json missing)")
+        cls.check_export(directory, base_model)
         with loading("the LoRA export", str(directory)):
             if merged.is_dir() and base_model is None:
                 source = merged

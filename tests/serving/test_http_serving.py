@@ -166,6 +166,26 @@ def test_a_batch_nobody_streams_is_handed_over_once_as_chat_batch_answers_it(lor
     assert stepwise[-1] == expected and len(stepwise) > max(r.completion_tokens for r in expected)
 
 
+def test_a_worker_that_cannot_load_its_export_stops_the_server_with_one_message(lora_export: Path, clip_export: Path,
+                                                                                 tmp_path: Path) -> None:
+    """The model is loaded once, by the server's worker; weights that fail there (a truncated safetensors file) end the
+    whole server with exit code 2 and the export's one-line error, workers included, even beside a good export."""
+    import shutil
+    import subprocess
+    import sys
+
+    broken = tmp_path / "broken"
+    shutil.copytree(lora_export, broken)
+    for weights in (broken / "merged").glob("*.safetensors"):
+        weights.write_bytes(weights.read_bytes()[:100])
+    for exports in ([broken], [clip_export, broken]):
+        done = subprocess.run([sys.executable, "-m", "clova_train", "serve", *map(str, exports), "--port",
+                               str(free_port())], capture_output=True, text=True, timeout=300, start_new_session=True)
+        assert done.returncode == 2, done.stdout[-2000:] + done.stderr[-2000:]
+        assert f"clova-train: error: cannot load the LoRA export from '{broken}'" in done.stderr
+        assert "Traceback" not in done.stdout + done.stderr
+
+
 def test_serve_refuses_a_missing_export_before_listening(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     assert main(["serve", str(tmp_path / "missing"), "--port", str(free_port())]) == 2
     assert "export directory not found" in capsys.readouterr().err
