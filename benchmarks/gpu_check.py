@@ -109,9 +109,7 @@ def stages(smoke_cases: list[str]) -> dict[str, Stage]:
 def build_model(name: str, seconds: float) -> int | None:
     """Build one real-size model as the smoke run does (reused when finished); its exit code, None when stopped."""
     MODELS.mkdir(parents=True, exist_ok=True)
-    return run_within([sys.executable, "-c", "import sys\nfrom clova_train.quickstart.real_size.models import "
-                       "build_real_size\nbuild_real_size(sys.argv[1], sys.argv[2])", name, str(MODELS)], seconds,
-                      cwd=MODELS)  # not the repository: `python -c` would import its unmapped source tree
+    return run_within([sys.executable, str(HERE / "real_size" / "models.py"), name, str(MODELS)], seconds)
 
 
 def why_not() -> str | None:

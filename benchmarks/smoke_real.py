@@ -1,7 +1,7 @@
 """Real-size smoke check (``make smoke-real``): every paper config at its real architecture and size, offline.
 
 For each ``configs/paper/*`` config: build its model at the real size with random weights in the real checkpoint's
-layout (:mod:`clova_train.quickstart.real_size.models`; cached under ``--models``), write a little synthetic data in
+layout (:mod:`real_size.models` beside this file; cached under ``--models``), write a little synthetic data in
 the real formats at the paths the config names, run ``clova-train fit`` (``controller fit``) with the config as
 shipped plus the overrides listed in the table (local model paths, a few steps, a few samples; nothing that changes
 a shape), export the run and load the export for serving (one request answered, one chat reply generated, the
@@ -44,8 +44,10 @@ from results_file import machine, publish  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 CONFIGS = REPO / "configs" / "paper"
-PROBE = "clova_train.quickstart.real_size.probe.StepProbe"
-MEMORY_PROBE = "clova_train.quickstart.real_size.probe.ActivationMemory"
+# the fits import these through PYTHONPATH (run_stage puts this folder on it): benchmark code, not in the package
+PROBE = "real_size.probe.StepProbe"
+MEMORY_PROBE = "real_size.probe.ActivationMemory"
+HERE = Path(__file__).resolve().parent
 MEMORY_MODES = ("fp32", "fp32 checkpointed", "bf16", "bf16 checkpointed")
 ACTIVATIONS_LINE = re.compile(r"prompt tuning: ([\d,.]+) MB of activations per instance \(\+([\d,.]+) MB shared\)")
 
@@ -57,7 +59,7 @@ class Case:
     Args:
         name: short name (``--configs``).
         config: file under ``configs/paper``.
-        model: the :data:`~clova_train.quickstart.real_size.models.REAL_SIZES` entry it runs on (None: no model file).
+        model: the :data:`~real_size.models.REAL_SIZES` entry it runs on (None: no model file).
         overrides: what the run changes, ``{model}`` standing for the model directory.
         data: writes the synthetic data under the working directory, at the config's own paths (``full``: one whole
             chunk of the config's).
@@ -224,6 +226,11 @@ def _high_water_marks(root: int, marks: dict[int, int]) -> None:
             continue
 
 
+def with_benchmarks_path() -> str:
+    """PYTHONPATH with this folder first, so that a fit finds the probes its ``--trainer.callbacks`` name."""
+    return os.pathsep.join(filter(None, [str(HERE), os.environ.get("PYTHONPATH", "")]))
+
+
 def run_stage(args: list[str], cwd: Path, log: Path, timeout: float, env: dict[str, str] | None = None) -> Stage:
     """Run ``args`` in ``cwd`` with output to ``log``, sampling the process tree's memory high-water marks."""
     start = time.perf_counter()
@@ -231,7 +238,8 @@ def run_stage(args: list[str], cwd: Path, log: Path, timeout: float, env: dict[s
     stopped = False
     with log.open("w") as out:
         process = subprocess.Popen(args, cwd=cwd, stdout=out, stderr=subprocess.STDOUT,
-                                   env={**os.environ, "PYTHONWARNINGS": "ignore", **(env or {})})
+                                   env={**os.environ, "PYTHONWARNINGS": "ignore", "PYTHONPATH": with_benchmarks_path(),
+                                        **(env or {})})
         while process.poll() is None:
             _high_water_marks(process.pid, marks)
             if time.perf_counter() - start > timeout:
@@ -287,8 +295,7 @@ def build_stage(name: str, models_dir: Path, timeout: float, env: dict[str, str]
     """Build one real-size model in its own process (the runner stays small, and holds no GPU memory the runs need);
     a finished build is reused."""
     models_dir.mkdir(parents=True, exist_ok=True)
-    return run_stage([sys.executable, "-c", "import sys\nfrom clova_train.quickstart.real_size.models import "
-                      "build_real_size\nbuild_real_size(sys.argv[1], sys.argv[2])", name, str(models_dir)],
+    return run_stage([sys.executable, str(HERE / "real_size" / "models.py"), name, str(models_dir)],
                      models_dir, models_dir / f"{name}.log", timeout, env=env)
 
 
@@ -308,7 +315,7 @@ def run_case(case: Case, models_dir: Path, out: Path, device: str, timeout: Call
              activation_modes: bool = True) -> dict:
     """Build, fit, export and serve one case; returns its table row's values. ``timeout()`` gives the seconds the next
     process may run."""
-    from clova_train.quickstart.real_size.models import REAL_SIZES
+    from real_size.models import REAL_SIZES
 
     row: dict = {"case": case.name, "config": case.config, "stages": {}}
     model_dir = None
@@ -356,7 +363,7 @@ def run_case(case: Case, models_dir: Path, out: Path, device: str, timeout: Call
 def measure_activation_modes(case: Case, row: dict, workdir: Path, overrides: list[str],
                              timeout: Callable[[], float]) -> None:
     """What one inner step keeps per instance in float32 and bfloat16, with and without activation checkpointing
-    (:class:`~clova_train.quickstart.real_size.probe.ActivationMemory`; a fit that stops before its first step)."""
+    (:class:`~real_size.probe.ActivationMemory`; a fit that stops before its first step)."""
     output = workdir / "activation_memory.json"
     callback = {"class_path": MEMORY_PROBE, "init_args": {"output": str(output)}}
     stage = run_stage(clova("fit", "--config", str(CONFIGS / case.config), *overrides, "--trainer.max_steps=0",

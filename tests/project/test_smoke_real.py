@@ -30,7 +30,7 @@ def architectures() -> dict[str, float]:
     from transformers import (BlipForQuestionAnswering, LlamaConfig, LlamaForCausalLM, MaskFormerForInstanceSegmentation,
                               OwlViTForObjectDetection)
 
-    from clova_train.quickstart.real_size import models
+    from real_size import models
 
     with torch.device("meta"):
         return {
@@ -46,7 +46,7 @@ def architectures() -> dict[str, float]:
 
 
 def test_real_size_architectures_have_the_real_checkpoints_parameter_counts() -> None:
-    from clova_train.quickstart.real_size.models import REAL_SIZES
+    from real_size.models import REAL_SIZES
 
     counted = architectures()
     assert set(counted) == set(REAL_SIZES)
@@ -117,7 +117,7 @@ def test_gpu_check_without_a_gpu_stops_at_once_and_says_why() -> None:
 
 @pytest.mark.slow
 def test_smoke_real_runs_one_config_through_build_fit_export_and_serve(tmp_path: Path) -> None:
-    from clova_train.quickstart.real_size.models import REAL_SIZES
+    from real_size.models import REAL_SIZES
 
     done = subprocess.run(
         [sys.executable, str(BENCHMARKS / "smoke_real.py"), "--configs", "loc", "--no-record",
@@ -169,7 +169,7 @@ def _probed_toy_fit(tmp_path: Path, probe: object, accelerator: str = "cpu") -> 
 def test_step_probe_gives_each_phase_of_a_prompt_tuning_fit_its_own_peak(tmp_path: Path) -> None:
     """The phases in the order they run, each peak read before the next reset, the whole fit's peak over all of them
     (the counter's resets notwithstanding); on the CPU the probe measures no phases at all."""
-    from clova_train.quickstart.real_size.probe import PhasePeaks, StepProbe
+    from real_size.probe import PhasePeaks, StepProbe
 
     probe = StepProbe(str(tmp_path / "probe.json"))
     probe.phases = PhasePeaks(CountingGauge())  # what on_fit_start sets on a CUDA device
@@ -190,7 +190,7 @@ def test_step_probe_gives_each_phase_of_a_prompt_tuning_fit_its_own_peak(tmp_pat
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU: torch's CUDA peak counter")
 def test_step_probe_measures_phases_on_a_gpu(tmp_path: Path) -> None:
-    from clova_train.quickstart.real_size.probe import StepProbe
+    from real_size.probe import StepProbe
 
     record = _probed_toy_fit(tmp_path, StepProbe(str(tmp_path / "probe.json")), accelerator="cuda")
     peaks = record["phase_peak_bytes"]

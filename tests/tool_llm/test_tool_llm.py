@@ -439,7 +439,7 @@ def test_gradient_checkpointing_acts_in_a_lightning_fit(tool_data_root: Path, ti
     from lightning import Trainer
 
     from clova_train.models import LoraToolLLM
-    from clova_train.quickstart.real_size.probe import StepProbe
+    from real_size.probe import StepProbe
 
     kept, losses = {}, {}
     for checkpointing in (False, True):

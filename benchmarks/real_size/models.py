@@ -1,4 +1,5 @@
-"""Random-weight models at the paper configs' real architectures and sizes, saved in the hub checkpoints' layouts.
+"""Random-weight models at the paper configs' real architectures and sizes, saved in the hub checkpoints' layouts
+(benchmark scaffolding: not shipped in the wheel).
 
 ``make smoke-real`` runs every ``configs/paper/*`` config on these: the real checkpoints cannot be downloaded here,
 but shape and key errors, memory and time per step depend on the architecture and its sizes, not on the weight
@@ -16,6 +17,7 @@ per-layer figures scale by the width (docs/tool-llm.md measures the 13B layer on
 from __future__ import annotations
 
 import json
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,7 +30,7 @@ from clova_train.quickstart.tiny.common import clip_bpe_tokenizer
 
 @dataclass(frozen=True)
 class RealSize:
-    """A real checkpoint's architecture as :mod:`clova_train.quickstart.real_size.models` builds it.
+    """A real checkpoint's architecture as this module builds it.
 
     Args:
         name: the model folder's name under the smoke run's model directory.
@@ -325,3 +327,7 @@ def build_real_size(name: str, models_dir: str | Path) -> Path:
                          f"{size.parameters:,.1f} M of {size.checkpoint}")
     marker.write_text(json.dumps({"checkpoint": size.checkpoint, "parameters": parameters}), encoding="utf-8")
     return directory
+
+
+if __name__ == "__main__":  # python benchmarks/real_size/models.py NAME MODELS_DIR: one build in its own process
+    build_real_size(sys.argv[1], sys.argv[2])

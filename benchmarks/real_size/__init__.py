@@ -1,0 +1,1 @@
+"""Real-size models and the smoke run's probes: benchmark scaffolding, imported with ``benchmarks/`` on the path."""
