@@ -79,7 +79,15 @@ def read_bytes(path: str | os.PathLike[str], what: str = "file", max_bytes: int 
             size = os.fstat(handle.fileno()).st_size
             if size > max_bytes:
                 raise DataError(f"{what} {printable(path)} is {size:,} bytes, more than the {max_bytes:,} accepted")
-            data = handle.read(max_bytes + 1)
+            # read what the file holds, not the limit: read(n) reserves n bytes before it reads any
+            want = min(size, max_bytes) + 1
+            data = handle.read(want)
+            if len(data) == want:  # longer than fstat said: it grew, or reports no size (as /proc's files do)
+                parts, total = [data], len(data)
+                while total <= max_bytes and (chunk := handle.read(min(1 << 20, max_bytes + 1 - total))):
+                    parts.append(chunk)
+                    total += len(chunk)
+                data = b"".join(parts)
     except FileNotFoundError as err:
         raise DataError(f"{what} not found: {printable(path)}") from err
     except IsADirectoryError as err:

@@ -18,7 +18,7 @@ import pytest
 from clova_train.cli import main
 from clova_train.core.errors import ClovaTrainError, DataError
 from clova_train.core.safe_files import (
-    ReadLimits, nesting_depth, parse_json, parse_yaml, read_json, read_json_lines, read_text, read_yaml,
+    ReadLimits, nesting_depth, parse_json, parse_yaml, read_bytes, read_json, read_json_lines, read_text, read_yaml,
 )
 
 REPO = Path(__file__).resolve().parents[2]
@@ -158,6 +158,32 @@ def test_files_over_the_size_limit_are_refused_before_reading(tmp_path: Path) ->
     path.write_text(json.dumps({"x": "y" * 1000}) + "\n")
     with pytest.raises(DataError, match="more than the 100 accepted"):
         list(read_json_lines(path, "records", ReadLimits(max_bytes=100)))
+
+
+def test_a_read_allocates_what_the_file_holds_not_the_limit(tmp_path: Path) -> None:
+    """Under a 512 MiB address-space limit (a small worker, a container), a 9-byte JSON reads with the default 1 GiB
+    limit; a file that grows past what fstat said is still read whole, up to the limit, and refused past it."""
+    import subprocess
+    import sys
+
+    small = tmp_path / "small.json"
+    small.write_text('{"a": 1}\n')
+    probe = (
+        "import resource, sys\n"
+        "from clova_train.core.safe_files import read_bytes, read_json\n"
+        "resource.setrlimit(resource.RLIMIT_AS, (512 << 20, 512 << 20))\n"
+        "assert read_bytes(sys.argv[1]) == b'{\"a\": 1}\\n'\n"
+        "assert read_json(sys.argv[1], 'config') == {'a': 1}\n"
+        "print('read')\n"
+    )
+    done = subprocess.run([sys.executable, "-c", probe, str(small)], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0 and done.stdout.strip() == "read", done.stderr[-2000:]
+
+    # /proc's files report size 0: they are read to their end all the same, and the limit still holds
+    status = read_bytes("/proc/self/status", "status")
+    assert status.startswith(b"Name:") and len(status) > 100
+    with pytest.raises(DataError, match="more than the 10 bytes accepted"):
+        read_bytes("/proc/self/status", "status", max_bytes=10)
 
 
 def test_a_missing_file_is_named(tmp_path: Path) -> None:
