@@ -212,9 +212,13 @@ def run_serve(args: Sequence[str]) -> None:
     parser.add_argument("--batch-timeout", type=float, default=0.02, help="chat: seconds to wait for a batch to fill")
     parser.add_argument("--output-dir", default="served_outputs",
                         help="HTTP: directory that files written by tools (REPLACE's 'output') go under")
+    parser.add_argument("--api-key-file", default=None, metavar="FILE",
+                        help="HTTP: require 'Authorization: Bearer KEY' on /v1/..., KEY being this file's first line "
+                             "(default: the CLOVA_TRAIN_API_KEY environment variable; no key when neither is set). "
+                             "/health stays open")
     parser.add_argument("--api-key", default=None,
-                        help="HTTP: require 'Authorization: Bearer KEY' on /v1/... (default: the CLOVA_TRAIN_API_KEY "
-                             "environment variable; none when unset). /health stays open")
+                        help="HTTP: the key itself; every local user can read it in the process list, so prefer "
+                             "--api-key-file or CLOVA_TRAIN_API_KEY")
     parser.add_argument("--max-body-bytes", type=int, default=RequestLimits.max_body_bytes,
                         help="HTTP: largest request body, counted after gzip/deflate decompression (413 beyond)")
     parser.add_argument("--max-list-items", type=int, default=RequestLimits.max_list_items,
@@ -251,10 +255,26 @@ def run_serve(args: Sequence[str]) -> None:
         return
     from clova_train.serving.http import serve_http
 
-    api_key = parsed.api_key if parsed.api_key is not None else os.environ.get(API_KEY_ENV) or None
+    api_key = served_api_key(parsed.api_key, parsed.api_key_file)
     serve_http(parsed.exports, parsed.host, parsed.port, parsed.device, parsed.top_k, parsed.base_model,
                parsed.max_batch_size, parsed.batch_timeout, output_dir=parsed.output_dir, api_key=api_key,
                limits=limits, served_model_name=parsed.served_model_name)
+
+
+def served_api_key(given: str | None, key_file: str | None) -> str | None:
+    """The server's API key: ``--api-key``, else the first line of ``--api-key-file``, else ``CLOVA_TRAIN_API_KEY``;
+    None when none is set. A key file that is missing, unreadable, empty or not one line of text is an error."""
+    if given is not None and key_file is not None:
+        raise ClovaTrainError("give --api-key or --api-key-file, not both")
+    if key_file is not None:
+        from clova_train.core.safe_files import read_text
+
+        lines = read_text(key_file, "API key file", max_bytes=4096).splitlines()
+        key = lines[0].strip() if lines else ""
+        if not key or any(line.strip() for line in lines[1:]) or not key.isprintable():
+            raise ClovaTrainError(f"API key file {key_file}: expected one line holding the key")
+        return key
+    return given if given is not None else os.environ.get(API_KEY_ENV) or None
 
 
 def answer_json_lines(export: str, lines: Iterable[str], top_k: int | None, device: str, base_model: str | None) -> None:

@@ -17,7 +17,7 @@ import pytest
 from helpers.common import REPO, run_cli_captured
 from helpers.docs import documentation_files, shell_commands, without_comment
 
-NOT_OURS = ("pip", "tensorboard", "vllm", "git", "cd", "export", "base64")
+NOT_OURS = ("pip", "tensorboard", "vllm", "git", "cd", "export", "base64", "openssl")
 PRINT_CONFIG_COMMANDS = ("fit", "validate", "test", "loop", "controller")
 
 

@@ -237,11 +237,38 @@ def request(url: str, body: bytes | None, headers: dict[str, str], timeout: floa
 
 @pytest.fixture(scope="module")
 def server(clip_export: Path, tmp_path_factory: pytest.TempPathFactory):
-    """The CLIP export served with an API key (from the environment) and small limits."""
+    """The CLIP export served with an API key (from a key file, off the command line) and small limits."""
+    key_file = tmp_path_factory.mktemp("key") / "api.key"
+    key_file.write_text(KEY + "\n")
     args = [str(clip_export), "--max-list-items", "16", "--max-body-bytes", "65536", "--max-image-pixels", "250000",
-            "--max-request-pixels", "300000", "--output-dir", str(tmp_path_factory.mktemp("served"))]
-    with serving(args, {"CLOVA_TRAIN_API_KEY": KEY}) as (base, process):
+            "--max-request-pixels", "300000", "--output-dir", str(tmp_path_factory.mktemp("served")),
+            "--api-key-file", str(key_file)]
+    with serving(args) as (base, process):
+        assert KEY not in " ".join(process.args)  # nothing in the process list gives the key away
         yield base, process
+
+
+def test_the_api_key_comes_from_a_file_the_environment_or_the_option(tmp_path: Path,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    from clova_train.cli import served_api_key
+    from clova_train.core.errors import ClovaTrainError
+
+    key_file = tmp_path / "api.key"
+    key_file.write_text("from-file\n")
+    monkeypatch.setenv("CLOVA_TRAIN_API_KEY", "from-env")
+    assert served_api_key(None, str(key_file)) == "from-file"
+    assert served_api_key(None, None) == "from-env"
+    assert served_api_key("given", None) == "given"
+    monkeypatch.delenv("CLOVA_TRAIN_API_KEY")
+    assert served_api_key(None, None) is None
+    for text, problem in (("", "one line"), ("a\nb\n", "one line"), ("a\x07b", "one line")):
+        key_file.write_text(text)
+        with pytest.raises(ClovaTrainError, match=problem):
+            served_api_key(None, str(key_file))
+    with pytest.raises(ClovaTrainError, match="API key file not found"):
+        served_api_key(None, str(tmp_path / "missing"))
+    with pytest.raises(ClovaTrainError, match="not both"):
+        served_api_key("given", str(key_file))
 
 
 def classify(base: str, images: list[str], headers: dict[str, str] | None = None) -> tuple[int, dict]:
