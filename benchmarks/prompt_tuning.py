@@ -86,59 +86,39 @@ REPLACE_VAL_IMAGES = 2
 
 
 def _build(args: argparse.Namespace, workdir: Path) -> tuple[str, Path]:
-    from clova_train.synthetic.shapes import write_concept_folders
-    from clova_train.quickstart.tiny.clip import make_tiny_clip
+    """The tool's model name (``--model-dir``, else a small model of the real architecture built here) and its data."""
+    model_name = _model_dir_name(args) if args.model_dir is not None else _build_small_model(args, workdir)
+    return model_name, _write_data(args, workdir)
 
-    if args.model_dir is not None:
-        return _model_dir_name(args), _write_data(args, workdir)
 
+def _build_small_model(args: argparse.Namespace, workdir: Path) -> str:
+    """A small random model of the tool's real architecture saved under ``workdir``; its model name."""
     if args.tool == "replace":
-        from clova_train.synthetic.masked_concepts import write_masked_concepts
         from clova_train.quickstart.tiny.sd_inpaint import build_tiny_inpainting_pipeline
 
-        pipeline = build_tiny_inpainting_pipeline(workdir / "sd", seed=0, **BENCH_SD)
-        pipeline.save_pretrained(workdir / "sd")
-        data = write_masked_concepts(workdir / "data", [REPLACE_CONCEPT], args.instances + REPLACE_VAL_IMAGES,
-                                     image_size=BENCH_SD["image_size"], seed=0)
-        return str(workdir / "sd"), data
-
-    if args.tool in ("loc", "seg"):
-        from clova_train.synthetic.grounding import write_coco_scenes
+        build_tiny_inpainting_pipeline(workdir / "sd", seed=0, **BENCH_SD).save_pretrained(workdir / "sd")
+        return str(workdir / "sd")
+    if args.tool in ("loc", "seg", "vqa"):
+        from clova_train.quickstart.tiny.blip import build_tiny_blip
         from clova_train.quickstart.tiny.maskformer import build_tiny_maskformer
         from clova_train.quickstart.tiny.owlvit import build_tiny_owlvit
 
-        if args.tool == "loc":
-            model, processor = build_tiny_owlvit(seed=0, **BENCH_OWLVIT)
-        else:
-            model, processor = build_tiny_maskformer(seed=0, **BENCH_MASKFORMER)
-        model.save_pretrained(workdir / args.tool)
-        processor.save_pretrained(workdir / args.tool)
-        data = write_coco_scenes(workdir / "data", [GROUNDING_CONCEPT], args.instances + GROUNDING_VAL_IMAGES,
-                                 objects_per_image=2, image_size=64, seed=0)
-        return str(workdir / args.tool), data
+        build, sizes = {"loc": (build_tiny_owlvit, BENCH_OWLVIT), "seg": (build_tiny_maskformer, BENCH_MASKFORMER),
+                        "vqa": (build_tiny_blip, BENCH_BLIP)}[args.tool]
+        model, processor = build(seed=0, **sizes)
+        directory = workdir / ("blip" if args.tool == "vqa" else args.tool)
+        model.save_pretrained(directory)
+        processor.save_pretrained(directory)
+        return str(directory)
+    from clova_train.quickstart.tiny.clip import make_tiny_clip
 
-    if args.tool == "vqa":
-        from clova_train.synthetic.vqa import write_vqa_records
-        from clova_train.quickstart.tiny.blip import build_tiny_blip
-
-        model, processor = build_tiny_blip(seed=0, **BENCH_BLIP)
-        model.save_pretrained(workdir / "blip")
-        processor.save_pretrained(workdir / "blip")
-        colours = ["orange", "purple", "red", "green"]
-        data = write_vqa_records(workdir / "data", colours, [], images_per_colour=args.instances // 4 + 1,
-                                 wrong_answers=0, eval_per_colour=1, image_size=BENCH_BLIP["image_size"], seed=0)
-        return str(workdir / "blip"), data
-
-    model_dir = workdir / "model"
     config = None
     if args.model:
         import open_clip
 
         config = open_clip.get_model_config(args.model)
-    make_tiny_clip(model_dir, seed=0, pretrain_steps=0, model_config=config or BENCH_CLIP_CONFIG)
-    per_concept = args.instances // 4 + 1
-    data = write_concept_folders(workdir / "data", ["red", "green", "blue", "yellow"], per_concept + 1, 64, seed=0)
-    return f"local-dir:{model_dir}", data
+    make_tiny_clip(workdir / "model", seed=0, pretrain_steps=0, model_config=config or BENCH_CLIP_CONFIG)
+    return f"local-dir:{workdir / 'model'}"
 
 
 def _model_dir_name(args: argparse.Namespace) -> str:
