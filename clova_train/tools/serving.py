@@ -96,16 +96,18 @@ class PromptToolServer:
         self.top_k = top_k if top_k is not None else tool.serving_top_k
 
     @staticmethod
-    def check_export(directory: str | os.PathLike[str], base_model: str | os.PathLike[str] | None = None) -> None:
+    def check_export(directory: str | os.PathLike[str], base_model: str | os.PathLike[str] | None = None
+                     ) -> dict[str, Any]:
         """What can be checked of an export without loading its model (a server checks this before its workers load
-        it): the directory, its tool description, the base model it points at and its pool file; an
-        :class:`ExportError` naming what is wrong."""
+        it): the directory, its tool description, the base model it points at and its pool file. Returns the
+        description with its model located; an :class:`ExportError` names what is wrong."""
         directory = Path(directory)
         if not directory.is_dir():
             raise ExportError(f"export directory not found: {directory}")
-        with_base_model(read_tool_description(directory), directory, base_model)
+        description = with_base_model(read_tool_description(directory), directory, base_model)
         if not (directory / POOL_FILE).is_file():
             raise ExportError(f"export directory {directory} is incomplete: {POOL_FILE} missing")
+        return description
 
     @classmethod
     def from_export(
@@ -122,8 +124,7 @@ class PromptToolServer:
         directory) overrides both; its weights must still be the ones the prompts were trained on.
         """
         directory = Path(directory)
-        cls.check_export(directory, base_model)
-        description = with_base_model(read_tool_description(directory), directory, base_model)
+        description = cls.check_export(directory, base_model)
         try:
             tool = PromptTool.from_description(description).to(device)
         except ModelError as err:

@@ -129,16 +129,18 @@ class ServedToolLLM:
         self.max_tokens = int(defaults.get("max_tokens", 256))
 
     @classmethod
-    def check_export(cls, directory: str | os.PathLike[str], base_model: str | os.PathLike[str] | None = None) -> None:
+    def check_export(cls, directory: str | os.PathLike[str], base_model: str | os.PathLike[str] | None = None
+                     ) -> str | None:
         """What can be checked of a LoRA export without loading a model (a server checks this before its workers
-        load it): the adapter, and the base it applies to when that is not the export's merged model; an
-        :class:`ExportError` naming what is wrong."""
+        load it): the adapter, and the base it applies to when that is not the export's merged model. Returns that
+        base's location (None: the merged model is served); an :class:`ExportError` names what is wrong."""
         directory = Path(directory)
         adapter = directory / "adapter"
         if not (adapter / "adapter_config.json").is_file():
             raise ExportError(f"{directory} is not a LoRA export (adapter/adapter_config.json missing)")
-        if not (directory / "merged").is_dir() or base_model is not None:
-            cls._base_location(directory, adapter, base_model)
+        if (directory / "merged").is_dir() and base_model is None:
+            return None
+        return cls._base_location(directory, adapter, base_model)
 
     @classmethod
     def from_export(
@@ -150,15 +152,14 @@ class ServedToolLLM:
 
         directory = Path(directory)
         adapter, merged = directory / "adapter", directory / "merged"
-        cls.check_export(directory, base_model)
+        base = cls.check_export(directory, base_model)
         with loading("the LoRA export", str(directory)):
-            if merged.is_dir() and base_model is None:
+            if base is None:
                 source = merged
                 model = AutoModelForCausalLM.from_pretrained(str(merged))
             else:
                 from peft import PeftModel
 
-                base = cls._base_location(directory, adapter, base_model)
                 source = adapter
                 model = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(base), str(adapter))
             tokenizer = AutoTokenizer.from_pretrained(str(source))
