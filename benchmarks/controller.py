@@ -48,7 +48,6 @@ import os
 import statistics
 import subprocess
 import sys
-import tarfile
 import tempfile
 import time
 from pathlib import Path
@@ -57,6 +56,7 @@ import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from env_throughput import measure  # noqa: E402
+from past_commit import package_at  # noqa: E402
 from results_file import machine, publish  # noqa: E402
 
 from clova_train.controller.trainer import ControllerConfig, fit  # noqa: E402
@@ -82,19 +82,6 @@ class InProcessExec(Sandbox):
                                else dict(variables), done.get("stdout", ""), done.get("error", ""))
 
 
-def previous_package(workdir: Path) -> Path:
-    """The package of ``PREVIOUS_COMMIT`` laid out as installed (``clova_train.envs`` inside ``clova_train``)."""
-    archive = subprocess.run(["git", "-C", str(REPO), "archive", PREVIOUS_COMMIT, "clova_train", "envs"],
-                             check=True, capture_output=True).stdout
-    source, package = workdir / "previous-src", workdir / "previous"
-    with tarfile.open(fileobj=io.BytesIO(archive)) as tar:
-        tar.extractall(source, filter="data")
-    (package).mkdir()
-    os.rename(source / "clova_train", package / "clova_train")
-    os.rename(source / "envs", package / "clova_train" / "envs")
-    return package
-
-
 def throughput_of(pythonpath: Path | None, args: argparse.Namespace) -> dict:
     env = {**os.environ, "PYTHONWARNINGS": "ignore"}
     if pythonpath is not None:
@@ -109,7 +96,7 @@ def throughput(args: argparse.Namespace, workdir: Path) -> tuple[list[str], str]
     """Median over rounds; in each round both versions run back to back (order alternating), and the ratio of
     their warm-cache throughputs is taken within the round, so that the machine's slow spells (a shared host:
     the same run varies by 1.5x from minute to minute here) hit both sides of each ratio alike."""
-    previous = previous_package(workdir)
+    previous = package_at(PREVIOUS_COMMIT, workdir)
     versions = {"clova-train": None, f"previous sandbox ({PREVIOUS_COMMIT})": previous}
     runs: dict[str, list[dict]] = {name: [] for name in versions}
     ratios = []

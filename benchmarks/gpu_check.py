@@ -51,12 +51,13 @@ SMOKE_CASES = ["loc", "seg", "clip", "llm", "vqa", "replace", "controller", "llm
 @dataclass
 class Command:
     """One benchmark run of a stage: its arguments after the python executable, the real-size models it tunes (built
-    first when missing, as the smoke run builds them) and the smoke run's exports it loads (skipped when one is
-    missing: that smoke case did not run or failed)."""
+    first when missing, as the smoke run builds them), the smoke run's exports it loads (skipped when one is missing:
+    that smoke case did not run or failed) and the tool or export it measures (what ``--tools`` names)."""
 
     args: list[str]
     models: tuple[str, ...] = ()
     exports: tuple[str, ...] = ()
+    name: str = ""
 
 
 @dataclass
@@ -73,7 +74,7 @@ def prompt_benchmark(tool: str, model: str, chunk: int, *extra: str) -> Command:
     return Command([str(HERE / "prompt_tuning.py"), "--device", "cuda", "--tool", tool, "--model-dir",
                     str(MODELS / model), "--instances", str(chunk), "--chunk-size", str(chunk), "--steps", "5",
                     "--prompt-tokens", "100", "--repeats", "1", "--methods", "engine", "sequential", *extra],
-                   models=(model,))
+                   models=(model,), name=tool)
 
 
 def stages(smoke_cases: list[str]) -> dict[str, Stage]:
@@ -91,14 +92,15 @@ def stages(smoke_cases: list[str]) -> dict[str, Stage]:
                                    "cuda", "--label", "CLIP ViT-L/14 (real size, random weights, pool of one chunk)",
                                    "--request", json.dumps({"images": [str(clip_image)], "labels": ["purple", "red"]}),
                                    "--requests", "64", "--baseline-requests", "32", "--log-dir",
-                                   str(SMOKE_OUTPUT / "serving-clip")], exports=("clip",)),
+                                   str(SMOKE_OUTPUT / "serving-clip")], exports=("clip",), name="clip"),
                           # the smoke run's LoRA export, or (no LLM smoke case this time) random adapter weights on
                           # the real-size base, exported without a fit
                           Command([str(HERE / "serving_latency.py"), str(SMOKE_OUTPUT / "llm" / "export"), "--device",
                                    "cuda", "--random-lora-on", str(MODELS / "vicuna-13b"), "--label",
                                    "Vicuna-13B LoRA (real size, random weights, adapter on the bf16 base)",
                                    "--max-tokens", "16", "--requests", "16", "--baseline-requests", "4",
-                                   "--log-dir", str(SMOKE_OUTPUT / "serving-llm")], models=("vicuna-13b",))], 3.0),
+                                   "--log-dir", str(SMOKE_OUTPUT / "serving-llm")], models=("vicuna-13b",),
+                                  name="llm")], 3.0),
         "lora": Stage("LoRA: LoraToolLLM vs HF Trainer + PEFT (dynamic padding), bf16, 2048 x 16 Llama, steady state",
                       [Command([str(HERE / "lora_finetune.py"), "--device", "cuda", "--bf16", "--hidden-size", "2048",
                                 "--layers", "16", "--steps", "150", "--steady-from", "50", "--batch-size", "8",
@@ -144,14 +146,6 @@ def run_within(command: list[str], seconds: float, cwd: Path = REPO) -> int | No
         return None
 
 
-def chosen(command: Command, tools: list[str]) -> bool:
-    """Whether a prompt or serving command is one of ``tools`` (its ``--tool``, or the smoke case whose export it loads)."""
-    args = command.args
-    named = args[args.index("--tool") + 1] if "--tool" in args else None
-    served = Path(args[1]).parent.name if Path(args[0]).name == "serving_latency.py" else None
-    return named in tools or served in tools
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--budget-minutes", type=float, default=12.0, help="device time the whole check may take")
@@ -174,7 +168,7 @@ def main(argv: list[str] | None = None) -> int:
     planned = stages(parsed.smoke_cases)
     if parsed.tools:
         for stage_name in ("prompt", "serving"):
-            planned[stage_name].commands = [c for c in planned[stage_name].commands if chosen(c, parsed.tools)]
+            planned[stage_name].commands = [c for c in planned[stage_name].commands if c.name in parsed.tools]
     if parsed.smoke_minutes is not None:
         planned["smoke"].minutes = parsed.smoke_minutes
     deadline = time.monotonic() + parsed.budget_minutes * 60

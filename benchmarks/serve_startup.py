@@ -15,51 +15,21 @@ bound on what the machine needed at once: the peaks need not coincide). Appended
 from __future__ import annotations
 
 import argparse
-import io
 import os
 import signal
 import statistics
 import subprocess
 import sys
-import tarfile
 import tempfile
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from past_commit import package_at  # noqa: E402
 from results_file import machine, publish  # noqa: E402
-from serving_latency import free_port  # noqa: E402
-from smoke_real import _high_water_marks  # noqa: E402
-
-REPO = Path(__file__).resolve().parents[1]
-# the installed layout: setup.cfg's package_dir puts these top-level folders inside clova_train
-MAPPED = {"models": "models", "envs": "envs", "datamodules": "datamodules"}
-
-
-def package_at(commit: str, workdir: Path) -> Path:
-    """``commit``'s package laid out as installed, for PYTHONPATH."""
-    archive = subprocess.run(["git", "-C", str(REPO), "archive", commit, "clova_train", *MAPPED],
-                             check=True, capture_output=True).stdout
-    source, layout = workdir / f"{commit}-src", workdir / commit
-    with tarfile.open(fileobj=io.BytesIO(archive)) as tar:
-        tar.extractall(source, filter="data")
-    layout.mkdir()
-    os.rename(source / "clova_train", layout / "clova_train")
-    for folder, name in MAPPED.items():
-        os.rename(source / folder, layout / "clova_train" / name)
-    return layout
-
-
-def healthy(port: int) -> bool:
-    import http.client
-
-    try:
-        connection = http.client.HTTPConnection("127.0.0.1", port, timeout=1)
-        connection.request("GET", "/health")
-        return connection.getresponse().status == 200
-    except OSError:
-        return False
+from serving_latency import free_port, healthy  # noqa: E402
+from smoke_real import high_water_marks  # noqa: E402
 
 
 def start_up(export: Path, device: str, pythonpath: Path | None, timeout: float) -> dict:
@@ -75,14 +45,14 @@ def start_up(export: Path, device: str, pythonpath: Path | None, timeout: float)
     marks: dict[int, int] = {}
     try:
         while not healthy(port):
-            _high_water_marks(server.pid, marks)
+            high_water_marks(server.pid, marks)
             if server.poll() is not None:
                 raise SystemExit(f"serve_startup: the server exited ({server.returncode}) before it was healthy")
             if time.perf_counter() - started > timeout:
                 raise SystemExit(f"serve_startup: no healthy server within {timeout:.0f} s")
             time.sleep(0.2)
         seconds = time.perf_counter() - started
-        _high_water_marks(server.pid, marks)
+        high_water_marks(server.pid, marks)
     finally:
         os.killpg(server.pid, signal.SIGKILL)
         server.wait()

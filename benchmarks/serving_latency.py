@@ -97,11 +97,14 @@ def write_random_lora_export(base: Path, export: Path) -> None:
 
 
 def export_kind(export: Path) -> str:
-    if (export / "adapter" / "adapter_config.json").is_file():
-        return "lora"
-    if (export / "tool.json").is_file():
-        return "prompt_tool"
-    raise SystemExit(f"serving_latency: {export} is not an export (neither tool.json nor adapter/adapter_config.json)")
+    """The package's own reading of what an export is (``lora`` or ``prompt_tool``), its error as this script's."""
+    from clova_train.core.errors import ExportError
+    from clova_train.serving.http import export_kind as served_kind
+
+    try:
+        return served_kind(export)
+    except ExportError as err:
+        raise SystemExit(f"serving_latency: {err}") from None
 
 
 def endpoint_and_body(export: Path, kind: str, request: dict | None, max_tokens: int) -> tuple[str, dict]:
@@ -110,8 +113,9 @@ def endpoint_and_body(export: Path, kind: str, request: dict | None, max_tokens:
         return "/v1/chat/completions", {"messages": [{"role": "user", "content": CHAT_MESSAGE}], "max_tokens": max_tokens}
     if request is None:
         raise SystemExit("serving_latency: a prompt-tool export needs --request (the JSON its endpoint takes)")
-    tool = json.loads((export / "tool.json").read_text(encoding="utf-8"))
-    return f"/v1/{tool['tool']}", request
+    from clova_train.tools.serving import read_tool_description
+
+    return f"/v1/{read_tool_description(export)['tool']}", request
 
 
 def free_port() -> int:
@@ -142,18 +146,25 @@ def post(port: int, path: str, body: bytes, timeout: float) -> tuple[int, float,
     return response.status, seconds, tokens
 
 
+def healthy(port: int) -> bool:
+    """Whether the server on ``port`` answers ``GET /health`` with 200."""
+    connection = http.client.HTTPConnection("127.0.0.1", port, timeout=2)
+    try:
+        connection.request("GET", "/health")
+        return connection.getresponse().status == 200
+    except OSError:
+        return False
+    finally:
+        connection.close()
+
+
 def wait_healthy(port: int, process: subprocess.Popen, timeout: float) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if process.poll() is not None:
             raise SystemExit(f"serving_latency: the server exited ({process.returncode}) before it answered /health")
-        try:
-            connection = http.client.HTTPConnection("127.0.0.1", port, timeout=2)
-            connection.request("GET", "/health")
-            if connection.getresponse().status == 200:
-                return
-        except OSError:
-            pass
+        if healthy(port):
+            return
         time.sleep(0.5)
     raise SystemExit(f"serving_latency: the server did not answer /health within {timeout:.0f} s")
 

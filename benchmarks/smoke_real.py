@@ -211,7 +211,7 @@ def _children() -> dict[int, list[int]]:
     return tree
 
 
-def _high_water_marks(root: int, marks: dict[int, int]) -> None:
+def high_water_marks(root: int, marks: dict[int, int]) -> None:
     """Record ``VmHWM`` (kB) of ``root`` and its descendants. The kernel's ``ru_maxrss`` is no use here: a child
     started by fork or vfork inherits the parent's high-water mark through exec."""
     tree, pending = _children(), [root]
@@ -241,7 +241,7 @@ def run_stage(args: list[str], cwd: Path, log: Path, timeout: float, env: dict[s
                                    env={**os.environ, "PYTHONWARNINGS": "ignore", "PYTHONPATH": with_benchmarks_path(),
                                         **(env or {})})
         while process.poll() is None:
-            _high_water_marks(process.pid, marks)
+            high_water_marks(process.pid, marks)
             if time.perf_counter() - start > timeout:
                 process.kill()
                 process.wait()
