@@ -83,6 +83,8 @@ def safe_config_mode() -> str:
 def check_config_files(args: Sequence[str]) -> None:
     """Read every ``--config FILE`` with the safe reader first, so that a bad file is named in the error (and a FIFO
     or an oversized file is refused before jsonargparse reads it)."""
+    import yaml
+
     from clova_train.core.safe_files import CONFIG_LIMITS, check_yaml, printable, read_text
 
     for index, arg in enumerate(args):
@@ -93,9 +95,20 @@ def check_config_files(args: Sequence[str]) -> None:
         else:
             continue
         if "\n" not in path and Path(path).exists():  # else an inline YAML text, or missing: jsonargparse says so
-            # structure only: values are constructed by jsonargparse's own loader (dates stay text there)
-            check_yaml(read_text(path, "config file", CONFIG_LIMITS.max_bytes), f"config file {printable(path)}",
-                       CONFIG_LIMITS)
+            where = f"config file {printable(path)}"
+            try:  # structure only: values are constructed by jsonargparse's own loader (dates stay text there)
+                check_yaml(read_text(path, "config file", CONFIG_LIMITS.max_bytes), where, CONFIG_LIMITS)
+            except yaml.YAMLError as err:
+                raise ClovaTrainError(f"{where} is not valid YAML: {yaml_problem(err)}") from None
+
+
+def yaml_problem(err: Exception) -> str:
+    """A YAML syntax error in one line: what is wrong and where (line and column from 1), with a word on tabs."""
+    problem = getattr(err, "problem", None) or getattr(err, "context", None) or " ".join(str(err).split())
+    mark = getattr(err, "problem_mark", None) or getattr(err, "context_mark", None)
+    where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+    tabs = "; YAML indents with spaces, never tabs" if "'\\t'" in str(problem) else ""  # PyYAML shows the character escaped
+    return f"{problem}{where}{tabs}"
 
 
 def umbrella_parser() -> argparse.ArgumentParser:

@@ -42,6 +42,7 @@ from typing import Any, Literal
 
 import torch
 import torch.distributed as dist
+from filelock import FileLock
 from lightning import LightningModule
 from lightning.pytorch.callbacks import Callback, ModelCheckpoint
 from lightning.pytorch.strategies import DDPStrategy, SingleDeviceStrategy
@@ -50,9 +51,10 @@ from torch import nn
 from torchmetrics import MeanMetric
 
 from clova_train.core.atomic import write_json_atomic, write_text_atomic
-from clova_train.core.errors import ModelError, PoolError
+from clova_train.core.errors import DataError, ModelError, PoolError
 from clova_train.core.pool import PoolSpec, PromptPool, control_pool, merge_into_file
 from clova_train.core.precision import precision_dtype
+from clova_train.core.safe_files import read_json_object
 from clova_train.core.saved_tensors import SavedTensorBytes
 from clova_train.core.evaluation_report import SampleTable, format_report
 from clova_train.tools.base import PromptTool
@@ -74,6 +76,50 @@ def control_metric(pool_metric: str, control: str) -> str:
 # purpose, and a per-chunk checkpoint taken after the optimizer steps is exactly the state to resume from.
 warnings.filterwarnings("ignore", message=r"Found \d+ module\(s\) in eval mode", category=UserWarning)
 warnings.filterwarnings("ignore", message="Using ModelCheckpoint with manual optimization", category=UserWarning)
+
+
+def summary_of(tool: str, instances: list[dict[str, Any]]) -> dict[str, Any]:
+    """A run summary from its instances' records (:meth:`InstanceRecord.summary`): counts of tried / accepted /
+    rejected instances, per concept, and of rejections per kind."""
+    per_concept: dict[str, dict[str, int]] = {}
+    for item in instances:
+        entry = per_concept.setdefault(str(item["concept"]), {"tried": 0, "accepted": 0, "rejected": 0})
+        entry["tried"] += 1
+        entry["accepted" if item["accepted"] else "rejected"] += 1
+    reasons = Counter(kind for item in instances if not item["accepted"]
+                      for kind in sorted({r["kind"] for r in item["rejections"]}))
+    return {
+        "tool": tool,
+        "tried": len(instances),
+        "accepted": sum(bool(item["accepted"]) for item in instances),
+        "rejected": sum(not item["accepted"] for item in instances),
+        "per_concept": per_concept,
+        "rejection_reasons": dict(reasons),
+        "instances": instances,
+    }
+
+
+def earlier_instances(path: Path, tool: str) -> list[dict[str, Any]]:
+    """The instance records of the summary at ``path`` that other runs of ``tool`` wrote; none when there is no file.
+    A file that is not such a summary is replaced, with a warning naming it."""
+    if not path.exists():
+        return []
+    try:
+        summary = read_json_object(path, "run summary")
+    except DataError as err:
+        rank_zero_warn(f"{err}; it is replaced by this run's summary")
+        return []
+    instances = summary.get("instances")
+    if summary.get("tool") != tool or not isinstance(instances, list) or not all(_is_instance_record(i) for i in instances):
+        rank_zero_warn(f"run summary {path} is not a summary of {tool!r} runs; it is replaced by this run's summary")
+        return []
+    return instances
+
+
+def _is_instance_record(item: Any) -> bool:
+    return (isinstance(item, dict) and isinstance(item.get("instance_id"), str) and "concept" in item
+            and isinstance(item.get("accepted"), bool) and isinstance(item.get("rejections"), list)
+            and all(isinstance(r, dict) and isinstance(r.get("kind"), str) for r in item["rejections"]))
 
 
 class PromptTuning(LightningModule):
@@ -507,25 +553,20 @@ class PromptTuning(LightningModule):
     def summary(self) -> dict[str, Any]:
         """Counts of tried / accepted / rejected instances, per concept, and of rejections per kind."""
         records = sorted(self.records.values(), key=lambda r: r.instance_id)
-        per_concept: dict[str, dict[str, int]] = {}
-        for r in records:
-            entry = per_concept.setdefault(str(r.concept), {"tried": 0, "accepted": 0, "rejected": 0})
-            entry["tried"] += 1
-            entry["accepted" if r.accepted else "rejected"] += 1
-        reasons = Counter(kind for r in records if not r.accepted for kind in sorted({x.kind for x in r.rejections}))
-        return {
-            "tool": self.tool.name,
-            "tried": len(records),
-            "accepted": sum(r.accepted for r in records),
-            "rejected": sum(not r.accepted for r in records),
-            "per_concept": per_concept,
-            "rejection_reasons": dict(reasons),
-            "instances": [r.summary() for r in records],
-        }
+        return summary_of(self.tool.name, [r.summary() for r in records])
 
     def _write_summary(self, complete: bool) -> dict[str, Any]:
-        summary = {"complete": complete, **self.summary()}
-        write_json_atomic(self.run_dir / SUMMARY_FILE, summary)
+        """``summary.json``: this run's records merged, under the file's lock, into those that other runs sharing the
+        run directory wrote (as its pool keeps their concepts); replaced instead with ``on_existing_pool='overwrite'``,
+        as the pool is. ``complete``: whether this run, the last to write it, finished."""
+        path = self.run_dir / SUMMARY_FILE
+        with FileLock(path.with_name(f".{path.name}.lock")):
+            earlier = [] if self.on_existing_pool == "overwrite" else earlier_instances(path, self.tool.name)
+            ours = {r.instance_id for r in self.records.values()}
+            kept = [item for item in earlier if item["instance_id"] not in ours]
+            instances = sorted(kept + [r.summary() for r in self.records.values()], key=lambda item: item["instance_id"])
+            summary = {"complete": complete, **summary_of(self.tool.name, instances)}
+            write_json_atomic(path, summary)
         return summary
 
     # ------------------------------------------------------------------ validate / test

@@ -19,7 +19,7 @@ import zipfile
 from pathlib import Path
 from typing import Any
 
-from clova_train.core.errors import ClovaTrainError, UnsafeFileError
+from clova_train.core.errors import ClovaTrainError, DataError, UnsafeFileError
 from clova_train.core.safe_pickle import AllowlistUnpickler, restricted_loads
 from clova_train.core.safe_files import parse_json
 
@@ -89,6 +89,10 @@ def load_replay_buffer(model: Any, path: str | Path) -> None:
                               "ReplayBuffer of arrays only") from None
     if not isinstance(buffer, ReplayBuffer):
         raise ClovaTrainError(f"replay buffer {path} holds a {type(buffer).__name__}, not an SB3 ReplayBuffer")
+    filled = buffer.buffer_size if buffer.full else buffer.pos
+    for name in REPLAY_ARRAYS:
+        if getattr(buffer, name, None) is not None:
+            check_finite_transitions(getattr(buffer, name), name, path, rows=filled)
     model.replay_buffer = buffer
 
 
@@ -129,7 +133,24 @@ def load_replay_arrays(model: Any, path: str | Path) -> None:
                 if stored.shape[1:] != target.shape[1:] or len(stored) > len(target):
                     raise ClovaTrainError(f"replay buffer {path}: {name} has shape {stored.shape}, the run's buffer "
                                           f"{target.shape}")
+                check_finite_transitions(stored, name, path)
                 target[: len(stored)] = stored
             buffer.pos, buffer.full = int(saved["pos"]), bool(saved["full"])
     except (OSError, ValueError, KeyError) as err:  # not an npz, truncated, or a field missing
         raise ClovaTrainError(f"replay buffer {path} cannot be read: {err}") from None
+
+
+def check_finite_transitions(values: Any, name: str, path: Path, rows: int | None = None) -> None:
+    """Refuse ``values`` (a replay buffer's ``name`` array; its first ``rows`` rows, the filled ones, when given)
+    unless they are numbers and finite: a NaN or infinite reward or observation would make every Q-target it
+    reaches NaN."""
+    import numpy as np
+
+    if not isinstance(values, np.ndarray) or not (np.issubdtype(values.dtype, np.number) or values.dtype == np.bool_):
+        raise DataError(f"replay buffer {path}: {name} must be an array of numbers, got "
+                        f"{getattr(values, 'dtype', type(values).__name__)}")
+    values = values if rows is None else values[:rows]
+    if np.issubdtype(values.dtype, np.inexact) and not np.isfinite(values).all():
+        where = tuple(int(i) for i in np.argwhere(~np.isfinite(values))[0])
+        raise DataError(f"replay buffer {path}: {name} holds {values[where]} at transition {where[0]} (index {list(where)}); "
+                        "a replay buffer to train on holds finite numbers only")

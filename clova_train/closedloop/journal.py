@@ -3,9 +3,10 @@
 Everything the loop decides (a task's trace, a reflection, collected data, a fit started and finished, a
 demonstration added) is an event here, and the loop's state is what replaying the events gives. A killed loop
 therefore resumes where it stopped: events that were written are never redone, and work that was cut off
-(a fit without its ``fit_done``) is done again. A final line cut off by the kill (not a whole JSON event) is
-the only kind of damage an append can leave; it is dropped when the journal is opened, and said so. A whole
-final event that lacks only its newline (written by hand, or cut off just before it) is kept.
+(a fit without its ``fit_done``) is done again. A final line cut off by the kill (without its newline, and not a
+whole JSON event) is the only kind of damage an append can leave; it is dropped when the journal is opened, and
+said so. A whole final event that lacks only its newline (written by hand, or cut off just before it) is kept. Any
+other line that is not an event, the last one included when it ends in its newline, is an error naming it.
 """
 
 from __future__ import annotations
@@ -35,19 +36,20 @@ class Journal:
             return []
         data = read_bytes(self.path, "journal")
         lines = data.split(b"\n")
-        if lines[-1] == b"":  # the file ends with its last event's newline (or is empty)
+        torn = lines[-1] != b""  # the last line lacks its newline: an append may have been cut off in it
+        if not torn:  # the file ends with its last event's newline (or is empty)
             lines.pop()
         events, good_bytes = [], 0
         for number, line in enumerate(lines, 1):
-            final = number == len(lines)
+            cut_off = torn and number == len(lines)
             try:
                 event = parse_json(line, "the line")
             except DataError as err:
-                if final:  # a torn final line (written without its end)
+                if cut_off:
                     break
                 raise DataError(f"{self.path}:{number}: not a journal event ({err}); the journal was edited by hand?") from None
             if not isinstance(event, dict) or "event" not in event:
-                if final:
+                if cut_off:
                     break
                 raise DataError(f"{self.path}:{number}: not a journal event (an object with an 'event' field)")
             events.append(event)

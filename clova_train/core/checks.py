@@ -8,12 +8,18 @@ prefix its owner gives, and the owner can raise one error listing all of them.
 from __future__ import annotations
 
 import math
+import sys
 from typing import Any
 
 
 def is_number(value: Any) -> bool:
-    """A finite int or float (not a bool)."""
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+    """A finite int or float (not a bool); an int only as large as a float can hold (a file's 4,000-digit integer
+    is not a number anything here computes with)."""
+    if not isinstance(value, (int, float)) or isinstance(value, bool):
+        return False
+    if isinstance(value, int):
+        return abs(value) <= sys.float_info.max  # compared exactly: converting it could overflow
+    return math.isfinite(value)
 
 
 def is_integer(value: Any) -> bool:

@@ -33,7 +33,7 @@ from clova_train.core.atomic import write_json_atomic
 from clova_train.core.errors import ExportError
 from clova_train.core.safe_files import read_json_object
 from clova_train.tooluse.prompt_template import TEMPLATE_FILE, PromptTemplate
-from clova_train.tooluse.served_llm import SERVING_FILE, adapter_base_name, config_digest  # stop strings and recommended sampling, beside the tokenizer
+from clova_train.tooluse.served_llm import SERVING_FILE, adapter_base_name, check_adapter_weights, config_digest  # stop strings and recommended sampling, beside the tokenizer
 
 from clova_train.models.lora_tool_llm import LORA_CHECKPOINT_KEY
 
@@ -166,6 +166,7 @@ def export_lora_run(
                           f"({base_model_id!r}); to carry a local base, export with --copy-base")
     if checkpoint is None:
         adapter = source / "adapter"
+        check_adapter_weights(adapter)
         copy_tree(adapter, staging / "adapter")
         base_name = adapter_base_name(adapter)
         template = PromptTemplate.from_dict(read_json_object(adapter / TEMPLATE_FILE, "prompt template"))

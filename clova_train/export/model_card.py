@@ -64,9 +64,16 @@ def training_data(run_dir: Path | None) -> list[str]:
             counts = {}
         for split, entry in counts.items() if isinstance(counts, dict) else ():
             if isinstance(entry, dict) and "records" in entry:
-                lines.append(f"- {split}: {entry.get('kept', entry['records'])} of {entry['records']} records kept "
-                             "(the run's data_report.json lists the others and why)")
+                lines.append(f"- {split}: {entry.get('kept', entry['records'])} of {entry['records']} records kept"
+                             f"{left_out_counts(entry)} (the run's data_report.json lists the others and why)")
     return lines
+
+
+def left_out_counts(entry: dict[str, Any]) -> str:
+    """``"; left out: 2 too long, 1 invalid"`` from a split of the data report (empty when none was left out)."""
+    counts = [f"{len(entry[key])} {key.replace('_', ' ').replace('mis ', 'mis-')}"
+              for key in ("too_long", "mis_tokenised", "invalid") if isinstance(entry.get(key), list) and entry[key]]
+    return f"; left out: {', '.join(counts)}" if counts else ""
 
 
 def metrics_table(metrics: dict[str, float]) -> str:

@@ -71,19 +71,54 @@ def export_kind(directory: Path) -> str:
     raise ExportError(f"{directory} is not an export: it has neither tool.json nor adapter/adapter_config.json")
 
 
+MAX_OUTPUT_PART_BYTES = 128  # the atomic writer's temporary adds host, pid and more to the name (255 at most)
+MAX_OUTPUT_BYTES = 1024
+
+
 def served_output_path(output_dir: Path, name: object) -> Path:
     """Where a request's ``output`` file goes: a relative path inside ``output_dir`` (a client never chooses
-    where on the server's disk a file is written)."""
+    where on the server's disk a file is written), naming a file that can be written there."""
     if not isinstance(name, str) or not name.strip():
         raise HTTPException(400, "'output' must be a file name (written under the server's --output-dir)")
     relative = Path(name)
     if relative.is_absolute() or ".." in relative.parts or "\x00" in name:
         raise HTTPException(400, f"'output' must be a relative path without '..' (it is written under the server's --output-dir), got {name!r}")
+    _check_output_lengths(name, relative)
     root = output_dir.resolve()
     target = root / relative
     if not Path(os.path.realpath(target)).is_relative_to(root):  # a symlink inside --output-dir pointing out of it
         raise HTTPException(400, f"'output' {name!r} leads outside the server's --output-dir (through a symbolic link)")
+    _check_output_place(name, root, relative)
     return target
+
+
+def _check_output_lengths(name: str, relative: Path) -> None:
+    """A name the file system can hold: each part at most :data:`MAX_OUTPUT_PART_BYTES` (UTF-8), the whole at most
+    :data:`MAX_OUTPUT_BYTES`."""
+    try:
+        sizes = [len(part.encode("utf-8")) for part in relative.parts]
+    except UnicodeEncodeError:
+        raise HTTPException(400, f"'output' {name[:60]!r} is not well-formed text") from None
+    if not sizes:
+        raise HTTPException(400, f"'output' {name!r} names the server's --output-dir itself, not a file in it")
+    if max(sizes) > MAX_OUTPUT_PART_BYTES or sum(sizes) + len(sizes) > MAX_OUTPUT_BYTES:
+        raise HTTPException(400, f"'output' {name[:60]!r}{'...' if len(name) > 60 else ''} is too long: each part of "
+                                 f"the path may be at most {MAX_OUTPUT_PART_BYTES} bytes, the whole path "
+                                 f"{MAX_OUTPUT_BYTES}")
+
+
+def _check_output_place(name: str, root: Path, relative: Path) -> None:
+    """The folders on the way to ``relative`` are folders (or do not exist yet) and it is not one itself."""
+    place = root
+    try:
+        for part in relative.parts[:-1]:
+            place = place / part
+            if place.exists() and not place.is_dir():
+                raise HTTPException(400, f"'output' {name!r} cannot be written: {part!r} is a file, not a folder")
+        if (root / relative).is_dir():
+            raise HTTPException(400, f"'output' {name!r} is a folder on the server, not a file name")
+    except OSError as err:  # a folder on the way the server may not search
+        raise HTTPException(400, f"'output' {name!r} cannot be written: {err.strerror}") from None
 
 
 def unreadable_image_message(name: str, max_pixels: int) -> str:

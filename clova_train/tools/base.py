@@ -26,6 +26,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import importlib.util
+import inspect
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from typing import Any, ClassVar, Protocol
@@ -152,7 +153,7 @@ class PromptTool(nn.Module, ABC):
         tool_cls = tool_class(description)
         if not issubclass(tool_cls, cls):
             raise ModelError(f"tool.json describes {tool_cls.__name__}, which is not a {cls.__name__}")
-        tool = tool_cls(**description.get("init_args", {}))
+        tool = tool_cls(**described_init_args(tool_cls, description))
         expected = description.get("identity")
         if expected and expected != tool.identity:
             raise ModelError(
@@ -341,6 +342,28 @@ def _subclasses(cls: type) -> list[type]:
     for sub in cls.__subclasses__():
         found += [sub, *_subclasses(sub)]
     return found
+
+
+def described_init_args(tool_cls: type[PromptTool], description: dict[str, Any]) -> dict[str, Any]:
+    """The ``init_args`` of a ``tool.json``, checked against what ``tool_cls`` takes (a :class:`ModelError` naming
+    a key it does not take, or one it needs and the file lacks)."""
+    init_args = description.get("init_args", {})
+    if not isinstance(init_args, dict):
+        raise ModelError(f"tool.json's init_args must be an object, got {type(init_args).__name__}")
+    parameters = inspect.signature(tool_cls).parameters
+    if any(p.kind is p.VAR_KEYWORD for p in parameters.values()):
+        return init_args
+    unknown = sorted(set(init_args) - set(parameters))
+    if unknown:
+        raise ModelError(f"tool.json's init_args has the key{'s' if len(unknown) > 1 else ''} "
+                         f"{', '.join(map(repr, unknown))}, which {tool_cls.__name__} does not take (it takes "
+                         f"{', '.join(parameters)})")
+    missing = [name for name, p in parameters.items()
+               if p.default is p.empty and p.kind is not p.VAR_POSITIONAL and name not in init_args]
+    if missing:
+        raise ModelError(f"tool.json's init_args lacks {', '.join(map(repr, missing))}, which {tool_cls.__name__} "
+                         "needs")
+    return init_args
 
 
 def tool_class(description: dict[str, Any]) -> type[PromptTool]:

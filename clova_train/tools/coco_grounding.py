@@ -143,6 +143,15 @@ class GroundingAnnotations:
         ids = [image["id"] for image in data["images"]]
         if len(set(ids)) != len(ids):
             raise DataError(f"{self.path}: image ids are not unique")
+        self._check_image_ids(data["annotations"], set(ids))
+
+    def _check_image_ids(self, annotations: list[dict], image_ids: set[Any]) -> None:
+        """Each annotation's ``image_id`` names an image of the file."""
+        for number, annotation in enumerate(annotations):
+            image_id = annotation["image_id"]
+            if isinstance(image_id, (bool, float, dict, list)) or image_id is None or image_id not in image_ids:
+                raise DataError(f"{self.path}: annotations[{number}] (id {annotation['id']!r:.40}) has image_id "
+                                f"{image_id!r:.40}, which names no image of the file")
 
     # ------------------------------------------------------------------ categories
     @cached_property

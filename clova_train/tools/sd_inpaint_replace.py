@@ -601,7 +601,11 @@ class InpaintTextualInversion(PromptTool):
         if not isinstance(seed, int) or isinstance(seed, bool) or not 0 <= seed < 2**63:
             raise DataError(f"'seed' must be an integer from 0 to 2**63 - 1, got {seed!r}")
         edited, prompted = self.inpaint(lookup, request["image"], request["mask"], request["concept"], seed)
-        return {"output": str(save_image_atomic(edited, request["output"])), "prompted": prompted}
+        try:
+            written = save_image_atomic(edited, request["output"])
+        except OSError as err:  # a name the file system refuses, a file where a folder is needed, no permission
+            raise DataError(f"'output' {request['output']!r} cannot be written: {err.strerror or err}") from err
+        return {"output": str(written), "prompted": prompted}
 
     # ------------------------------------------------------------------ export
     @classmethod

@@ -46,7 +46,8 @@ def read_records(path: Path, required: tuple[str, ...] = REQUIRED) -> list[dict[
                 raise DataError(f"{path}, line {number}: not valid JSON ({err})") from None
     if not records:
         raise DataError(f"VQA records file {path} holds no records")
-    checked = []
+    checked: list[dict[str, Any]] = []
+    places_of_ids: dict[str, str] = {}
     for where, record in records:
         place = f"{path}, {where}"
         if not isinstance(record, dict):
@@ -59,6 +60,11 @@ def read_records(path: Path, required: tuple[str, ...] = REQUIRED) -> list[dict[
                 raise DataError(f"{place}: field {key!r} must be a non-empty string")
         if "correct" in record and not isinstance(record["correct"], bool):
             raise DataError(f"{place}: field 'correct' must be true or false")
+        if "id" in record:
+            if record["id"] in places_of_ids:
+                raise DataError(f"{place}: id {record['id']!r} is already the id of {places_of_ids[record['id']]}; "
+                                "each record needs its own")
+            places_of_ids[record["id"]] = where
         checked.append({**record, "_where": place})
     return checked
 

@@ -75,6 +75,23 @@ def _cut(text: str, stops: list[str]) -> tuple[str, bool]:
     return (text[: min(ends)], True) if ends else (text, False)
 
 
+ADAPTER_WEIGHTS = "adapter_model.safetensors"
+PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".pkl", ".pickle")
+
+
+def check_adapter_weights(adapter: Path) -> None:
+    """An :class:`ExportError` unless the PEFT adapter directory ``adapter`` holds its weights as safetensors: PEFT
+    would unpickle an ``adapter_model.bin`` (a file from someone else), which this package never does."""
+    if (adapter / ADAPTER_WEIGHTS).is_file():
+        return
+    pickled = sorted(p.name for p in adapter.glob("adapter_model*") if p.suffix in PICKLE_SUFFIXES)
+    if pickled:
+        raise ExportError(f"adapter weights {adapter / pickled[0]} are a pickle, which clova-train does not load: it "
+                          f"reads {ADAPTER_WEIGHTS} only (save the adapter with save_pretrained(..., "
+                          "safe_serialization=True))")
+    raise ExportError(f"adapter directory {adapter} has no {ADAPTER_WEIGHTS}")
+
+
 def adapter_base_name(adapter: Path) -> str:
     """The base model a PEFT adapter directory names (``base_model_name_or_path`` of its ``adapter_config.json``)."""
     named = read_json_object(adapter / "adapter_config.json", "adapter config").get("base_model_name_or_path")
@@ -140,6 +157,7 @@ class ServedToolLLM:
             raise ExportError(f"{directory} is not a LoRA export (adapter/adapter_config.json missing)")
         if (directory / "merged").is_dir() and base_model is None:
             return None
+        check_adapter_weights(adapter)
         return cls._base_location(directory, adapter, base_model)
 
     @classmethod

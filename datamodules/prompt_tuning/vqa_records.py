@@ -37,7 +37,14 @@ class VqaRecords:
                 raise DataError(f"{record['_where']}: image not found: {image}")
             check_image(image)
             self.images.append(image)
-            self.instance_ids.append(record.get("id") or f"{path.name}:{number}")
+            self.instance_ids.append(self._unique_id(record.get("id") or f"{path.name}:{number}", record["_where"]))
+
+    def _unique_id(self, instance_id: str, where: str) -> str:
+        if instance_id in self.instance_ids:
+            raise DataError(f"{where}: instance id {instance_id!r} is already that of record "
+                            f"{self.instance_ids.index(instance_id) + 1} (a record without an 'id' is named "
+                            "<file name>:<record number>)")
+        return instance_id
 
     def __len__(self) -> int:
         return len(self.records)

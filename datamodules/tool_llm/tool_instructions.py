@@ -25,7 +25,7 @@ from typing import Any
 
 import torch
 from lightning import LightningDataModule
-from lightning.pytorch.utilities import rank_zero_info
+from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 from torch.utils.data import DataLoader
 
 from clova_train.core.distributed import data_parallel
@@ -156,6 +156,25 @@ class SplitReport:
             f"{len(self.mis_tokenised)} mis-tokenised, {len(self.invalid)} invalid (skipped)"
         )
 
+    def left_out(self, shown: int = 10) -> str:
+        """The records left out by reason, the first ``shown`` of each by their index in the file."""
+        parts = []
+        for reason, indices in (("too long", self.too_long), ("mis-tokenised", self.mis_tokenised),
+                                ("invalid", [index for index, _ in self.invalid])):
+            if indices:
+                listed = ", ".join(map(str, indices[:shown])) + (", ..." if len(indices) > shown else "")
+                parts.append(f"{reason}: record {listed}")
+        return "; ".join(parts)
+
+
+def report_split(report: SplitReport) -> None:
+    """The split's counts in the log: a warning naming the records left out when there are any."""
+    if report.kept < report.records:
+        rank_zero_warn(f"data: {report.summary()}; {report.left_out()} (every one, with its reason, in "
+                       "data_report.json)")
+    else:
+        rank_zero_info(f"data: {report.summary()}")
+
 
 class EncodedInstructions(torch.utils.data.Dataset):
     """Tokenised samples of one split, with their source records (for evaluation)."""
@@ -168,7 +187,9 @@ class EncodedInstructions(torch.utils.data.Dataset):
         self.samples: list[EncodedSample] = []
         self.records: list[dict[str, str]] = []
         max_chars = max_characters(tokenizer, max_length)
-        for index, record in enumerate(records):
+        skipped = {index for index, _ in invalid}
+        indices = [index for index in range(self.report.records) if index not in skipped]  # in the file, as invalid's
+        for index, record in zip(indices, records):
             result = encode_record(tokenizer, template, record, max_length, max_chars)
             if isinstance(result, str):
                 (self.report.too_long if result.startswith("too long") else self.report.mis_tokenised).append(index)
@@ -299,7 +320,7 @@ class ToolInstructionDataModule(LightningDataModule):
         for split, path in files.items():
             if path and split not in self.splits:
                 self.splits[split] = EncodedInstructions(path, self.tokenizer, self.template, self.max_length, self.skip_invalid)
-                rank_zero_info(f"data: {self.splits[split].report.summary()}")
+                report_split(self.splits[split].report)
         self._write_report()
 
     @property

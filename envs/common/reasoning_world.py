@@ -37,7 +37,8 @@ from clova_train.core.checks import is_integer, is_number
 from clova_train.core.errors import DataError
 from clova_train.envs.common.world import QUESTION_TYPES
 from clova_train.envs.common.world_file import (
-    guess_right_one_in, question_weights, read_world_file, refuse_unknown, section, shipped, world_mapping, world_name,
+    guess_right_one_in, question_weights, read_world_file, refuse_unknown, section, shipped, shown, world_mapping,
+    world_name,
 )
 
 WORLDS_DIR = Path(__file__).resolve().parent.parent / "worlds"
@@ -93,7 +94,7 @@ class ReasoningWorld:
 
 def _probability(value: Any, where: str) -> float:
     if not is_number(value) or not 0 <= value <= 1:
-        raise DataError(f"{where} = {value!r}: must be a number between 0 and 1")
+        raise DataError(f"{where} = {shown(value)}: must be a number between 0 and 1")
     return float(value)
 
 
@@ -108,7 +109,7 @@ def world_from_dict(raw: Any, where: str) -> ReasoningWorld:
     confidence = planner.get("confidence", list(default.confidence))
     if (not isinstance(confidence, list) or len(confidence) != 2 or not all(is_number(c) for c in confidence)
             or not 0 < confidence[0] < confidence[1] <= 1):
-        raise DataError(f"{where}: planner.confidence = {confidence!r}: must be [low, high] with 0 < low < high <= 1")
+        raise DataError(f"{where}: planner.confidence = {shown(confidence)}: must be [low, high] with 0 < low < high <= 1")
     has_good = planner.get("has_good", list(default.has_good))
     has_good = has_good if isinstance(has_good, list) else [has_good]
     if not has_good:
@@ -119,7 +120,7 @@ def world_from_dict(raw: Any, where: str) -> ReasoningWorld:
     good_rank = {**default.good_rank, **ranks}
     for step, rank in good_rank.items():
         if rank != RANDOM_RANK and not is_integer(rank):
-            raise DataError(f"{where}: planner.good_rank.{step} = {rank!r}: must be an integer rank or 'random'")
+            raise DataError(f"{where}: planner.good_rank.{step} = {shown(rank)}: must be an integer rank or 'random'")
     malformed = _probability(planner.get("malformed", default.malformed), f"{where}: planner.malformed")
     tools = section(raw, "tools", where)
     refuse_unknown(tools, ("guess_right_one_in",), f"{where}: tools")
@@ -128,7 +129,7 @@ def world_from_dict(raw: Any, where: str) -> ReasoningWorld:
     refuse_unknown(rewards, REWARD_KEYS, f"{where}: rewards")
     for key, value in rewards.items():
         if not is_number(value) or (key in ("error_penalty", "reject_penalty") and value < 0):
-            raise DataError(f"{where}: rewards.{key} = {value!r}: must be a finite number"
+            raise DataError(f"{where}: rewards.{key} = {shown(value)}: must be a finite number"
                             + (" >= 0" if key in ("error_penalty", "reject_penalty") else ""))
     return ReasoningWorld(name, questions,
                           (float(confidence[0]), float(confidence[1])), tuple(has_good), good_rank, malformed,

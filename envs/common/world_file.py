@@ -16,6 +16,12 @@ from clova_train.core.errors import DataError
 from clova_train.core.safe_files import read_json, read_yaml
 
 
+def shown(value: Any, width: int = 40) -> str:
+    """``repr(value)`` cut to ``width`` characters for a message (a file's value may be a 4,000-digit integer)."""
+    text = repr(value)
+    return text if len(text) <= width else f"{text[:width]}... ({len(text):,} characters)"
+
+
 def section(raw: dict[str, Any], key: str, where: str) -> dict[str, Any]:
     """``raw[key]`` as a mapping (absent or empty: ``{}``)."""
     value = raw.get(key)
@@ -56,10 +62,10 @@ def question_weights(raw: dict[str, Any], kinds: tuple[str, ...], default: Mappi
     refuse_unknown(questions, kinds, f"{where}: questions")
     for kind, weight in questions.items():
         if not is_number(weight) or weight < 0:
-            raise DataError(f"{where}: questions.{kind} = {weight!r}: must be a number >= 0")
+            raise DataError(f"{where}: questions.{kind} = {shown(weight)}: must be a number >= 0")
     if not any(questions.values()):
         raise DataError(f"{where}: questions: at least one kind needs a weight > 0")
-    if not math.isfinite(sum(questions.values())):
+    if not math.isfinite(sum(float(v) for v in questions.values())):
         raise DataError(f"{where}: questions: the weights must have a finite sum")
     return {k: float(v) for k, v in questions.items()}
 
@@ -68,7 +74,7 @@ def guess_right_one_in(tools: dict[str, Any], default: int, where: str) -> int:
     """``tools.guess_right_one_in``: a guessing tool gives the gold answer once in this many questions (>= 1)."""
     guess = tools.get("guess_right_one_in", default)
     if not is_integer(guess) or guess < 1:
-        raise DataError(f"{where}: tools.guess_right_one_in = {guess!r}: must be an integer >= 1")
+        raise DataError(f"{where}: tools.guess_right_one_in = {shown(guess)}: must be an integer >= 1")
     return int(guess)
 
 

@@ -217,6 +217,21 @@ def test_journal_drops_a_line_cut_off_by_a_kill(tmp_path: Path) -> None:
         Journal(tmp_path / "j.jsonl")
 
 
+@pytest.mark.parametrize("line, words", [
+    (b"[" * 200 + b"]" * 200, "nested more than"),
+    (b'{"event": "b", "x": "\xff"}', "not UTF-8"),
+    (b'["event", "b"]', "an object with an 'event' field"),
+    (b'{"x": 1}', "an object with an 'event' field"),
+])
+def test_journal_refuses_a_whole_last_line_that_is_not_an_event(tmp_path: Path, line: bytes, words: str) -> None:
+    path = tmp_path / "j.jsonl"
+    path.write_bytes(b'{"event": "a"}\n' + line + b"\n")  # it ends in its newline: not cut off by a kill
+    with pytest.raises(DataError, match=r"j.jsonl:2: not a journal event") as caught:
+        Journal(path)
+    assert words in str(caught.value)
+    assert path.read_bytes().endswith(line + b"\n")  # left as it was
+
+
 def test_journal_keeps_a_whole_last_event_that_lacks_its_newline(tmp_path: Path) -> None:
     path = tmp_path / "j.jsonl"
     path.write_text('{"event": "a", "x": 1}\n{"event": "b", "x": "\u00e9"}')  # written by hand, or cut just before the end

@@ -48,6 +48,10 @@ def test_shipped_worlds_load_and_the_default_is_the_built_in_one() -> None:
     ({"tools": {"guess_right_one_in": 0}}, "tools.guess_right_one_in = 0"),
     ({"rewards": {"reject_penalty": -1}}, "rewards.reject_penalty = -1"),
     ({"rewards": {"bonus": 1}}, "unknown key 'bonus'"),
+    ('{"rewards": {"r1": ' + "9" * 4000 + "}}", "rewards.r1 = 9999999999"),  # more than a float holds
+    ({"rewards": {"alpha": -(10**400)}}, "rewards.alpha = -10000000"),
+    ({"questions": {"count": 10**4000 // 10}}, "questions.count = 1000000"),
+    ({"questions": {"count": 10**308, "exists": 10**308}}, "the weights must have a finite sum"),
     ({"planner": [1, 2]}, "planner must be a mapping"),
     ("[1, 2]", "must hold a mapping"),
     ("name: a\nname: b\n", "name"),  # a key written twice (the safe reader refuses it)
@@ -57,6 +61,7 @@ def test_a_bad_world_file_is_refused_naming_the_file_and_key(tmp_path: Path, con
     with pytest.raises(DataError, match=None) as caught:
         load_world(str(path))
     assert str(path) in str(caught.value) and named in str(caught.value), caught.value
+    assert len(str(caught.value)) < len(str(path)) + 200  # a 4,000-digit value is shown cut
 
 
 @pytest.mark.parametrize(("planner", "named"), [

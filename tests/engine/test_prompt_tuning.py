@@ -88,6 +88,18 @@ def test_existing_pool_is_merged_not_lost(tiny_clip_dir: Path, concept_root: Pat
     assert len(PromptPool.load(tmp_path / "export" / "pool.safetensors")) == len(second_pool)
 
 
+def test_runs_sharing_a_run_directory_keep_each_others_records(tiny_clip_dir: Path, concept_root: Path,
+                                                               tmp_path: Path) -> None:
+    for concepts in ("[red, green]", "[blue, purple]"):
+        assert run_fit(*fit_args(tiny_clip_dir, concept_root, tmp_path, f"--data.init_args.concepts={concepts}",
+                                 "--data.init_args.negatives_root=null")) == 0
+    pool, summary = load_run(tmp_path)
+    assert set(summary["per_concept"]) == {"red", "green", "blue", "purple"}
+    assert summary["tried"] == len(summary["instances"]) == 16 and summary["tried"] == summary["accepted"] + summary["rejected"]
+    assert len(pool) == summary["accepted"] and set(pool.concepts) <= set(summary["per_concept"])
+    assert len({item["instance_id"] for item in summary["instances"]}) == 16
+
+
 def test_a_pool_of_another_model_in_the_run_directory_is_refused_or_overwritten(
         tiny_clip_dir: Path, concept_root: Path, tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     from clova_train.core.pool import PoolSpec

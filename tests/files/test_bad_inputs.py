@@ -197,6 +197,32 @@ def test_lone_surrogate_names_the_record_and_field(tmp_path: Path, field: str) -
     assert len(records) == 1 and skipped[0][0] == 1
 
 
+# ---------------------------------------------------------------------------------------------- VQA records
+@pytest.mark.parametrize("suffix", [".jsonl", ".json"])
+def test_vqa_records_sharing_an_id_name_the_file_the_records_and_the_id(tmp_path: Path, suffix: str) -> None:
+    from clova_train.tools.vqa_records import read_records
+
+    records = [{"id": "q1", "image": "a.png", "question": "what?", "answer": "red"},
+               {"id": "q2", "image": "b.png", "question": "what?", "answer": "blue"},
+               {"id": "q1", "image": "c.png", "question": "which?", "answer": "green"}]
+    path = tmp_path / f"vqa{suffix}"
+    path.write_text("\n".join(json.dumps(r) for r in records) if suffix == ".jsonl" else json.dumps(records))
+    where = ("line", "record")[suffix == ".json"]
+    with pytest.raises(DataError, match=rf"vqa{suffix}, {where} 3: id 'q1' is already the id of {where} 1"):
+        read_records(path)
+
+
+def test_a_vqa_id_that_repeats_another_records_default_id_is_refused(tmp_path: Path) -> None:
+    from clova_train.datamodules.prompt_tuning.vqa_records import VqaRecords
+
+    Image.new("RGB", (8, 8)).save(tmp_path / "a.png")
+    records = [{"image": "a.png", "question": "what?", "answer": "red"},
+               {"id": "train.jsonl:1", "image": "a.png", "question": "which?", "answer": "red"}]
+    (tmp_path / "train.jsonl").write_text("\n".join(json.dumps(r) for r in records))
+    with pytest.raises(DataError, match=r"train.jsonl, line 2: instance id 'train.jsonl:1' is already that of record 1"):
+        VqaRecords(tmp_path / "train.jsonl", None)
+
+
 # ---------------------------------------------------------------------------------------------- config values
 def clova_stderr(err: str) -> str:
     """stderr without the '--- Logging error ---' blocks that logging prints when an earlier test's captured

@@ -57,6 +57,24 @@ def test_a_tool_json_naming_a_module_never_imports_it(class_path: str, tmp_path:
     assert f"tool class {class_path!r} is not a registered prompt tool" in done.stderr
 
 
+@pytest.mark.parametrize("init_args, words", [
+    ({"model_name": "x", "bogus_key": 1}, "tool.json's init_args has the key 'bogus_key', which PromptedClip does not "
+                                          "take (it takes model_name, "),
+    (["model_name"], "tool.json's init_args must be an object, got list"),
+])
+def test_init_args_a_tool_does_not_take_are_named_before_anything_loads(tmp_path: Path, init_args: object,
+                                                                        words: str) -> None:
+    from clova_train.core.errors import ExportError
+    from clova_train.tools.serving import PromptToolServer
+
+    export = hostile_export(tmp_path / "work", "clova_train.tools.clip.PromptedClip") / "export"
+    description = json.loads((export / "tool.json").read_text())
+    (export / "tool.json").write_text(json.dumps({**description, "init_args": init_args}))
+    with pytest.raises(ExportError, match=f"cannot rebuild the tool of {export}: ") as caught:
+        PromptToolServer.from_export(export)
+    assert words in str(caught.value)
+
+
 def test_registered_tools_are_the_shipped_ones_imported_subclasses_and_entry_points() -> None:
     assert tool_class({"class_path": "clova_train.tools.blip_vqa.BlipVqa"}).__name__ == "BlipVqa"
 
@@ -127,6 +145,36 @@ def test_a_replay_buffer_with_a_pickled_command_is_refused_unrun(tmp_path: Path)
     assert not canary.exists()
 
 
+def pickled_adapter(directory: Path, canary: Path) -> Path:
+    """A PEFT adapter directory whose weights are an ``adapter_model.bin`` pickle carrying a canary."""
+    adapter = directory / "adapter"
+    adapter.mkdir(parents=True)
+    (adapter / "adapter_config.json").write_text(json.dumps({"base_model_name_or_path": "/nowhere/base",
+                                                             "peft_type": "LORA", "r": 4}))
+    (adapter / "adapter_model.bin").write_bytes(pickle.dumps({"base_model.lora_A.weight": Canary(canary)}))
+    return directory
+
+
+def test_a_pickled_adapter_is_refused_by_the_python_api_and_the_export(tmp_path: Path,
+                                                                       capsys: pytest.CaptureFixture) -> None:
+    from clova_train.cli import main
+    from clova_train.core.errors import ExportError
+    from clova_train.tooluse.served_llm import ServedToolLLM
+
+    canary = tmp_path / "CANARY"
+    export = pickled_adapter(tmp_path / "export", canary)
+    words = r"adapter weights .*adapter_model.bin are a pickle, which clova-train does not load"
+    with pytest.raises(ExportError, match=words):
+        ServedToolLLM.from_export(export)
+    with pytest.raises(ExportError, match=words):
+        ServedToolLLM.from_export(export, base_model=str(tmp_path))
+    run = pickled_adapter(tmp_path / "run", canary)
+    assert main(["export", str(run), "-o", str(tmp_path / "out"), "--merged"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and re.search(words, err), err
+    assert not (tmp_path / "out").exists() and not canary.exists()
+
+
 def test_the_allowlist_loads_what_sb3_writes(tmp_path: Path) -> None:
     """A real DQN zip and replay buffer load through the allowlist, to the same weights and buffer."""
     import gymnasium as gym
@@ -143,6 +191,32 @@ def test_the_allowlist_loads_what_sb3_writes(tmp_path: Path) -> None:
     assert all(torch.equal(a, b) for a, b in zip(model.policy.state_dict().values(), loaded.policy.state_dict().values()))
     assert np.array_equal(model.replay_buffer.observations, loaded.replay_buffer.observations)
     assert loaded.observation_space == model.observation_space and loaded.train_freq == model.train_freq
+
+
+@pytest.mark.parametrize("value", [float("nan"), float("inf")])
+def test_a_replay_buffer_with_non_finite_rewards_is_refused_naming_the_file(tmp_path: Path, value: float) -> None:
+    import gymnasium as gym
+    import numpy as np
+    from stable_baselines3 import DQN
+
+    from clova_train.agents.sb3_files import load_replay_arrays, save_replay_arrays
+    from clova_train.core.errors import DataError
+
+    def dqn() -> DQN:
+        return DQN("MlpPolicy", gym.make("CartPole-v1"), learning_starts=10, buffer_size=500, seed=0,
+                   policy_kwargs={"net_arch": [8]})
+
+    model = dqn()
+    model.learn(30)
+    model.replay_buffer.rewards[7, 0] = value
+    model.save_replay_buffer(tmp_path / "replay.pkl")
+    with open(tmp_path / "replay.npz", "wb") as handle:
+        save_replay_arrays(model, handle)
+    for name, load in (("replay.pkl", load_replay_buffer), ("replay.npz", load_replay_arrays)):
+        fresh = dqn()
+        with pytest.raises(DataError, match=rf"replay buffer .*{name}: rewards holds {value} at transition 7"):
+            load(fresh, tmp_path / name)
+        assert not np.isin(fresh.replay_buffer.rewards, [value]).any()  # nothing of it reached the model
 
 
 def sharded_checkpoint(directory: Path, **entries: object) -> Path:

@@ -287,6 +287,22 @@ def test_hostile_configs_fail_in_one_line_naming_the_file(command: list[str], ca
     assert time.perf_counter() - started < 20
 
 
+@pytest.mark.parametrize("command", [["fit"], ["controller", "fit"], ["loop"]])
+@pytest.mark.parametrize("text, words", [
+    ("trainer:\n\tmax_epochs: 3\n", "found character '\\t' that cannot start any token at line 2, column 1; YAML "
+                                       "indents with spaces, never tabs"),
+    ("trainer: [1, 2\n", "expected ',' or ']', but got '<stream end>' at line 2, column 1"),
+    ("a: b: c\n", "mapping values are not allowed here at line 1, column 5"),
+])
+def test_broken_yaml_configs_fail_in_one_line_naming_the_file_and_place(command: list[str], text: str, words: str,
+                                                                        tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    config = tmp_path / "broken.yaml"
+    config.write_text(text)
+    assert main([*command, "--config", str(config)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == f"clova-train: error: config file {config} is not valid YAML: {words}", err
+
+
 def test_command_line_values_are_checked_too(capsys: pytest.CaptureFixture) -> None:
     assert main(["controller", "fit", "--config", str(REPO / "configs" / "quickstart" / "controller_dqn.yaml"),
                  "--train.output_dir", "{a: 1, a: 2}"]) == 2

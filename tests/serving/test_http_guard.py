@@ -415,3 +415,32 @@ def test_a_symlink_inside_the_output_dir_cannot_send_writes_outside(tmp_path: Pa
             served_output_path(out, name)
         assert caught.value.status_code == 400 and "outside" in caught.value.detail
     assert served_output_path(out, "inside/x.png") == out.resolve() / "inside" / "x.png"
+
+
+@pytest.mark.parametrize("name, words", [
+    (".", "names the server's --output-dir itself"),
+    ("sub", "is a folder on the server"),
+    ("sub/", "is a folder on the server"),
+    ("afile.png/x.png", "'afile.png' is a file, not a folder"),
+    ("x" * 300 + ".png", "is too long"),
+    ("a/" * 600 + "x.png", "is too long"),
+])
+def test_outputs_that_cannot_be_a_written_file_are_refused(tmp_path: Path, name: str, words: str) -> None:
+    from fastapi import HTTPException
+
+    from clova_train.serving.http import served_output_path
+
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "afile.png").write_bytes(b"x")
+    with pytest.raises(HTTPException) as caught:
+        served_output_path(tmp_path, name)
+    assert caught.value.status_code == 400 and caught.value.detail.startswith("'output'") and words in caught.value.detail
+    assert served_output_path(tmp_path, "sub/new/x.png") == tmp_path.resolve() / "sub" / "new" / "x.png"
+
+
+@pytest.mark.parametrize("name", [".", "x" * 300])
+def test_the_server_answers_an_unwritable_output_with_400(server, concept_root: Path, name: str) -> None:
+    base, process = server
+    body = {"images": [str(concept_root / "red" / "red_000.png")], "labels": ["red"], "output": name}
+    assert_openai_error(*request(base + "/v1/clip", json.dumps(body).encode(), AUTH), 400, "'output'")
+    assert process.poll() is None

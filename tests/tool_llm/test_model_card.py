@@ -20,7 +20,7 @@ def fake_run(tmp_path: Path) -> Path:
     (run / "logs" / "version_0" / "config.yaml").write_text(yaml.safe_dump({
         "data": {"class_path": "clova_train.datamodules.ToolInstructionDataModule",
                  "init_args": {"train_file": "data/train.json", "tokenizer": "x"}}}))
-    (run / "data_report.json").write_text(json.dumps({"train": {"records": 10, "kept": 9}}))
+    (run / "data_report.json").write_text(json.dumps({"train": {"records": 10, "kept": 9, "too_long": [4], "invalid": []}}))
     return run
 
 
@@ -33,7 +33,7 @@ def test_card_reports_data_metrics_and_a_hub_base(tmp_path: Path) -> None:
     front = yaml.safe_load(card.split("---")[1])
     assert front["base_model"] == "lmsys/vicuna-13b-v1.5" and front["library_name"] == "peft"
     assert "| `val/all/SR` | 0.750 |" in card and "| `val/seen/SR_act` | 0.500 |" in card
-    assert "ToolInstructionDataModule" in card and "data/train.json" in card and "9 of 10 records" in card
+    assert "ToolInstructionDataModule" in card and "data/train.json" in card and "9 of 10 records kept; left out: 1 too long (" in card
     assert '"r": 16' in card and '"lr": 0.0003' in card
     assert 'from_pretrained("lmsys/vicuna-13b-v1.5")' in card
 

@@ -77,6 +77,22 @@ def test_skip_invalid_counts_instead_of_failing(tmp_path: Path) -> None:
     assert "missing key 'instruction'" in skipped[1][1]
 
 
+def test_records_left_out_are_counted_and_named_by_their_index_in_the_file(tmp_path: Path) -> None:
+    from clova_train.datamodules.tool_llm.tool_instructions import EncodedInstructions, report_split
+    from clova_train.quickstart.tiny.common import clip_bpe_tokenizer
+    from clova_train.tooluse.prompt_template import PromptTemplate
+
+    lines = [json.dumps({"instruction": "a", "output": "b"}), "{oops",
+             json.dumps({"instruction": "x " * 500, "output": "c"}), json.dumps({"instruction": "d", "output": "e"})]
+    path = write(tmp_path / "data.jsonl", "\n".join(lines))
+    tokenizer = clip_bpe_tokenizer(tmp_path / "tokenizer", max_length=4096)
+    data = EncodedInstructions(path, tokenizer, PromptTemplate(), max_length=200, skip_invalid=True)
+    assert (data.report.kept, data.report.too_long, [i for i, _ in data.report.invalid]) == (2, [2], [1])
+    with pytest.warns(UserWarning, match=r"data.jsonl: 2 of 4 samples kept; 1 too long, 0 mis-tokenised, 1 invalid "
+                                         r"\(skipped\); too long: record 2; invalid: record 1"):
+        report_split(data.report)
+
+
 def test_lora_targets_are_checked(tiny_llama_dir: Path) -> None:
     from clova_train.models.lora_tool_llm import check_lora_targets, load_causal_lm
 

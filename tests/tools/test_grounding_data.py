@@ -139,6 +139,19 @@ def test_bad_annotations_fail_with_one_message_and_no_pool(case: str, coco_root:
     assert not (run_dir / "pool.safetensors").exists()
 
 
+@pytest.mark.parametrize("image_id", [999, None, [1]])
+def test_an_annotation_of_no_image_names_the_file_and_the_annotation(coco_root: Path, tmp_path: Path,
+                                                                     image_id: object) -> None:
+    data = json.loads((coco_root / "annotations.json").read_text())
+    data["annotations"][2]["image_id"] = image_id
+    bad = tmp_path / "annotations.json"
+    bad.write_text(json.dumps(data))
+    annotation_id = data["annotations"][2]["id"]
+    with pytest.raises(DataError, match=rf"annotations.json: annotations\[2\] \(id {annotation_id}\) has image_id "
+                                        r".*, which names no image of the file"):
+        GroundingAnnotations(bad)
+
+
 def test_too_few_images_for_the_split_is_an_error(coco_root: Path) -> None:
     annotations = GroundingAnnotations(coco_root / "annotations.json")
     with pytest.raises(DataError, match="none left for training"):
