@@ -152,7 +152,13 @@ def run_lightning(args: Sequence[str] | None) -> None:
 
             guard_checkpoint_loading(self.trainer.strategy)
 
-        before_fit = before_validate = before_test = _guard_checkpoints
+        def before_fit(self) -> None:
+            self._guard_checkpoints()
+            if self.trainer.is_global_zero:
+                write_fit_manifest(self.trainer.default_root_dir, self.model,
+                                   self._parser(self.subcommand).dump(self.config[self.subcommand]))
+
+        before_validate = before_test = _guard_checkpoints
 
     PromptAwareCLI(
         LightningModule,
@@ -170,6 +176,16 @@ def run_lightning(args: Sequence[str] | None) -> None:
             + ", ".join(f"'{PROG} {c} --help'" for c in COMMANDS if c not in LIGHTNING_COMMANDS),
         },
     )
+
+
+def write_fit_manifest(run_dir: str, model: object, config_text: str) -> None:
+    """``run.json`` of a ``fit``: the learner's kind (a module's ``run_kind``, else ``lightning``), its tool, the
+    resolved config's digest."""
+    from clova_train.core.run_manifest import write_run_manifest
+
+    cls = type(model)
+    write_run_manifest(run_dir, getattr(model, "run_kind", "lightning"), getattr(getattr(model, "tool", None), "name", None),
+                       f"{cls.__module__}.{cls.__qualname__}", config_text)
 
 
 def run_export(args: Sequence[str]) -> None:

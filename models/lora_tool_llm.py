@@ -148,6 +148,8 @@ class LoraToolLLM(LightningModule):
             optimizer, the LR schedule and the random state (dropout) as they were.
     """
 
+    run_kind = "lora"  # what this learner's ``run.json`` calls its runs (:mod:`clova_train.core.run_manifest`)
+
     def __init__(
         self,
         model_name_or_path: str,

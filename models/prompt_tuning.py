@@ -59,10 +59,10 @@ from clova_train.core.saved_tensors import SavedTensorBytes
 from clova_train.core.evaluation_report import SampleTable, format_report
 from clova_train.tools.base import PromptTool
 from clova_train.tools.contracts import ChunkPlan, ChunkSource, InstanceRecord, TrainingInstance
-from clova_train.tools.serving import POOL_FILE, TOOL_FILE, PromptToolServer
+from clova_train.core.run_manifest import POOL_FILE, SUMMARY_FILE, TOOL_FILE
+from clova_train.tools.serving import PromptToolServer
 
 CHECKPOINT_KEY = "clova_train.prompt_tuning"
-SUMMARY_FILE = "summary.json"
 EVALUATION_DIR = "evaluation"
 CONTROLS = ("zero_prompt", "random_prompt", "ungated")
 POOL_SUFFIX = "_pool"
@@ -160,6 +160,8 @@ class PromptTuning(LightningModule):
             activations: less memory per instance (more instances per inner step under ``max_memory_gb``) for about
             one more forward pass per step. Same losses and prompts; gates and serving are unchanged.
     """
+
+    run_kind = "prompt_tuning"  # what this learner's ``run.json`` calls its runs (:mod:`clova_train.core.run_manifest`)
 
     def __init__(
         self,

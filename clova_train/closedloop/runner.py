@@ -20,7 +20,7 @@ import signal
 import subprocess
 import sys
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
@@ -41,7 +41,8 @@ from clova_train.core.errors import ClovaTrainError, DataError
 from clova_train.core.pool import PromptPool
 from clova_train.core.safe_files import read_json_object, read_yaml
 from clova_train.tools.base import PromptTool
-from clova_train.tools.serving import POOL_FILE, PromptToolServer
+from clova_train.core.run_manifest import POOL_FILE, write_run_manifest
+from clova_train.tools.serving import PromptToolServer
 
 BEFORE = "evaluation_before.json"
 AFTER = "evaluation_after.json"
@@ -246,6 +247,8 @@ def build_loop(config: LoopConfig, validation_gate: bool | None = None, run_dir:
     validate(config)
     run_dir_path = Path(run_dir or config.run_dir)
     run_dir_path.mkdir(parents=True, exist_ok=True)
+    write_run_manifest(run_dir_path, "closed_loop", learner="clova_train.closedloop.ClosedLoop",
+                       config={**asdict(config), "validation_gate": validation_gate, "run_dir": str(run_dir_path)})
     cache = None if config.cache_mode == "off" else CallCache(config.cache_path or run_dir_path / "llm_cache.sqlite", config.cache_mode)  # type: ignore[arg-type]
     llm, embedder = config.llm.build(scripted=offline_world.ScriptedLoopLLM), config.embedder.build()
     if cache is not None:

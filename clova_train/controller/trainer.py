@@ -28,6 +28,7 @@ from clova_train.controller.evaluation import compare, format_table, make_env_fn
 from clova_train.core.atomic import write_atomic, write_json_atomic, write_text_atomic
 from clova_train.core.checks import Problems, is_number
 from clova_train.core.errors import ClovaTrainError
+from clova_train.core.run_manifest import write_run_manifest
 from clova_train.core.safe_files import read_json_object
 from clova_train.envs import AgentDispatchConfig, InformationSeekingConfig, ReasoningLoopConfig
 from clova_train.envs.common.selection import RULES, ActionSelection
@@ -370,6 +371,8 @@ def fit(config: ControllerConfig, extra_callbacks: list | None = None,
         model = _load(config, env, checkpoints)
         model.set_logger(make_logger(run_dir / "logs", list(config.train.log_formats)))
         write_json_atomic(run_dir / "config.json", asdict(config))
+        write_run_manifest(run_dir, "controller", learner=f"{type(model).__module__}.{type(model).__qualname__}",
+                           config=asdict(config))
         checkpoint = AtomicCheckpointCallback(_calls(config.train.checkpoint_every, n_envs), str(checkpoints),
                                               replay_buffer=config.train.save_replay_buffer)
         held_out = HeldOutEvalCallback(config.env_config(), run_dir, _calls(config.train.eval_every, n_envs),

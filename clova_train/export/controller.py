@@ -25,6 +25,7 @@ import torch
 from clova_train.core import observation_builder
 from clova_train.core.atomic import write_json_atomic
 from clova_train.core.manifest import staged_directory, write_manifest
+from clova_train.core.run_manifest import RUN_MANIFEST_FILE, RunManifest, export_manifest_fields, read_run_manifest
 from clova_train.controller.trainer import ControllerConfig
 from clova_train.envs import make_env
 from clova_train.core.errors import ExportError
@@ -78,6 +79,16 @@ Observation parts (`[start, end)`): {json.dumps(description["observation_parts"]
 """
 
 
+def trained_by(checkpoint: Path) -> RunManifest | None:
+    """The manifest of the controller run a checkpoint belongs to (its directory's, or for a file under
+    ``checkpoints/`` the run's), if it has one."""
+    for directory in (checkpoint.parent, checkpoint.parent.parent):
+        if (directory / RUN_MANIFEST_FILE).is_file():
+            run = read_run_manifest(directory)
+            return run if run.kind == "controller" else None
+    return None
+
+
 def export_controller(checkpoint: str | Path, output: str | Path, config: ControllerConfig) -> Path:
     """Write ``controller.zip``, ``q_network.pt``, ``controller.json``, ``observation.py`` and ``README.md`` to
     ``output``; returns it."""
@@ -119,5 +130,6 @@ def export_controller(checkpoint: str | Path, output: str | Path, config: Contro
             "observation_builder": OBSERVATION_MODULE,
         })
         (staging / "README.md").write_text(controller_card(description, int(model.action_space.n), rule))
-        write_manifest(staging, "controller", {"kind": "checkpoint", "path": str(checkpoint.resolve())})
+        write_manifest(staging, "controller", {"kind": "checkpoint", "path": str(checkpoint.resolve())},
+                       **export_manifest_fields("controller", None, trained_by(checkpoint)))
     return output

@@ -10,6 +10,8 @@ from pathlib import Path
 
 from clova_train.core.errors import ExportError
 from clova_train.core.manifest import staged_directory, write_manifest
+from clova_train.core.run_manifest import TOOL_FILE, export_manifest_fields, read_run_manifest
+from clova_train.core.safe_files import read_json_object
 from clova_train.export.common import is_distributed_checkpoint, load_checkpoint
 from clova_train.export.prompt_tool import export_prompt_tool_run
 
@@ -28,11 +30,18 @@ def export_run(
     source = Path(source)
     if not source.exists():
         raise ExportError(f"export source not found: {source}")
-    from clova_train.export.lora import LORA_CHECKPOINT_KEY, export_lora_run, is_lora_run_dir  # peft and transformers
+    from clova_train.export.lora import LORA_CHECKPOINT_KEY, export_lora_run  # peft and transformers
 
+    run = None
+    if source.is_dir() and not is_distributed_checkpoint(source):
+        run = read_run_manifest(source)
+        if run.kind not in ("lora", "prompt_tuning"):
+            raise ExportError(f"{source} holds a {run.kind} run: 'clova-train export' writes prompt-tool and LoRA "
+                              "runs" + (" ('clova-train controller export' writes controllers)"
+                                        if run.kind == "controller" else ""))
     with staged_directory(output) as staging:
-        if source.is_dir() and not is_distributed_checkpoint(source):
-            lora = is_lora_run_dir(source)
+        if run is not None:
+            lora = run.kind == "lora"
             if lora:
                 origin = export_lora_run(source, staging, merged, copy_base=copy_base, base_model_id=base_model_id,
                                          dtype=dtype)
@@ -49,6 +58,8 @@ def export_run(
         if not lora and base_model_id is not None:
             raise ExportError("--base-model-id applies to LoRA runs; a prompt tool names its base in tool.json "
                               "(serve it with --base-model to override)")
-        write_manifest(staging, "lora_tool_llm" if lora else "prompt_tool", origin, merged=merged, base_copied=copy_base,
-                       **({"merged_dtype": dtype} if lora and merged else {}))
+        tool = None if lora else read_json_object(staging / TOOL_FILE, "tool description").get("tool")
+        write_manifest(staging, "lora_tool_llm" if lora else "prompt_tool", origin,
+                       **export_manifest_fields("lora" if lora else "prompt_tuning", tool, run),
+                       merged=merged, base_copied=copy_base, **({"merged_dtype": dtype} if lora and merged else {}))
     return Path(output)

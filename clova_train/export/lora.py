@@ -38,10 +38,6 @@ from clova_train.tooluse.served_llm import SERVING_FILE, adapter_base_name, chec
 from clova_train.models.lora_tool_llm import LORA_CHECKPOINT_KEY
 
 
-def is_lora_run_dir(source: Path) -> bool:
-    return (source / "adapter" / "adapter_config.json").is_file()
-
-
 def _adapter_from_checkpoint(
     ckpt: Path, checkpoint: dict[str, Any], staging: Path
 ) -> tuple[str, str | None, PromptTemplate]:

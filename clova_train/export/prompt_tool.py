@@ -28,6 +28,7 @@ from clova_train.core.atomic import write_json_atomic
 from clova_train.core.errors import ExportError, ModelError
 from clova_train.core.manifest import BASE_DIR
 from clova_train.core.pool import PoolSpec, PromptPool
+from clova_train.core.run_manifest import POOL_FILE, SUMMARY_FILE, TOOL_FILE
 from clova_train.core.safe_files import read_json_object
 from clova_train.export.common import copy_base_model, newest_run_config
 
@@ -53,21 +54,21 @@ def portable_tool_description(tool: dict[str, Any], staging: Path, copy_base: bo
 
 
 def _from_run_dir(run_dir: Path, staging: Path, copy_base: bool = False) -> dict[str, Any]:
-    pool_file, tool_file = run_dir / "pool.safetensors", run_dir / "tool.json"
+    pool_file, tool_file = run_dir / POOL_FILE, run_dir / TOOL_FILE
     if not pool_file.is_file() or not tool_file.is_file():
-        summary = run_dir / "summary.json"
+        summary = run_dir / SUMMARY_FILE
         hint = ""
         if summary.is_file() and not read_json_object(summary, "run summary").get("complete", True):
             hint = " (the run did not finish: resume it with --ckpt_path last, or export its checkpoint)"
         raise ExportError(f"{run_dir} holds no finished prompt-tuning run: pool.safetensors/tool.json missing{hint}")
     tool = portable_tool_description(read_json_object(tool_file, "tool description"), staging, copy_base)
     pool = PromptPool.load(pool_file, expected=PoolSpec.from_tool_description(tool))
-    pool.save(staging / "pool.safetensors")
-    write_json_atomic(staging / "tool.json", tool)
+    pool.save(staging / POOL_FILE)
+    write_json_atomic(staging / TOOL_FILE, tool)
     _write_tool_formats(pool, tool, staging)
     write_pool_card(pool, tool, staging)
-    if (run_dir / "summary.json").is_file():
-        shutil.copyfile(run_dir / "summary.json", staging / "summary.json")
+    if (run_dir / SUMMARY_FILE).is_file():
+        shutil.copyfile(run_dir / SUMMARY_FILE, staging / SUMMARY_FILE)
     config = newest_run_config(run_dir)
     if config is not None:
         shutil.copyfile(config, staging / "config.yaml")
@@ -101,12 +102,12 @@ def _from_checkpoint(ckpt: Path, checkpoint: dict[str, Any], staging: Path, copy
     tool = portable_tool_description(state["tool"], staging, copy_base)
     records = [InstanceRecord.from_state(r) for r in state["records"].values()]
     pool = pool_from_records(PoolSpec.from_tool_description(tool), records)
-    pool.save(staging / "pool.safetensors")
-    write_json_atomic(staging / "tool.json", tool)
+    pool.save(staging / POOL_FILE)
+    write_json_atomic(staging / TOOL_FILE, tool)
     _write_tool_formats(pool, tool, staging)
     write_pool_card(pool, tool, staging)
     write_json_atomic(
-        staging / "summary.json",
+        staging / SUMMARY_FILE,
         {
             "complete": None,
             "tried": len(records),

@@ -16,6 +16,7 @@ from typing import Any
 
 from clova_train.core.errors import DataError
 from clova_train.core.safe_files import read_json_object
+from clova_train.core.run_manifest import SUMMARY_FILE, read_run_manifest
 
 KINDS = ("prompt_tuning", "lora", "controller")
 
@@ -40,14 +41,12 @@ class Run:
 
 
 def run_kind(directory: Path) -> str:
-    if (directory / "adapter" / "adapter_config.json").is_file():
-        return "lora"
-    if (directory / "logs" / "progress.csv").is_file() or (directory / "controller.zip").is_file():
-        return "controller"
-    if (directory / "summary.json").is_file() or (directory / "pool.safetensors").is_file():
-        return "prompt_tuning"
-    raise DataError(f"{directory} is not a run directory this report knows: it has none of adapter/ (LoRA), "
-                    "logs/progress.csv (controller) or summary.json (prompt tuning)")
+    """``lora``, ``controller`` or ``prompt_tuning`` (what this report draws), from the directory's manifest."""
+    kind = read_run_manifest(directory).kind
+    if kind not in ("lora", "controller", "prompt_tuning"):
+        raise DataError(f"{directory} holds a {kind} run, which this report does not draw: give the run directory "
+                        "of a prompt-tuning, LoRA or controller run")
+    return kind
 
 
 def read_series(path: Path, x_columns: tuple[str, ...]) -> dict[str, Series]:
@@ -108,7 +107,7 @@ def read_run(directory: Path) -> Run:
             evaluations["held-out tasks"] = read_json_object(directory / "evaluation.json", "controller evaluation")
         return Run(directory, kind, metrics, evaluations=evaluations)
     metrics = merged_series(csv_logs(directory))
-    summary = read_json_object(directory / "summary.json", "run summary") if (directory / "summary.json").is_file() \
+    summary = read_json_object(directory / SUMMARY_FILE, "run summary") if (directory / SUMMARY_FILE).is_file() \
         else None
     evaluations = {path.stem: read_json_object(path, "evaluation")
                    for path in sorted((directory / "evaluation").glob("*.json"))}

@@ -55,6 +55,8 @@ from litserve.specs.openai import ChatCompletionRequest, OpenAISpec
 from litserve.utils import LitAPIStatus, WorkerSetupStatus, azip
 
 from clova_train.core.errors import ClovaTrainError, DataError, ExportError
+from clova_train.core.manifest import MANIFEST_FILE
+from clova_train.core.run_manifest import read_run_manifest
 from clova_train.serving.guard import RequestGuard, RequestLimits, error_body, install_error_handlers
 from clova_train.tooluse.served_llm import ChatRequest, check_messages
 from clova_train.tooluse.tool_calls import ToolSpec, instruction_from_chat, reply_from_step, specs_from_openai
@@ -64,11 +66,16 @@ def export_kind(directory: Path) -> str:
     """``"lora"`` or ``"prompt_tool"`` for an export (or run) directory, or an :class:`ExportError`."""
     if not directory.is_dir():
         raise ExportError(f"export directory not found: {directory}")
-    if (directory / "adapter" / "adapter_config.json").is_file():
+    try:
+        kind = read_run_manifest(directory).kind
+    except DataError as err:
+        raise ExportError(f"{directory} is not an export: {err}") from None
+    if kind == "lora":
         return "lora"
-    if (directory / "tool.json").is_file():
+    if kind == "prompt_tuning":
         return "prompt_tool"
-    raise ExportError(f"{directory} is not an export: it has neither tool.json nor adapter/adapter_config.json")
+    raise ExportError(f"{directory} holds a {kind} {'export' if (directory / MANIFEST_FILE).is_file() else 'run'}: "
+                      "'clova-train serve' serves prompt-tool and LoRA exports")
 
 
 MAX_OUTPUT_PART_BYTES = 128  # the atomic writer's temporary adds host, pid and more to the name (255 at most)

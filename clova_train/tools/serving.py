@@ -22,14 +22,13 @@ import torch
 
 from clova_train.core.errors import DataError, ExportError, ModelError
 from clova_train.core.pool import PromptPool
+from clova_train.core.run_manifest import POOL_FILE, TOOL_FILE
 from clova_train.core.safe_files import ReadLimits, parse_json, read_json
 from clova_train.tools.base import PromptTool
 from clova_train.tools.pretrained import relocated_model_name
 
 DESCRIPTION_LIMITS = ReadLimits(max_bytes=16 << 20, max_depth=32)
 REQUEST_LIMITS = ReadLimits(max_bytes=16 << 20, max_depth=16)  # a request is a flat object of fields and lists
-TOOL_FILE = "tool.json"
-POOL_FILE = "pool.safetensors"
 BASE_IN_EXPORT = "base_in_export"  # tool.json key: the frozen model's copy inside the export (--copy-base)
 
 

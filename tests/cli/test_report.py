@@ -107,7 +107,7 @@ def test_the_report_never_replaces_the_run_or_an_unrelated_folder(tmp_path: Path
 def test_a_directory_that_is_no_run_gets_one_message(tmp_path: Path, capsys) -> None:
     assert main(["report", str(tmp_path)]) == 2
     err = capsys.readouterr().err
-    assert "is not a run directory this report knows" in err and "Traceback" not in err
+    assert "is neither a run nor an export" in err and "Traceback" not in err
     assert main(["report", str(tmp_path / "missing")]) == 2
     assert "run directory not found" in capsys.readouterr().err
     assert not (tmp_path / "report").exists()

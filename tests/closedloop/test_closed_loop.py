@@ -571,6 +571,9 @@ def _loop_config(tmp_path: Path, tiny_clip_dir: Path, world_root: Path, run_dir:
 
 
 def _outcome(run_dir: Path) -> tuple:
+    from clova_train.core.run_manifest import read_run_manifest
+
+    assert read_run_manifest(run_dir).kind == "closed_loop" and not read_run_manifest(run_dir).legacy
     pool = PromptPool.load(run_dir / "pools" / "CLASSIFY.safetensors")
     tensors = {c: [t.tolist() for t in pool.entry(c)[:2]] for c in pool.concepts}
     return (tensors, json.loads((run_dir / "demonstrations.json").read_text()),

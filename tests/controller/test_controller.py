@@ -122,6 +122,9 @@ def test_export_writes_zip_torchscript_and_description(quickstart_run: Path, tmp
     np.testing.assert_array_equal(q_network(obs).argmax(1).numpy(), model.predict(obs.numpy(), deterministic=True)[0])
     manifest = json.loads((tmp_path / "export" / "export.json").read_text())  # the manifest every export writes
     assert manifest["learner"] == "controller" and manifest["format_version"] == 1
+    assert manifest["kind"] == "controller" and manifest["run"]["kind"] == "controller"  # the run's, carried along
+    run = json.loads((quickstart_run / "run.json").read_text())
+    assert manifest["config_digest"] == run["config_digest"] and run["config_digest"].startswith("sha256:")
     assert set(manifest["files"]) == {p.name for p in (tmp_path / "export").iterdir()}
     assert "stable-baselines3" in json.loads((tmp_path / "export" / "versions.json").read_text())
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]  # no staging directory left behind
