@@ -61,9 +61,9 @@ from results_file import machine, publish  # noqa: E402
 
 from clova_train.controller.trainer import ControllerConfig, fit  # noqa: E402
 from clova_train.envs import ReasoningLoopConfig  # noqa: E402
-from clova_train.envs.common.scripted import ScriptedReasoningLLM  # noqa: E402
-from clova_train.agents.sandbox import ExecutionResult, Sandbox, wire  # noqa: E402
-from clova_train.agents.sandbox.worker import Worker  # noqa: E402
+from clova_train.envs.hydra.scripted import ScriptedReasoningLLM  # noqa: E402
+from clova_train.sandbox import ExecutionResult, Sandbox, wire  # noqa: E402
+from clova_train.sandbox.worker import Worker  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 QUICKSTARTS = ("controller_dqn.yaml", "controller_dqn_joint.yaml")
@@ -127,11 +127,11 @@ def time_to_target(args: argparse.Namespace, workdir: Path, config_name: str) ->
     from clova_train.controller.evaluation import best_rule
 
     config = load_quickstart(config_name, output_dir=str(workdir / config_name), eval_every=args.eval_every)
-    config.env.cache_path = str(workdir / f"{config_name}.sqlite")
+    config.hydra.cache_path = str(workdir / f"{config_name}.sqlite")
     results, total = quiet_fit(config)
     target = workdir / config_name / "target_reached.json"
     reached = yaml.safe_load(target.read_text()) if target.exists() else None
-    layout = f"{config.env.layout}" + (" + probabilities" if config.env.layout == "joint" and config.env.probability_features else "")
+    layout = f"{config.hydra.layout}" + (" + probabilities" if config.hydra.layout == "joint" and config.hydra.probability_features else "")
     rule, rule_accuracy = best_rule(results, include_fitted=False)
     ours = results["trained controller"]
     rows = [

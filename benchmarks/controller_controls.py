@@ -45,10 +45,9 @@ from cli_runs import REPO, controller_evaluation  # noqa: E402
 from results_file import add_seeded_run_arguments, machine, publish, runs_directory, seed_interval  # noqa: E402
 
 from clova_train.controller.evaluation import FITTED_PREFIXES  # noqa: E402
-from clova_train.envs.common.reasoning_world import REWARD_KEYS, STEPS  # noqa: E402
+from clova_train.envs.hydra.reasoning_world import REWARD_KEYS, STEPS  # noqa: E402
 
 CONFIGS = {"hydra": "controller_dqn.yaml", "avis": "controller_avis.yaml", "hammr": "controller_hammr.yaml"}
-SECTIONS = {"hydra": "env", "avis": "avis", "hammr": "hammr"}
 OWN = "trained controller"
 
 
@@ -73,16 +72,15 @@ def random_world(seed: int) -> dict:
 def run(environment: str, world: str | None, seed: int, runs: Path) -> dict[str, dict]:
     """The evaluation of one controller fit (trained if not there yet)."""
     out = runs / f"{environment}-{Path(world).stem if world else 'quickstart'}-{seed}"
-    section = SECTIONS[environment]
     if world is None:
         world_args = []
     elif environment == "hydra":
-        world_args = [f"--env.world={world}", *(f"--env.{key}=null" for key in REWARD_KEYS)]
+        world_args = [f"--hydra.world={world}", *(f"--hydra.{key}=null" for key in REWARD_KEYS)]
     else:
-        world_args = [f"--{section}.world={world}"]
+        world_args = [f"--{environment}.world={world}"]
     return controller_evaluation(  # the world's own rewards, not the quickstart's
         out, "--config", str(REPO / "configs/quickstart" / CONFIGS[environment]), f"--train.seed={seed}",
-        f"--{section}.cache_path=null", "--train.eval_every=0", "--train.log_formats=[csv]", "--force", *world_args,
+        f"--{environment}.cache_path=null", "--train.eval_every=0", "--train.log_formats=[csv]", "--force", *world_args,
         env={"OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")})
 
 
@@ -103,12 +101,12 @@ def table(environment: str, world: str | None, seeds: list[int], runs: Path, rec
         rows.append(f"| {name} | {seed_interval(values)} | {difference} | {', '.join(f'{v:.3f}' for v in values)} |")
     label = f"{environment}, {'the quickstart' if world is None else 'world ' + Path(world).stem}"
     shown = f"<runs-dir>/random-{drawn}.yaml (random_world({drawn}))" if drawn else world
-    nulls = " ".join(f"--env.{key}=null" for key in REWARD_KEYS)
+    nulls = " ".join(f"--hydra.{key}=null" for key in REWARD_KEYS)
     if environment != "hydra":
-        setting = "" if world is None else f" with `--{SECTIONS[environment]}.world={world}`"
+        setting = "" if world is None else f" with `--{environment}.world={world}`"
         option = " --seeking-worlds" if world is None else f" --seeking-worlds {world}"
     else:
-        setting = "" if world is None else f" with `--env.world={shown} {nulls}` (the world file's rewards)"
+        setting = "" if world is None else f" with `--hydra.world={shown} {nulls}` (the world file's rewards)"
         option = (f" --worlds --random-worlds {drawn}" if drawn else "" if world is None
                   else f" --worlds {world} --random-worlds 0")
     publish("controller_controls", "Controllers against the controls: rules, fitted learners, seeds, worlds",

@@ -35,7 +35,7 @@ def run(rule: str, seed: int, runs: Path) -> dict[str, dict]:
     """The evaluation of the quickstart controller trained with ``rule`` from ``seed`` (trained if not there yet)."""
     out = runs / f"{rule}-{seed}"
     return controller_evaluation(out, "--config", str(CONFIG), f"--train.seed={seed}", f"--dqn.action_selection={rule}",
-                                 f"--env.cache_path={out}.sqlite")
+                                 f"--hydra.cache_path={out}.sqlite")
 
 
 def other_rule_row(evaluation: dict[str, dict]) -> str:

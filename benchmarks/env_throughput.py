@@ -17,7 +17,10 @@ from pathlib import Path
 import numpy as np
 
 from clova_train.envs import ReasoningLoopConfig, ReasoningLoopEnv
-from clova_train.envs.common.scripted import ScriptedReasoningLLM
+try:
+    from clova_train.envs.hydra.scripted import ScriptedReasoningLLM
+except ImportError:  # the earlier commit benchmarks/controller.py measures, whose envs/ was one flat folder
+    from clova_train.envs.scripted import ScriptedReasoningLLM
 
 
 class ServedScriptedLLM(ScriptedReasoningLLM):

@@ -72,7 +72,7 @@ def margin_study(run_dir: Path, seed: int, runs: Path) -> dict[str, dict[str, fl
     from clova_train.quickstart.demos.clip import load_folder
     from clova_train.synthetic.shapes import write_concept_folders
     from clova_train.tools.clip_margin import choose_margin, classify_forwards, decide, per_label_accuracy
-    from clova_train.tools.serving import PromptToolServer
+    from clova_train.tools.prompt_server import PromptToolServer
 
     server = PromptToolServer.from_export(run_dir)
     names = sorted(p.name for p in (runs / f"data-{seed}").iterdir() if p.is_dir())

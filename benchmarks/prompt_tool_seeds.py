@@ -78,7 +78,7 @@ def fit_and_export(tool: str, seed: int, runs: Path) -> Path:
 
 def measure(tool: str, export: Path, seed: int) -> dict[str, dict[str, float]]:
     """group -> column -> score of one seed's export."""
-    from clova_train.tools.serving import PromptToolServer
+    from clova_train.tools.prompt_server import PromptToolServer
 
     server = PromptToolServer.from_export(export)
     accepted = float(json.loads((export.parent / "summary.json").read_text())["accepted"])

@@ -113,7 +113,7 @@ def endpoint_and_body(export: Path, kind: str, request: dict | None, max_tokens:
         return "/v1/chat/completions", {"messages": [{"role": "user", "content": CHAT_MESSAGE}], "max_tokens": max_tokens}
     if request is None:
         raise SystemExit("serving_latency: a prompt-tool export needs --request (the JSON its endpoint takes)")
-    from clova_train.tools.serving import read_tool_description
+    from clova_train.tools.prompt_server import read_tool_description
 
     return f"/v1/{read_tool_description(export)['tool']}", request
 
@@ -236,7 +236,7 @@ def measure_in_process(args: argparse.Namespace, kind: str, body: dict) -> dict:
         def answer() -> int | None:
             return served.chat_batch([request])[0].completion_tokens
     else:
-        from clova_train.tools.serving import PromptToolServer
+        from clova_train.tools.prompt_server import PromptToolServer
 
         server = PromptToolServer.from_export(args.export, device=args.device)
 

@@ -178,7 +178,7 @@ def cases(models_dir: Path, llm: str = "vicuna-stand-in") -> dict[str, Case]:
         Case("llm-sharded", "tool_llm_vicuna13b_sharded.yaml", llm, [*LLM_RUN], llm_data, kind="lora",
              ranks=2),
         Case("controller", "controller_dqn_hydra.yaml", None,
-             ["--env.llm.kind=scripted", "--env.embedder.kind=hashing", "--train.total_timesteps=2000",
+             ["--hydra.llm.kind=scripted", "--hydra.embedder.kind=hashing", "--train.total_timesteps=2000",
               "--train.eval_every=0", "--train.eval_episodes=20", "--train.checkpoint_every=2000",
               "--train.control_steps=0", "--train.progress_bar=false"],
              no_data, kind="controller"),

@@ -9,8 +9,8 @@
 * ``clova-train export`` writes a portable serving directory from a finished run or a checkpoint.
 * ``clova-train serve EXPORT [EXPORT ...]`` serves exports over HTTP (LitServe): one endpoint per prompt tool
   and an OpenAI-compatible chat endpoint for a LoRA export; ``--request``/``--stdin`` answer JSON lines instead.
-* ``clova-train controller fit|evaluate|export --config <yaml>`` trains HYDRA's DQN controller on the
-  reasoning-loop environment (stable-baselines3), evaluates it and exports it. Reruns of ``fit`` resume.
+* ``clova-train controller fit|evaluate|export --config <yaml>`` trains a DQN controller on a reasoning-loop
+  environment (HYDRA, AVIS or HAMMR; stable-baselines3), evaluates it and exports it. Reruns of ``fit`` resume.
 * ``clova-train loop --config <yaml>`` runs CLOVA's closed loop over a task file: test stage, training stage
   (reflection, data collection, a ``clova-train fit`` per tool and concept), test stage; reruns resume.
 * ``clova-train tiny-model KIND DIR`` writes a tiny model of a real architecture (for quickstarts and tests on
@@ -309,7 +309,7 @@ def served_api_key(given: str | None, key_file: str | None) -> str | None:
 def answer_json_lines(export: str, lines: Iterable[str], top_k: int | None, device: str, base_model: str | None) -> None:
     import json
 
-    from clova_train.tools.serving import PromptToolServer, parse_request
+    from clova_train.tools.prompt_server import PromptToolServer, parse_request
 
     server = PromptToolServer.from_export(export, top_k=top_k, device=device, base_model=base_model)
     for number, line in enumerate(lines, 1):
@@ -399,7 +399,7 @@ def run_controller(args: Sequence[str]) -> None:
         ("export", "write the SB3 zip, a TorchScript Q-network, controller.json, a standalone observation.py and a README"),
     ):
         sub = ArgumentParser(description=help_text, parser_mode=safe_config_mode())
-        sub.add_argument("--config", action=ActionConfigFile, help="YAML config (env, dqn, train)")
+        sub.add_argument("--config", action=ActionConfigFile, help="YAML config (environment; hydra, avis or hammr; dqn; train)")
         sub.add_class_arguments(ControllerConfig, fail_untyped=True, sub_configs=True)
         if name != "fit":
             sub.add_argument("--checkpoint", type=str, default="",

@@ -21,12 +21,12 @@ from typing import Any
 
 import gymnasium
 
-from clova_train.agents.config import EmbedderConfig, LLMConfig
 from clova_train.envs.avis.agents import AgentSpec
 from clova_train.envs.avis.information_seeking import InformationSeekingConfig, InformationSeekingEnv
-from clova_train.envs.common.transition_graph import GraphError, TransitionGraph, load_graph
+from clova_train.envs.avis.transition_graph import GraphError, TransitionGraph, load_graph
 from clova_train.envs.hammr.dispatch import AgentDispatchConfig, AgentDispatchEnv
 from clova_train.envs.hydra.reasoning_loop import ReasoningLoopConfig, ReasoningLoopEnv, eq3_step_reward
+from clova_train.llm.config import EmbedderConfig, LLMConfig
 
 ENV_ID = "clova_train/ReasoningLoop-v0"
 AVIS_ENV_ID = "clova_train/InformationSeeking-v0"

@@ -60,7 +60,7 @@ from clova_train.core.evaluation_report import SampleTable, format_report
 from clova_train.tools.base import PromptTool
 from clova_train.tools.contracts import ChunkPlan, ChunkSource, InstanceRecord, TrainingInstance
 from clova_train.core.run_manifest import POOL_FILE, SUMMARY_FILE, TOOL_FILE
-from clova_train.tools.serving import PromptToolServer
+from clova_train.tools.prompt_server import PromptToolServer
 
 CHECKPOINT_KEY = "clova_train.prompt_tuning"
 EVALUATION_DIR = "evaluation"
@@ -250,6 +250,11 @@ class PromptTuning(LightningModule):
                         f"got {type(datamodule).__name__}"
                     )
                 self.check_existing_pools()
+                # The data module asks the module which instances are finished and how many chunks of the epoch
+                # ran: a resumed run hands out only pending instances (split anew over this run's ranks). Lightning's
+                # own resumable-loader state (a loader's state_dict, saved in the checkpoint) does not fit: the fit
+                # loop draws a batch ahead of the one being trained, and a loader cannot know which instances the
+                # other ranks finished.
                 self.plan = datamodule.connect(lambda: set(self.records), lambda: self.chunks_done_in_epoch)
                 if type(self.tool).check_instance is not PromptTool.check_instance:
                     for index in range(len(self.plan.instances)):
@@ -334,7 +339,13 @@ class PromptTuning(LightningModule):
             self.log("accepted", total_accepted, prog_bar=True, batch_size=1)
 
     def _count_chunk(self) -> None:
-        """One counted optimizer step per chunk on every rank (Adam skips the prompts: they have no grad)."""
+        """One counted optimizer step per chunk on every rank (Adam skips the prompts: they have no grad).
+
+        Why not a Lightning mechanism: under manual optimization ``global_step`` (what ``every_n_train_steps``
+        checkpoints, ``max_steps`` and the loggers' x axis count) advances only through the ``LightningOptimizer``'s
+        ``step``; a chunk takes ``steps`` raw inner steps (``early_stop_every`` may end rows early, a padding chunk
+        takes none), and Lightning has no other counter of finished batches that those all read. One counted step
+        per chunk keeps the ranks' collectives and checkpoints in lockstep whatever each rank's chunk held."""
         self.prompts.grad = None
         self.optimizers().step()
 
@@ -482,7 +493,9 @@ class PromptTuning(LightningModule):
         self.chunks_done_in_epoch = 0
 
     def on_train_epoch_end(self) -> None:
-        # One pass over the pending instances is the whole job.
+        # One pass over the pending instances is the whole job, whatever trainer.max_epochs says (its default
+        # would run up to 1,000 empty epochs). ``should_stop`` is Lightning's documented way for a module to end
+        # a fit, and unlike overriding max_epochs it leaves the user's trainer config as given.
         self.trainer.should_stop = True
 
     def on_train_end(self) -> None:
@@ -666,7 +679,10 @@ class PromptTuning(LightningModule):
 
     # ------------------------------------------------------------------ checkpoints
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
-        # The frozen tool and the working prompts are not state: only the finished instances are.
+        # The frozen tool and the working prompts are not state: only the finished instances are. Lightning has
+        # no switch to leave a module's frozen parameters out of the checkpoint, and ``state_dict`` is torch's (what
+        # users and other libraries read of the module), so it stays whole and the checkpoint's copy is emptied
+        # here (with ``strict_loading`` off, a resume loads nothing into the tool, which its config rebuilt).
         checkpoint["state_dict"] = {}
         checkpoint[CHECKPOINT_KEY] = {
             "records": {k: r.to_state() for k, r in self.records.items()},

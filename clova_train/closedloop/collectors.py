@@ -31,13 +31,13 @@ from typing import Any, Protocol
 
 from PIL import Image
 
-from clova_train.agents.backends import BackendError, ChatBackend, ask
 from clova_train.closedloop.inference import Trace
 from clova_train.closedloop.reflection import Templates
 from clova_train.closedloop.tasks import LoopTask
 from clova_train.core.atomic import write_atomic, write_text_atomic
 from clova_train.core.errors import DataError
 from clova_train.core.safe_files import parse_json
+from clova_train.llm.backends import BackendError, ChatBackend, ask
 from clova_train.tools.images import list_images
 
 class SourceUnavailable(BackendError):

@@ -3,7 +3,7 @@
 Each example is the task's instruction with the plan (``kind="plan"``) or program (``kind="program"``) the LLM
 wrote for it, whether it solved the task, and for an incorrect one the critique reflection gave. Retrieval
 embeds the new instruction and returns the most similar correct examples and, separately, the most similar
-incorrect ones of a kind (the paper embeds with BERT; any :class:`~clova_train.agents.backends.EmbeddingBackend`
+incorrect ones of a kind (the paper embeds with BERT; any :class:`~clova_train.llm.backends.EmbeddingBackend`
 does: a transformers encoder, an OpenAI-compatible endpoint, or the offline hashing embedder).
 """
 
@@ -16,10 +16,10 @@ from typing import Literal
 
 import numpy as np
 
-from clova_train.agents.backends import EmbeddingBackend
 from clova_train.core.atomic import write_text_atomic
 from clova_train.core.errors import DataError
 from clova_train.core.safe_files import read_json
+from clova_train.llm.backends import EmbeddingBackend
 
 Kind = Literal["plan", "program"]
 KINDS: tuple[str, ...] = ("plan", "program")

@@ -1,7 +1,7 @@
 """Inference: a plan and a program from the LLM with retrieved demonstrations, run in the sandbox, every tool
 call recorded.
 
-The program is Python against ViperGPT's ``image_patch`` API, run by :class:`~clova_train.agents.sandbox.Sandbox`
+The program is Python against ViperGPT's ``image_patch`` API, run by :class:`~clova_train.sandbox.Sandbox`
 (untrusted code never runs in the loop's process). Each tool call the program makes goes through
 :class:`RecordingTools`, which names the visual tool behind the method (``verify_property`` is CLASSIFY,
 ``find`` / ``exists`` are LOC, ``simple_query`` is VQA) and keeps its arguments and result: the steps that
@@ -16,11 +16,11 @@ from typing import Any
 
 from PIL import Image
 
-from clova_train.agents.backends import ChatBackend, ask
-from clova_train.agents.sandbox import PatchRef, Sandbox, ToolAPI
 from clova_train.closedloop.demonstrations import Demonstration, DemonstrationPool
 from clova_train.closedloop.reflection import Templates
 from clova_train.closedloop.tasks import LoopTask, is_correct
+from clova_train.llm.backends import ChatBackend, ask
+from clova_train.sandbox import PatchRef, Sandbox, ToolAPI
 
 METHOD_TOOLS = {"find": "LOC", "exists": "LOC", "verify_property": "CLASSIFY", "simple_query": "VQA",
                 "compute_depth": "DEPTH", "llm_query": "LLM"}
@@ -71,7 +71,7 @@ class Trace:
 
 
 class RecordingTools:
-    """A :class:`~clova_train.agents.sandbox.ToolAPI` that records every call to the wrapped one."""
+    """A :class:`~clova_train.sandbox.ToolAPI` that records every call to the wrapped one."""
 
     def __init__(self, tools: ToolAPI) -> None:
         self.tools, self.calls = tools, []

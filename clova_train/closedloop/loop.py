@@ -25,8 +25,6 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-from clova_train.agents.backends import BackendError, ChatBackend, EmbeddingBackend, ask
-from clova_train.agents.sandbox import Sandbox, ToolAPI
 from clova_train.closedloop.collectors import CollectionRequest, Collected, Collector, concept_folder
 from clova_train.closedloop.demonstrations import Demonstration, DemonstrationPool
 from clova_train.closedloop.inference import Inference, InferenceSettings, Trace
@@ -39,7 +37,9 @@ from clova_train.core.atomic import write_json_atomic
 from clova_train.core.errors import ClovaTrainError
 from clova_train.core.evaluation_report import wilson_interval
 from clova_train.core.pool import PromptPool
-from clova_train.tools.serving import PromptToolServer
+from clova_train.llm.backends import BackendError, ChatBackend, EmbeddingBackend, ask
+from clova_train.sandbox import Sandbox, ToolAPI
+from clova_train.tools.prompt_server import PromptToolServer
 
 JOURNAL = "journal.jsonl"
 REPORT = "report.json"

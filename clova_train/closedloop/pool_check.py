@@ -25,7 +25,7 @@ from clova_train.closedloop.collectors import concept_folder
 from clova_train.closedloop.toolapi import to_input_size
 from clova_train.core.errors import DataError
 from clova_train.tools.images import list_images, load_image_uint8
-from clova_train.tools.serving import PromptToolServer
+from clova_train.tools.prompt_server import PromptToolServer
 
 
 @dataclass(frozen=True)

@@ -25,9 +25,9 @@ from pathlib import Path
 from typing import Any, Literal
 
 
-from clova_train.agents.config import EmbedderConfig, LLMConfig
-from clova_train.agents.llm_cache import CachedChat, CachedEmbedding, CallCache
-from clova_train.agents.sandbox import Sandbox
+from clova_train.llm.config import EmbedderConfig, LLMConfig
+from clova_train.llm.cache import CachedChat, CachedEmbedding, CallCache
+from clova_train.sandbox import Sandbox
 from clova_train.closedloop import world as offline_world
 from clova_train.closedloop.collectors import FolderImageSource, GroundingCollector, HttpImageSource, ImageCollector, VqaCollector
 from clova_train.closedloop.inference import InferenceSettings
@@ -42,7 +42,7 @@ from clova_train.core.pool import PromptPool
 from clova_train.core.safe_files import read_json_object, read_yaml
 from clova_train.tools.base import PromptTool
 from clova_train.core.run_manifest import POOL_FILE, write_run_manifest
-from clova_train.tools.serving import PromptToolServer
+from clova_train.tools.prompt_server import PromptToolServer
 
 BEFORE = "evaluation_before.json"
 AFTER = "evaluation_after.json"

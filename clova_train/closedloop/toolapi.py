@@ -1,9 +1,9 @@
 """The tool API a loop program calls, backed by this package's prompt tools and their pools.
 
-:class:`VisualTools` implements the sandbox's :class:`~clova_train.agents.sandbox.ToolAPI` for one task:
+:class:`VisualTools` implements the sandbox's :class:`~clova_train.sandbox.ToolAPI` for one task:
 ``find`` / ``exists`` ask a :class:`Locator` (LOC: :class:`ServerLocator`, OWL-ViT behind its server with its
 pool, or the offline world's annotations), ``verify_property`` crops each found object and asks CLASSIFY (a
-:class:`~clova_train.tools.serving.PromptToolServer` of CLIP: the serving code, with its prompt pool and
+:class:`~clova_train.tools.prompt_server.PromptToolServer` of CLIP: the serving code, with its prompt pool and
 ensemble) which of the labels it shows, ``simple_query`` asks the VQA server when there is one.
 """
 
@@ -15,10 +15,10 @@ from typing import Protocol
 import torch
 import torch.nn.functional as F
 
-from clova_train.agents.sandbox import PatchRef
 from clova_train.closedloop.tasks import LoopTask
+from clova_train.sandbox import PatchRef
 from clova_train.tools.images import load_image_uint8
-from clova_train.tools.serving import PromptToolServer
+from clova_train.tools.prompt_server import PromptToolServer
 
 Box = tuple[int, int, int, int]
 

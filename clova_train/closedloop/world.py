@@ -31,10 +31,10 @@ from typing import Any
 import numpy as np
 from PIL import Image
 
-from clova_train.agents.backends import ChatBackend, Message
-from clova_train.agents.sandbox import PatchRef
 from clova_train.closedloop.tasks import LoopTask
 from clova_train.core.atomic import write_text_atomic
+from clova_train.llm.backends import ChatBackend, Message
+from clova_train.sandbox import PatchRef
 from clova_train.synthetic.shapes import COLOURS, SHAPES, generated_before, record_generation, render_scene
 
 LABELS = tuple(COLOURS)

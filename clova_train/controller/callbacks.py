@@ -125,7 +125,7 @@ class AtomicCheckpointCallback(CheckpointCallback):
 
     def save(self) -> None:
         os.makedirs(self.save_path, exist_ok=True)
-        from clova_train.agents.sb3_files import save_replay_arrays
+        from clova_train.sb3.files import save_replay_arrays
 
         model = Path(self._checkpoint_path(extension="zip"))
         replay = Path(self._checkpoint_path("replay_buffer_", extension="npz")) if self.save_replay_buffer else None

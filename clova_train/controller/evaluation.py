@@ -21,7 +21,7 @@ import numpy as np
 
 from clova_train.controller.fitted_controls import MLP_HIDDEN, fitted_controls
 from clova_train.envs import EnvConfig, ReasoningLoopEnv, make_env
-from clova_train.envs.common.scripted import GOOD, ScriptedReasoningLLM
+from clova_train.envs.hydra.scripted import GOOD, ScriptedReasoningLLM
 
 Policy = Callable[[np.ndarray, Any], int]
 

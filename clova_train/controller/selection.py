@@ -1,5 +1,5 @@
-"""HYDRA's DQN: stable-baselines3's DQN with the greedy rules of :mod:`clova_train.envs.common.selection`, the
-paper's exploration schedule and action masks.
+"""The controllers' DQN (HYDRA, AVIS and HAMMR alike): stable-baselines3's DQN with the greedy rules of
+:mod:`clova_train.envs.common.selection`, HYDRA's exploration schedule and AVIS/HAMMR's action masks.
 
 * selection: ``argmax_q`` (SB3's rule) or ``eq2`` (HYDRA Eq. 2); the rules, and where in the observation they read
   the planner probabilities and the action mask, are :mod:`clova_train.envs.common.selection`'s (an agent that
@@ -9,9 +9,9 @@ paper's exploration schedule and action masks.
   ``exploration_fraction`` of training); ``hydra_step`` is the paper's: ``initial_eps - decay * floor(t /
   every)`` environment steps, at least ``exploration_final_eps`` (paper: 0.2, 0.02 every 200 steps).
 
-:class:`HydraDQN` is an SB3 ``DQN``; its zip is a plain DQN zip (``DQN.load`` reads it, and then selects by
-``argmax_q``; ``HydraDQN.load`` restores the rule). The zip's fields keep the rule (``action_selection``), N
-(``num_samples``) and ``mask_size``; exports also record the rule in ``controller.json``.
+:class:`ControllerDQN` is an SB3 ``DQN``; its zip is a plain DQN zip (``DQN.load`` reads it, and then selects by
+``argmax_q``; ``ControllerDQN.load`` restores the rule). The zip's fields keep the rule (``action_selection``),
+N (``num_samples``) and ``mask_size``; exports also record the rule in ``controller.json``.
 
 Action masks (the AVIS and HAMMR environments): with ``mask_size`` > 0 the masked DQN never picks an infeasible
 action: not in the random warm-up, not when exploring (a uniform feasible action), not greedily (the argmax over
@@ -38,8 +38,9 @@ def hydra_step_epsilon(timesteps: int, initial: float, decay: float, every: int,
     return max(final, initial - decay * math.floor(timesteps / every))
 
 
-class HydraDQN(DQN):
-    """SB3 DQN with HYDRA's action selection and exploration schedule as options.
+class ControllerDQN(DQN):
+    """SB3 DQN for every environment's controller: HYDRA's action selection and exploration schedule as options,
+    and the action mask of AVIS and HAMMR.
 
     Args:
         action_selection: ``argmax_q`` or ``eq2`` (see the module docstring).

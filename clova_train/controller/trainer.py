@@ -1,4 +1,4 @@
-"""Training and evaluating HYDRA's controller: stable-baselines3 DQN on the reasoning-loop environment.
+"""Training and evaluating a controller (HYDRA, AVIS or HAMMR): stable-baselines3 DQN on its environment.
 
 Read top to bottom:
 
@@ -37,7 +37,7 @@ FINAL = "controller.zip"
 CHECKPOINTS = "checkpoints"
 SQLITE_SIDE_FILES = ("-wal", "-shm", "-journal")
 LOG_FORMATS = ("stdout", "csv", "tensorboard", "log", "json")
-SECTIONS = {"hydra": "env", "avis": "avis", "hammr": "hammr"}  # environment -> the section configuring it
+ENVIRONMENTS = ("hydra", "avis", "hammr")  # each configured by the section of its name
 ExplorationSchedule = Literal["linear", "hydra_step"]
 __all__ = ["ControllerConfig", "DQNConfig", "TrainConfig", "evaluate", "fit", "format_table", "validate"]
 
@@ -145,10 +145,10 @@ class ControllerConfig:
     """A controller run: the environment, the DQN agent and the training loop.
 
     Args:
-        environment: which environment of the reasoning-loop family: ``hydra`` (``env``: pick one of the
-            planner's samples), ``avis`` (``avis``: pick the next tool within a transition graph) or ``hammr``
-            (``hammr``: pick the agent that answers).
-        env: the HYDRA reasoning-loop environment.
+        environment: which environment of the reasoning-loop family, configured by the section of its name:
+            ``hydra`` (pick one of the planner's samples), ``avis`` (pick the next tool within a transition graph)
+            or ``hammr`` (pick the agent that answers).
+        hydra: the HYDRA reasoning-loop environment.
         avis: the AVIS information-seeking environment.
         hammr: the HAMMR dispatcher environment.
         dqn: the DQN agent.
@@ -156,19 +156,15 @@ class ControllerConfig:
     """
 
     environment: Literal["hydra", "avis", "hammr"] = "hydra"
-    env: ReasoningLoopConfig = field(default_factory=ReasoningLoopConfig)
+    hydra: ReasoningLoopConfig = field(default_factory=ReasoningLoopConfig)
     avis: InformationSeekingConfig = field(default_factory=InformationSeekingConfig)
     hammr: AgentDispatchConfig = field(default_factory=AgentDispatchConfig)
     dqn: DQNConfig = field(default_factory=DQNConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
 
-    def env_section(self) -> str:
-        """The name of the section that configures the environment this run trains on."""
-        return SECTIONS[self.environment]
-
     def env_config(self) -> ReasoningLoopConfig | InformationSeekingConfig | AgentDispatchConfig:
-        """The configuration of the environment this run trains on."""
-        return getattr(self, self.env_section())
+        """The configuration of the environment this run trains on (the section named as the environment)."""
+        return getattr(self, self.environment)
 
     def masks_actions(self) -> bool:
         """Whether the agent honours an action mask (when the environment's observation ends with one)."""
@@ -180,9 +176,9 @@ def _problems(config: ControllerConfig) -> list[str]:
     """The agent's and the loop's values, and the environment's (its config checks itself)."""
     dqn, train = config.dqn, config.train
     found = Problems()
-    found.one_of("environment", config.environment, tuple(SECTIONS))
-    if config.environment in SECTIONS:
-        section, env = config.env_section(), config.env_config()
+    found.one_of("environment", config.environment, ENVIRONMENTS)
+    if config.environment in ENVIRONMENTS:
+        section, env = config.environment, config.env_config()
         found.messages += env.problems(section)
         reason = env.selection_problem(dqn.action_selection, section)
         found.need(not reason, "dqn.action_selection", dqn.action_selection, reason)
@@ -248,10 +244,10 @@ def make_vec_env(config: ControllerConfig):
 
 
 def build_model(config: ControllerConfig, env: Any) -> Any:
-    from clova_train.controller.selection import HydraDQN
+    from clova_train.controller.selection import ControllerDQN
 
     d = config.dqn
-    return HydraDQN(
+    return ControllerDQN(
         "MlpPolicy", env, learning_rate=d.learning_rate, buffer_size=d.buffer_size, learning_starts=d.learning_starts,
         batch_size=d.batch_size, gamma=d.gamma, train_freq=d.train_freq, gradient_steps=d.gradient_steps,
         target_update_interval=d.target_update_interval, exploration_initial_eps=d.exploration_initial_eps,
@@ -268,13 +264,13 @@ def build_model(config: ControllerConfig, env: Any) -> Any:
 def load_controller(path: str | Path, config: ControllerConfig, env: Any = None, device: str = "cpu") -> Any:
     """A saved controller with the configured selection rule and exploration schedule (its action mask, if it
     honours one, comes with the zip: ``mask_size`` is saved with the model)."""
-    from clova_train.agents.sb3_files import zip_custom_objects
-    from clova_train.controller.selection import HydraDQN
+    from clova_train.controller.selection import ControllerDQN
+    from clova_train.sb3.files import zip_custom_objects
 
     d = config.dqn
-    # ``load`` sets these keyword arguments as attributes (the names HydraDQN keeps them under); the zip's pickled
-    # fields come in through the allowlist (custom_objects), so SB3 unpickles nothing.
-    return HydraDQN.load(path, env=env, device=device, custom_objects=zip_custom_objects(path),
+    # ``load`` sets these keyword arguments as attributes (the names ControllerDQN keeps them under); the zip's
+    # pickled fields come in through the allowlist (custom_objects), so SB3 unpickles nothing.
+    return ControllerDQN.load(path, env=env, device=device, custom_objects=zip_custom_objects(path),
                          action_selection=d.action_selection,
                          num_samples=config.env_config().observation_tail().probabilities,
                          exploration_schedule_kind=d.exploration_schedule,
@@ -308,8 +304,8 @@ def clear_run(run_dir: Path, keep: str | None) -> None:
 
 
 def _load(config: ControllerConfig, env: Any, checkpoints: Path) -> Any:
-    from clova_train.agents.sb3_files import load_replay_arrays, load_replay_buffer
     from clova_train.controller.callbacks import latest_checkpoint
+    from clova_train.sb3.files import load_replay_arrays, load_replay_buffer
 
     found = latest_checkpoint(checkpoints)
     if found is None:

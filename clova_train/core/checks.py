@@ -1,7 +1,7 @@
 """Checking a config's values before anything starts: every bad value found, one message each.
 
 A :class:`Problems` collects messages of the form ``<key> = <value>: <rule>`` (the key as the user writes it on
-the command line, ``dqn.gamma``, ``env.llm.timeout_s``), so that a config object can check its own fields with a
+the command line, ``dqn.gamma``, ``hydra.llm.timeout_s``), so that a config object can check its own fields with a
 prefix its owner gives, and the owner can raise one error listing all of them.
 """
 

@@ -37,7 +37,7 @@ def portable_tool_description(tool: dict[str, Any], staging: Path, copy_base: bo
     """``tool.json`` for an export: the model path absolute, or (``copy_base``) the model copied into the
     export as ``base/`` and named relative to it, so the export loads from any working directory."""
     from clova_train.tools.pretrained import absolute_model_name
-    from clova_train.tools.serving import BASE_IN_EXPORT
+    from clova_train.tools.prompt_server import BASE_IN_EXPORT
 
     init_args = dict(tool.get("init_args") or {})
     name = init_args.get("model_name")

@@ -174,14 +174,14 @@ class PromptToolAPI(ls.LitAPI):
 
     def check(self) -> None:
         """Before the workers start: what can be checked without loading the model."""
-        from clova_train.tools.serving import PromptToolServer
+        from clova_train.tools.prompt_server import PromptToolServer
 
         PromptToolServer.check_export(self.export, self.base_model)
 
     def setup(self, device: str) -> None:
         from PIL import Image
 
-        from clova_train.tools.serving import PromptToolServer
+        from clova_train.tools.prompt_server import PromptToolServer
 
         Image.MAX_IMAGE_PIXELS = self.max_image_pixels  # the image reader refuses anything above it from the header
         with reported_setup(self.setup_report):
@@ -457,7 +457,7 @@ def build_apis(
     served_model_name: str | None = None, max_request_pixels: int = RequestLimits.max_request_pixels,
 ) -> list[ls.LitAPI]:
     """One LitAPI per export; a clear error for a missing export or two exports on one endpoint."""
-    from clova_train.tools.serving import read_tool_description
+    from clova_train.tools.prompt_server import read_tool_description
 
     apis: dict[str, ls.LitAPI] = {}
     for name in exports:

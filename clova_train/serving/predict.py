@@ -18,7 +18,7 @@ from clova_train.core.atomic import write_text_atomic
 from clova_train.core.errors import ClovaTrainError, DataError
 from clova_train.core.safe_files import JSONSyntaxError, parse_json, read_text
 from clova_train.tools.images import IMAGE_SUFFIXES, display_path, list_images
-from clova_train.tools.serving import PromptToolServer, parse_request
+from clova_train.tools.prompt_server import PromptToolServer, parse_request
 
 
 def parse_fields(fields: list[str]) -> dict[str, Any]:

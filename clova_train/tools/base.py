@@ -42,7 +42,7 @@ from clova_train.tools.pretrained import absolute_model_name
 
 
 class PromptLookup(Protocol):
-    """Where a serving tool gets its ensembled prompts (a :class:`~clova_train.tools.serving.PromptToolServer`)."""
+    """Where a serving tool gets its ensembled prompts (a :class:`~clova_train.tools.prompt_server.PromptToolServer`)."""
 
     def prompts_for(self, concept: str | None, features: torch.Tensor) -> torch.Tensor | None:
         """``[q, *prompt_shape]`` ensembled prompts for queries with ``features`` ``[q, d]``, or ``None``."""

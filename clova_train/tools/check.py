@@ -30,7 +30,7 @@ from clova_train.core.errors import ClovaTrainError
 from clova_train.core.pool import PromptPool
 from clova_train.tools.base import PromptTool
 from clova_train.tools.contracts import GateResult, TrainingInstance
-from clova_train.tools.serving import PromptToolServer
+from clova_train.tools.prompt_server import PromptToolServer
 
 
 class ToolCheckError(ClovaTrainError):

@@ -26,13 +26,13 @@ from typing import Any, Literal
 
 import numpy as np
 
-from clova_train.agents.backends import EmbeddingBackend
 from clova_train.core.errors import ClovaTrainError
 from clova_train.envs.avis.seeking_world import DEFAULT_WORLD, SeekingWorld
 from clova_train.envs.avis.world import make_seeking_task
 from clova_train.envs.common.budget import BudgetedChat, BudgetSpent
 from clova_train.envs.common.selection import RULES, select_actions
 from clova_train.envs.hydra.reasoning_loop import ReasoningLoopConfig, ReasoningLoopEnv
+from clova_train.llm.backends import EmbeddingBackend
 
 AGENT_PREFIX = "agent:"
 AGENT_NAME = re.compile(r"[A-Za-z0-9_-]+")
@@ -104,8 +104,8 @@ def load_controller_policy(path: str, env: Any, agent: str) -> Policy:
     """
     from stable_baselines3 import DQN
 
-    from clova_train.agents.sb3_files import zip_custom_objects
     from clova_train.core.errors import UnsafeFileError
+    from clova_train.sb3.files import zip_custom_objects
 
     if not Path(path).is_file():
         raise ClovaTrainError(f"agent {agent}: controller {path} does not exist")

@@ -33,9 +33,6 @@ from typing import Any, Literal
 import gymnasium as gym
 import numpy as np
 
-from clova_train.agents.backends import ChatBackend, EmbeddingBackend
-from clova_train.agents.config import EmbedderConfig, LLMConfig
-from clova_train.agents.llm_cache import CacheMode, CachedChat, CallCache
 from clova_train.core.checks import Problems
 from clova_train.core.errors import ClovaTrainError
 from clova_train.envs.avis.agents import (
@@ -46,13 +43,16 @@ from clova_train.envs.avis.parts import (
 )
 from clova_train.envs.avis.scripted import ScriptedSeekingLLM
 from clova_train.envs.avis.seeking_world import SEEKING_KINDS, SeekingWorld, load_seeking_world
+from clova_train.envs.avis.transition_graph import TransitionGraph, load_graph, restrict
 from clova_train.envs.avis.world import GOOD_PATHS, SeekingTools, check_kinds, task_from_options
 from clova_train.envs.common.budget import BudgetedChat, BudgetSpent, CallBudget
 from clova_train.envs.common.config import coerce_models, observation_embedder, shared_problems
-from clova_train.envs.common.scripted import ScriptedReasoningLLM
 from clova_train.envs.common.selection import MEMORY_TEXT_HELP, ObservationTail, observation_with_mask, part_offsets
-from clova_train.envs.common.transition_graph import TransitionGraph, load_graph, restrict
 from clova_train.envs.common.world import Task, normalise_answer
+from clova_train.envs.hydra.scripted import ScriptedReasoningLLM
+from clova_train.llm.backends import ChatBackend, EmbeddingBackend
+from clova_train.llm.cache import CacheMode, CachedChat, CallCache
+from clova_train.llm.config import EmbedderConfig, LLMConfig
 
 TOOLS = ("caption", "vqa", "detect", "select", "classify", "image_search", "text_search")
 DEFAULT_EXAMPLE_QUESTIONS = {

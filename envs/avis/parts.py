@@ -12,10 +12,10 @@ import re
 from dataclasses import dataclass, field
 from typing import Literal
 
-from clova_train.agents.backends import ChatBackend, ask
 from clova_train.core.observation_builder import (
     AGENT_MEMORY_LINES_SHOWN, agent_memory_line, memory_text, tool_output_line,
 )
+from clova_train.llm.backends import ChatBackend, ask
 
 Label = Literal["informative", "uninformative", "answer"]
 MAX_QUERY_CHARS = 300

@@ -1,6 +1,6 @@
 """An offline stand-in for the LLM of the AVIS and HAMMR environments, speaking their text protocol.
 
-:class:`ScriptedSeekingLLM` is a :class:`~clova_train.agents.backends.ChatBackend` that answers three prompts
+:class:`ScriptedSeekingLLM` is a :class:`~clova_train.llm.backends.ChatBackend` that answers three prompts
 written by :mod:`clova_train.envs.avis.parts`, as a temperature-0 model would (a deterministic function of
 the prompt):
 
@@ -26,8 +26,8 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from clova_train.agents.backends import ChatBackend, Message
-from clova_train.envs.common.scripted import prompt_field
+from clova_train.llm.backends import ChatBackend, Message
+from clova_train.envs.hydra.scripted import prompt_field
 from clova_train.envs.avis.seeking_world import DEFAULT_WORLD, SeekingWorld
 from clova_train.envs.avis.world import GUILDS, NO_RESULT
 

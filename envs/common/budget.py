@@ -10,8 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from clova_train.agents.backends import ChatBackend, Message
 from clova_train.core.errors import ClovaTrainError
+from clova_train.llm.backends import ChatBackend, Message
 
 
 class BudgetSpent(ClovaTrainError):

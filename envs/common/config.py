@@ -12,9 +12,9 @@ from __future__ import annotations
 
 from typing import Any, get_args
 
-from clova_train.agents.config import EmbedderConfig, LLMConfig
-from clova_train.agents.llm_cache import CacheMode
 from clova_train.core.checks import Problems
+from clova_train.llm.cache import CacheMode
+from clova_train.llm.config import EmbedderConfig, LLMConfig
 
 OBSERVATION_EMBEDDING_DIM = 64
 

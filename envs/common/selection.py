@@ -1,7 +1,7 @@
 """A controller's greedy action, and where in an observation the rules read what they need.
 
 One module for everyone who turns Q-values into an action: the DQN being trained
-(:class:`clova_train.controller.selection.HydraDQN`), an agent that runs a trained controller
+(:class:`clova_train.controller.selection.ControllerDQN`), an agent that runs a trained controller
 (:func:`clova_train.envs.avis.agents.load_controller_policy`, HAMMR), and the text an export writes for a serving
 stack (:data:`ACTION_RULES`, :data:`MASKED_RULE`).
 

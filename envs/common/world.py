@@ -14,7 +14,7 @@ Ids with ``task_id % 5 == 0`` are held out for evaluation; training draws the ot
 :class:`SceneTools` answers the sandbox's tool calls from the scene's annotations (an oracle for ``find``,
 ``exists``, ``verify_property``, ``compute_depth``; ``simple_query`` and ``llm_query`` are weak guessers,
 right about a third of the time by default, as a stand-in for asking a model to answer a whole question at once).
-A real deployment plugs in model-backed tools with the same methods (see ``clova_train.agents.sandbox.ToolAPI``).
+A real deployment plugs in model-backed tools with the same methods (see ``clova_train.sandbox.ToolAPI``).
 """
 
 from __future__ import annotations
@@ -25,8 +25,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from clova_train.agents.sandbox import PatchRef
 from clova_train.core.errors import DataError
+from clova_train.sandbox import PatchRef
 
 COLOURS = ("red", "green", "blue", "yellow")
 SHAPES = ("circle", "square", "triangle")

@@ -1,6 +1,6 @@
 """Reading an offline world's file: the checks every world format shares, each naming the file and key at fault.
 
-Used by the HYDRA reasoning world (:mod:`clova_train.envs.common.reasoning_world`) and the AVIS / HAMMR
+Used by the HYDRA reasoning world (:mod:`clova_train.envs.hydra.reasoning_world`) and the AVIS / HAMMR
 information-seeking world (:mod:`clova_train.envs.avis.seeking_world`). Nothing in a file is run.
 """
 

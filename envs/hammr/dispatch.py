@@ -25,9 +25,6 @@ from typing import Any, Literal
 import gymnasium as gym
 import numpy as np
 
-from clova_train.agents.backends import EmbeddingBackend
-from clova_train.agents.config import EmbedderConfig, LLMConfig
-from clova_train.agents.llm_cache import CacheMode, CallCache
 from clova_train.envs.avis.agents import AgentSpec, AgentTools
 from clova_train.envs.avis.information_seeking import (
     MaskedObservation, agent_env, build_chat, coerce_parts, default_examples, hydra_chat_for,
@@ -40,6 +37,9 @@ from clova_train.envs.common.budget import BudgetedChat, BudgetSpent, CallBudget
 from clova_train.envs.common.config import observation_embedder
 from clova_train.envs.common.selection import MEMORY_TEXT_HELP, observation_with_mask, part_offsets
 from clova_train.envs.common.world import Task, normalise_answer
+from clova_train.llm.backends import EmbeddingBackend
+from clova_train.llm.cache import CacheMode, CallCache
+from clova_train.llm.config import EmbedderConfig, LLMConfig
 
 
 def default_agents() -> list[AgentSpec]:

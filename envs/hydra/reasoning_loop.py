@@ -2,7 +2,7 @@
 
 One episode answers one question. Each step the agent sees the planner's N instruction samples (embedded
 with the question, the memory bank and the task description, see
-:class:`~clova_train.envs.common.parts.ObservationEncoder`) and acts:
+:class:`~clova_train.envs.hydra.parts.ObservationEncoder`) and acts:
 
 * action ``i < N``: the reasoner writes code for sample ``i``, the sandbox runs it with the variables kept
   from earlier steps; if it assigns ``final_answer`` the episode **terminates**, otherwise the textualizer
@@ -33,16 +33,16 @@ from typing import Any, Literal
 import gymnasium as gym
 import numpy as np
 
-from clova_train.agents.backends import ChatBackend, EmbeddingBackend
-from clova_train.agents.config import EmbedderConfig, LLMConfig
-from clova_train.agents.llm_cache import CacheMode, CachedChat, CachedEmbedding, CallCache
-from clova_train.agents.sandbox import Sandbox, ToolAPI
+from clova_train.llm.backends import ChatBackend, EmbeddingBackend
+from clova_train.llm.config import EmbedderConfig, LLMConfig
+from clova_train.llm.cache import CacheMode, CachedChat, CachedEmbedding, CallCache
+from clova_train.sandbox import Sandbox, ToolAPI
 from clova_train.core.checks import Problems, is_integer
 from clova_train.envs.common.config import coerce_models, observation_embedder, shared_problems
-from clova_train.envs.common.parts import MemoryBank, ObservationEncoder, Planner, Reasoner, Textualizer, short_repr
+from clova_train.envs.hydra.parts import MemoryBank, ObservationEncoder, Planner, Reasoner, Textualizer, short_repr
 from clova_train.core.errors import DataError
-from clova_train.envs.common.reasoning_world import ReasoningWorld, load_world
-from clova_train.envs.common.scripted import ScriptedReasoningLLM
+from clova_train.envs.hydra.reasoning_world import ReasoningWorld, load_world
+from clova_train.envs.hydra.scripted import ScriptedReasoningLLM
 from clova_train.envs.common.selection import ObservationTail, part_offsets
 from clova_train.envs.common.world import COLOURS, SIZE, SceneTools, Task, make_task, normalise_answer, task_id_option
 
@@ -76,7 +76,7 @@ class ReasoningLoopConfig:
         num_samples: N, instruction samples per planner call (actions 0..N-1 pick one, N rejects all).
         max_iterations: steps before the episode is truncated.
         world: the offline world (``scripted`` LLM and scene tools): a shipped preset (``shapes``,
-            ``shapes-replan``) or a YAML/JSON world file (``clova_train.envs.common.reasoning_world`` documents it:
+            ``shapes-replan``) or a YAML/JSON world file (``clova_train.envs.hydra.reasoning_world`` documents it:
             question kinds, how the planner misleads, tool behaviour, default rewards).
         r1: Eq. 3's R^1 (paper: 100); null: the world's (paper value unless the world file sets one).
         alpha: Eq. 3's alpha (paper: 100); null: the world's.
@@ -119,7 +119,7 @@ class ReasoningLoopConfig:
         # only while a reward is unresolved: copies of a resolved config (dataclasses.replace) read no file
         if isinstance(self.world, str) and any(getattr(self, key) is None for key in PAPER_REWARDS):
             try:
-                world = load_world(self.world)
+                world = self.load_world()
             except DataError:
                 world = None
             for key, paper in PAPER_REWARDS.items():
@@ -127,8 +127,13 @@ class ReasoningLoopConfig:
                     setattr(self, key, world.rewards.get(key, paper) if world else paper)
 
     def load_world(self) -> ReasoningWorld:
-        """The world this config names (a :class:`DataError` naming the file when it cannot be read)."""
-        return load_world(self.world)
+        """The world this config names (a :class:`DataError` naming the file when it cannot be read), read and
+        checked once per config and value of ``world``: resolving the rewards, :meth:`problems` and the
+        environment built from this config share it."""
+        loaded = self.__dict__.get("_loaded_world")  # not a field: asdict, replace and the CLI do not see it
+        if loaded is None or loaded[0] != self.world:
+            loaded = self._loaded_world = (self.world, load_world(self.world))
+        return loaded[1]
 
     def observation_tail(self) -> ObservationTail:
         """The observation ends with the N planner probabilities (``per_part``, or ``joint`` with them); no mask."""

@@ -33,7 +33,7 @@ def test_every_config_parses_against_the_signatures(config: Path, capsys: pytest
         return
     if "controller" in config.name:  # `clova-train controller fit` (SB3), not LightningCLI
         assert run_fit("controller", "fit", "--config", str(config), "--print_config") == 0
-        assert {"env", "dqn", "train"} <= set(yaml.safe_load(capsys.readouterr().out))
+        assert {"environment", "hydra", "dqn", "train"} <= set(yaml.safe_load(capsys.readouterr().out))
         return
     assert run_fit("fit", "--config", str(config), "--print_config") == 0
     printed = capsys.readouterr().out
@@ -48,13 +48,13 @@ def test_every_config_parses_against_the_signatures(config: Path, capsys: pytest
 def test_paper_controller_config_keeps_hydra_values(capsys: pytest.CaptureFixture) -> None:
     run_fit("controller", "fit", "--config", str(REPO / "configs/paper/controller_dqn_hydra.yaml"), "--print_config")
     config = yaml.safe_load(capsys.readouterr().out)
-    env, dqn = config["env"], config["dqn"]
-    assert (env["num_samples"], env["r1"], env["alpha"], env["reject_penalty"]) == (5, 100.0, 100.0, 0.0)
-    assert (env["embedder"]["model"], env["embedder"]["dim"], env["layout"]) == ("text-embedding-3-small", 1536, "joint")
+    hydra, dqn = config["hydra"], config["dqn"]
+    assert (hydra["num_samples"], hydra["r1"], hydra["alpha"], hydra["reject_penalty"]) == (5, 100.0, 100.0, 0.0)
+    assert (hydra["embedder"]["model"], hydra["embedder"]["dim"], hydra["layout"]) == ("text-embedding-3-small", 1536, "joint")
     assert (dqn["net_arch"], dqn["learning_rate"], dqn["batch_size"], dqn["learning_starts"]) == ([512], 1e-4, 128, 1000)
     assert dqn["exploration_initial_eps"] == 0.2 and dqn["exploration_final_eps"] > 0
     assert (dqn["exploration_schedule"], dqn["exploration_decay"], dqn["exploration_decay_every"]) == ("hydra_step", 0.02, 200)
-    assert dqn["action_selection"] == "eq2" and env["probability_features"] is True
+    assert dqn["action_selection"] == "eq2" and hydra["probability_features"] is True
 
 
 def test_paper_config_keeps_paper_values(capsys: pytest.CaptureFixture) -> None:

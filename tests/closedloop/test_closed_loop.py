@@ -19,7 +19,6 @@ import torch
 import yaml
 from PIL import Image
 
-from clova_train.agents.backends import BackendError, ChatBackend, HashingEmbedder, OpenAIChatBackend
 from clova_train.closedloop import (
     ClosedLoop, CollectionRequest, Demonstration, DemonstrationPool, FitResult, FolderImageSource,
     GroundingCollector, ImageCollector, Journal, LoopPaused, LoopTool, Templates, Trace, VqaCollector,
@@ -31,9 +30,10 @@ from clova_train.closedloop.pool_check import HeldOutClassification, HeldOutErro
 from clova_train.closedloop.toolapi import VisualTools
 from clova_train.core.errors import DataError
 from clova_train.core.pool import PromptPool
+from clova_train.llm.backends import BackendError, ChatBackend, HashingEmbedder, OpenAIChatBackend
 from clova_train.synthetic.shapes import render_scene
 from clova_train.tools.base import PromptTool
-from clova_train.tools.serving import PromptToolServer
+from clova_train.tools.prompt_server import PromptToolServer
 from helpers.common import REPO
 
 TOOLS = ("CLASSIFY", "LOC", "VQA")
@@ -682,9 +682,9 @@ class _FakeServer:
 
 
 def test_server_backed_loc_and_vqa_convert_regions_and_boxes(tmp_path: Path) -> None:
-    from clova_train.agents.sandbox import PatchRef
     from clova_train.closedloop.tasks import LoopTask
     from clova_train.closedloop.toolapi import ServerLocator
+    from clova_train.sandbox import PatchRef
 
     Image.new("RGB", (64, 48)).save(tmp_path / "scene.png")
     task = LoopTask("t", "Where is the cat?", tmp_path / "scene.png", answer="left")

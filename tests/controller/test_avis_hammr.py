@@ -118,9 +118,9 @@ def test_maskable_ppo_trains_unchanged_and_never_takes_a_masked_action(factory) 
 
 
 def _dqn(env, mask_size: int, seed: int = 0):
-    from clova_train.controller.selection import HydraDQN
+    from clova_train.controller.selection import ControllerDQN
 
-    return HydraDQN("MlpPolicy", env, learning_starts=200, batch_size=32, train_freq=1, target_update_interval=100,
+    return ControllerDQN("MlpPolicy", env, learning_starts=200, batch_size=32, train_freq=1, target_update_interval=100,
                     exploration_initial_eps=1.0, exploration_final_eps=0.2, exploration_fraction=0.5, seed=seed,
                     policy_kwargs={"net_arch": [32]}, device="cpu", mask_size=mask_size)
 

@@ -18,7 +18,7 @@ from helpers.common import REPO, run_cli_subprocess
 
 def small_config(run_dir: Path, save_replay_buffer: bool = True) -> ControllerConfig:
     return ControllerConfig(
-        env=ReasoningLoopConfig(),
+        hydra=ReasoningLoopConfig(),
         dqn=DQNConfig(net_arch=[32], learning_rate=1e-3, batch_size=16, learning_starts=100, train_freq=1,
                       target_update_interval=100, exploration_initial_eps=1.0, exploration_final_eps=0.1,
                       exploration_fraction=0.8, device="cpu"),
@@ -65,22 +65,34 @@ def test_resumed_run_continues_from_its_step_count_and_exploration_rate(tmp_path
     assert resumed._n_updates == reference._n_updates - 1
 
 
-@pytest.fixture(scope="module")
-def quickstart_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The quickstart config, cut to 10,000 of its 30,000 steps to spare the suite's CPU (alone on this machine:
-    0.915 held-out accuracy, against 0.570 for the best rule without training; the full run gives 0.970)."""
-    run_dir = tmp_path_factory.mktemp("controller-quickstart")
+def quickstart_fit(run_dir: Path, steps: int) -> Path:
+    """``controller fit`` of the quickstart config in a subprocess, cut to ``steps`` steps, both loggers on."""
     result = run_cli_subprocess([
         "controller", "fit", "--config", str(REPO / "configs/quickstart/controller_dqn.yaml"),
-        f"--train.output_dir={run_dir}", f"--env.cache_path={run_dir / 'cache.sqlite'}",
-        "--train.log_formats=[csv,tensorboard]", "--train.total_timesteps=10000", "--train.eval_every=5000",
+        f"--train.output_dir={run_dir}", f"--hydra.cache_path={run_dir / 'cache.sqlite'}",
+        "--train.log_formats=[csv,tensorboard]", f"--train.total_timesteps={steps}", f"--train.eval_every={steps // 2}",
     ], timeout=600)
     assert result.returncode == 0, result.stderr[-3000:]
     assert "| trained controller |" in result.stdout
     return run_dir
 
 
+@pytest.fixture(scope="module")
+def quickstart_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The quickstart config, cut to 10,000 of its 30,000 steps to spare the CPU (alone on this machine: 0.915
+    held-out accuracy, against 0.570 for the best rule without training; the full run gives 0.970)."""
+    return quickstart_fit(tmp_path_factory.mktemp("controller-quickstart"), 10_000)
+
+
+@pytest.fixture(scope="module")
+def short_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The quickstart config for 1,500 steps (500 of them learning): what the CLI writes, logs and exports, not what
+    it learns."""
+    return quickstart_fit(tmp_path_factory.mktemp("controller-short"), 1_500)
+
+
 @pytest.mark.slow
+@pytest.mark.learning
 def test_quickstart_beats_every_rule_without_training(quickstart_run: Path) -> None:
     from clova_train.controller.evaluation import FITTED_PREFIXES, best_rule
 
@@ -95,20 +107,21 @@ def test_quickstart_beats_every_rule_without_training(quickstart_run: Path) -> N
         assert "10000 steps of random play on training tasks" in name and 0.0 <= results[name]["accuracy"] <= 1.0
     # not bought with extra re-planning: within 5% of the planner's own steps (one run, so a margin, not a tie)
     assert ours["steps"] <= 1.05 * results["planner top-probability (HYDRA without RL)"]["steps"], results
-    progress = (quickstart_run / "logs" / "progress.csv").read_text()
+
+
+@pytest.mark.slow
+def test_export_writes_zip_torchscript_and_description(short_run: Path, tmp_path: Path) -> None:
+    from stable_baselines3 import DQN
+
+    progress = (short_run / "logs" / "progress.csv").read_text()
     for column in ("rollout/accuracy", "rollout/episode_steps", "rollout/rejects", "rollout/cache_hit_rate",
                    "rollout/ep_rew_mean", "eval/accuracy", "eval/baseline_question_rule_accuracy",
                    "eval/baseline_logistic_regression_accuracy", "eval/baseline_mlp_accuracy"):
         assert column in progress
-    assert list((quickstart_run / "logs").glob("events.out.tfevents.*"))
-
-
-@pytest.mark.slow
-def test_export_writes_zip_torchscript_and_description(quickstart_run: Path, tmp_path: Path) -> None:
-    from stable_baselines3 import DQN
+    assert list((short_run / "logs").glob("events.out.tfevents.*"))
 
     config = str(REPO / "configs/quickstart/controller_dqn.yaml")
-    result = run_cli_subprocess(["controller", "export", "--config", config, f"--train.output_dir={quickstart_run}",
+    result = run_cli_subprocess(["controller", "export", "--config", config, f"--train.output_dir={short_run}",
                                  f"--output={tmp_path / 'export'}"])
     assert result.returncode == 0, result.stderr[-3000:]
     description = json.loads((tmp_path / "export" / "controller.json").read_text())
@@ -123,28 +136,28 @@ def test_export_writes_zip_torchscript_and_description(quickstart_run: Path, tmp
     manifest = json.loads((tmp_path / "export" / "export.json").read_text())  # the manifest every export writes
     assert manifest["learner"] == "controller" and manifest["format_version"] == 1
     assert manifest["kind"] == "controller" and manifest["run"]["kind"] == "controller"  # the run's, carried along
-    run = json.loads((quickstart_run / "run.json").read_text())
+    run = json.loads((short_run / "run.json").read_text())
     assert manifest["config_digest"] == run["config_digest"] and run["config_digest"].startswith("sha256:")
     assert set(manifest["files"]) == {p.name for p in (tmp_path / "export").iterdir()}
     assert "stable-baselines3" in json.loads((tmp_path / "export" / "versions.json").read_text())
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]  # no staging directory left behind
 
-    # the fitted controls learn from as many logged steps as the run trained on (the fixture's 10,000)
+    # the fitted controls learn from as many logged steps as the run trained on
     evaluation = run_cli_subprocess(["controller", "evaluate", "--config", config, "--episodes=20",
-                                     "--train.total_timesteps=10000",
-                                     f"--train.output_dir={quickstart_run}", f"--env.cache_path={tmp_path / 'eval.sqlite'}"])
+                                     "--train.total_timesteps=1500",
+                                     f"--train.output_dir={short_run}", f"--hydra.cache_path={tmp_path / 'eval.sqlite'}"])
     assert evaluation.returncode == 0 and "| random sample |" in evaluation.stdout
 
-    mismatch = run_cli_subprocess(["controller", "export", "--config", config, "--env.embedder.dim=32",
-                                   f"--train.output_dir={quickstart_run}", f"--output={tmp_path / 'bad'}"])
+    mismatch = run_cli_subprocess(["controller", "export", "--config", config, "--hydra.embedder.dim=32",
+                                   f"--train.output_dir={short_run}", f"--output={tmp_path / 'bad'}"])
     assert mismatch.returncode == 2 and "takes observations of shape (389,)" in mismatch.stderr
     assert not (tmp_path / "bad").exists()
 
 
 def test_a_failing_backend_stops_training_with_a_checkpoint_to_resume_from(tmp_path: Path,
                                                                           monkeypatch: pytest.MonkeyPatch) -> None:
-    from clova_train.agents.backends import BackendError
-    from clova_train.envs.common.scripted import ScriptedReasoningLLM
+    from clova_train.envs.hydra.scripted import ScriptedReasoningLLM
+    from clova_train.llm.backends import BackendError
 
     original, calls = ScriptedReasoningLLM.chat, []
 
@@ -202,14 +215,14 @@ def test_rerunning_a_finished_fit_changes_nothing(tmp_path: Path, capsys) -> Non
     longer, _ = fit(config)
     assert longer.num_timesteps == 1000 and "at step 800" in capsys.readouterr().out
 
-    from clova_train.agents.llm_cache import CallCache
+    from clova_train.llm.cache import CallCache
 
-    config.env.cache_path = str(tmp_path / "cache.sqlite")
+    config.hydra.cache_path = str(tmp_path / "cache.sqlite")
     key, text = CallCache.key({"kind": "marker"}, "recorded before --force")
-    CallCache(config.env.cache_path).put(key, text, b"kept")
+    CallCache(config.hydra.cache_path).put(key, text, b"kept")
     fresh, _ = fit(config, force=True)  # --force starts afresh and keeps the LLM call cache
     assert fresh.num_timesteps == 1000 and "Resuming" not in capsys.readouterr().out
-    assert CallCache(config.env.cache_path).get(key) == b"kept"
+    assert CallCache(config.hydra.cache_path).get(key) == b"kept"
 
 
 def test_a_run_killed_after_its_last_checkpoint_finishes_on_rerun(tmp_path: Path) -> None:
@@ -241,7 +254,7 @@ def test_kill_then_rerun_keeps_every_progress_row(tmp_path: Path) -> None:
 
     config = str(REPO / "configs/quickstart/controller_dqn.yaml")
     args = ["controller", "fit", "--config", config, f"--train.output_dir={tmp_path}", "--train.log_formats=[csv]",
-            f"--env.cache_path={tmp_path / 'cache.sqlite'}", "--train.total_timesteps=3000",
+            f"--hydra.cache_path={tmp_path / 'cache.sqlite'}", "--train.total_timesteps=3000",
             "--train.checkpoint_every=500", "--train.eval_every=500", "--train.eval_episodes=5",
             "--train.progress_bar=false"]
     progress = tmp_path / "logs" / "progress.csv"
@@ -280,15 +293,15 @@ def test_kill_then_rerun_keeps_every_progress_row(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize(("override", "message"), [
     ("--train.n_envs=0", "train.n_envs = 0: must be a number >= 1"),
-    ("--env.num_samples=0", "env.num_samples = 0: must be a number >= 1"),
+    ("--hydra.num_samples=0", "hydra.num_samples = 0: must be a number >= 1"),
     ("--train.total_timesteps=-5", "train.total_timesteps = -5: must be a number >= 1"),
     ("--dqn.batch_size=0", "dqn.batch_size = 0: must be a number >= 1"),
     ("--dqn.learning_rate=-1", "dqn.learning_rate = -1.0: must be a number > 0"),
     ("--dqn.gamma=1.5", "dqn.gamma = 1.5: must be between 0 and 1"),
-    ("--env.sandbox_timeout_s=0", "env.sandbox_timeout_s = 0.0: must be a number > 0"),
+    ("--hydra.sandbox_timeout_s=0", "hydra.sandbox_timeout_s = 0.0: must be a number > 0"),
     ("--train.log_formats=[csv,xml]", "train.log_formats = ['csv', 'xml']: formats must be among"),
     ("--dqn.net_arch=[]", "dqn.net_arch = []: must be a non-empty list"),
-    ("--env.layout=joint --dqn.action_selection=eq2", "eq2 reads the planner probabilities from the observation"),
+    ("--hydra.layout=joint --dqn.action_selection=eq2", "eq2 reads the planner probabilities from the observation"),
     ("--dqn.exploration_decay_every=0", "dqn.exploration_decay_every = 0: must be a number >= 1"),
 ])
 def test_bad_controller_configs_give_one_clear_message(override: str, message: str, tmp_path: Path, capsys) -> None:
@@ -341,8 +354,8 @@ def test_hydra_dqn_trains_with_eq2_and_the_paper_schedule_and_saves_a_plain_dqn_
             return True
 
     config = small_config(tmp_path / "run")
-    config.env.layout = "joint"
-    config.env.probability_features = True
+    config.hydra.layout = "joint"
+    config.hydra.probability_features = True
     config.dqn.action_selection, config.dqn.exploration_schedule = "eq2", "hydra_step"
     config.dqn.exploration_initial_eps, config.dqn.exploration_final_eps = 0.2, 0.02
     config.train.total_timesteps = 600
@@ -353,7 +366,7 @@ def test_hydra_dqn_trains_with_eq2_and_the_paper_schedule_and_saves_a_plain_dqn_
     assert rates.rates[402] == pytest.approx(0.16) and model.exploration_rate == pytest.approx(0.14)
     assert "trained controller, argmax Q selection" in results  # the other rule, reported beside
 
-    env = make_env_fn(config.env, "eval")()
+    env = make_env_fn(config.hydra, "eval")()
     try:
         observations = []
         for k in range(8):
@@ -375,8 +388,8 @@ def test_hydra_dqn_trains_with_eq2_and_the_paper_schedule_and_saves_a_plain_dqn_
 
 
 def test_replay_buffers_are_saved_only_when_asked_and_as_their_filled_arrays(tmp_path: Path, capsys) -> None:
-    from clova_train.agents.sb3_files import load_replay_arrays
     from clova_train.controller.trainer import build_model
+    from clova_train.sb3.files import load_replay_arrays
 
     config = small_config(tmp_path / "default", save_replay_buffer=False)
     config = replace(config, train=replace(config.train, total_timesteps=400))

@@ -9,11 +9,11 @@ import gymnasium as gym
 import numpy as np
 import pytest
 
-from clova_train.agents.backends import BackendError, ChatBackend
 from clova_train.envs import ENV_ID, ReasoningLoopConfig, ReasoningLoopEnv, eq3_step_reward
-from clova_train.envs.common.parts import PLACEHOLDER_INSTRUCTION, parse_samples
-from clova_train.envs.common.scripted import ScriptedReasoningLLM
 from clova_train.envs.common.world import make_task
+from clova_train.envs.hydra.parts import PLACEHOLDER_INSTRUCTION, parse_samples
+from clova_train.envs.hydra.scripted import ScriptedReasoningLLM
+from clova_train.llm.backends import BackendError, ChatBackend
 
 N = 5
 COUNT_TASK = next(i for i in range(1, 200) if make_task(i).question_type == "count" and not i % 5 == 0)
@@ -216,7 +216,7 @@ def test_vectorised_rollouts_match_sequential(vectoriser: str) -> None:
 
 def _planner_lists(count: int) -> list[tuple[str, list[tuple[str, float]]]]:
     """(step, samples) of the scripted planner for ``count`` tasks, both steps of each comparison."""
-    from clova_train.envs.common.parts import MemoryBank, Planner
+    from clova_train.envs.hydra.parts import MemoryBank, Planner
 
     planner = Planner(ScriptedReasoningLLM(malformed_probability=0.0), N)
     lists = []
@@ -231,11 +231,11 @@ def _planner_lists(count: int) -> list[tuple[str, list[tuple[str, float]]]]:
 
 
 def test_planner_probabilities_are_informative_only_given_the_question_and_memory() -> None:
-    """The offline world's premise (envs/common/scripted.py): where the good sample sits among the planner's confidences
+    """The offline world's premise (envs/hydra/scripted.py): where the good sample sits among the planner's confidences
     depends on the step (question type, and the memory for comparisons), and the confidences themselves look
     alike whatever the step, so no rule over the probabilities alone finds the good sample often; a rule that
     knows the step does."""
-    from clova_train.envs.common.scripted import CONFIDENCE_RANGE, GOOD, GOOD_RANK
+    from clova_train.envs.hydra.scripted import CONFIDENCE_RANGE, GOOD, GOOD_RANK
 
     kinds = ScriptedReasoningLLM()
     by_step: dict[str, list[tuple[np.ndarray, int | None]]] = {}

@@ -1,4 +1,4 @@
-"""A trained controller picks the same actions wherever it runs: alone (HydraDQN) and as a HAMMR agent's policy,
+"""A trained controller picks the same actions wherever it runs: alone (ControllerDQN) and as a HAMMR agent's policy,
 by the greedy rule it was trained with (read from its zip)."""
 
 from __future__ import annotations
@@ -14,11 +14,11 @@ from clova_train.envs import AgentDispatchConfig, AgentDispatchEnv, AgentSpec, R
 def eq2_controller(path: Path):
     """An Eq. 2 controller of the default HYDRA environment, saved to ``path`` (its weights are its seed's: what
     matters here is the rule the zip keeps)."""
-    from clova_train.controller.selection import HydraDQN
+    from clova_train.controller.selection import ControllerDQN
 
     env = ReasoningLoopEnv(ReasoningLoopConfig())
     try:
-        model = HydraDQN("MlpPolicy", env, action_selection="eq2", num_samples=env.config.num_samples, seed=0,
+        model = ControllerDQN("MlpPolicy", env, action_selection="eq2", num_samples=env.config.num_samples, seed=0,
                          policy_kwargs={"net_arch": [32]}, device="cpu")
     finally:
         env.close()

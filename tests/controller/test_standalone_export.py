@@ -16,10 +16,10 @@ from clova_train.export.controller import export_controller
 from helpers.standalone import run_without_package
 
 CONFIGS = {
-    "hydra-per-part": ControllerConfig(environment="hydra", env=ReasoningLoopConfig()),
-    "hydra-joint": ControllerConfig(environment="hydra", env=ReasoningLoopConfig(layout="joint")),
+    "hydra-per-part": ControllerConfig(environment="hydra", hydra=ReasoningLoopConfig()),
+    "hydra-joint": ControllerConfig(environment="hydra", hydra=ReasoningLoopConfig(layout="joint")),
     "hydra-joint-probabilities": ControllerConfig(
-        environment="hydra", env=ReasoningLoopConfig(layout="joint", probability_features=True),
+        environment="hydra", hydra=ReasoningLoopConfig(layout="joint", probability_features=True),
         dqn=DQNConfig(action_selection="eq2")),
     "avis": ControllerConfig(environment="avis", avis=InformationSeekingConfig()),
     "hammr": ControllerConfig(environment="hammr", hammr=AgentDispatchConfig()),
@@ -46,7 +46,7 @@ def test_the_standalone_memory_and_sample_readers_are_the_environments() -> None
     """Past the memory windows (HYDRA 6, AVIS/HAMMR 8 entries) and a short, messy planner reply."""
     from clova_train.core import observation_builder as observation
     from clova_train.envs.avis.parts import MemoryEntry, WorkingMemory
-    from clova_train.envs.common.parts import MemoryBank, parse_samples
+    from clova_train.envs.hydra.parts import MemoryBank, parse_samples
 
     bank, memory = MemoryBank(), WorkingMemory()
     for i in range(12):

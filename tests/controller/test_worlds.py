@@ -11,9 +11,9 @@ import yaml
 
 from clova_train.core.errors import DataError
 from clova_train.envs import ReasoningLoopConfig, ReasoningLoopEnv
-from clova_train.envs.common.reasoning_world import ReasoningWorld, load_world, presets, world_from_dict
-from clova_train.envs.common.scripted import GOOD, ScriptedReasoningLLM
 from clova_train.envs.common.world import make_task
+from clova_train.envs.hydra.reasoning_world import ReasoningWorld, load_world, presets, world_from_dict
+from clova_train.envs.hydra.scripted import GOOD, ScriptedReasoningLLM
 from helpers.common import REPO, run_cli_subprocess
 
 
@@ -71,10 +71,10 @@ def test_a_bad_world_file_is_refused_naming_the_file_and_key(tmp_path: Path, con
 ])
 def test_a_world_that_cannot_hold_with_the_sample_count_is_refused(tmp_path: Path, planner: dict, named: str) -> None:
     path = write_world(tmp_path, {"planner": planner})
-    problems = ReasoningLoopConfig(world=str(path), num_samples=5).problems("env")
-    assert any(p.startswith(f"env.world: {path}: ") and named in p for p in problems), problems
+    problems = ReasoningLoopConfig(world=str(path), num_samples=5).problems("hydra")
+    assert any(p.startswith(f"hydra.world: {path}: ") and named in p for p in problems), problems
     # with a sample count it fits (3 samples in 3 values; 7 samples hold ranks 5 and -6) it is fine
-    assert not ReasoningLoopConfig(world=str(path), num_samples=3 if "confidence" in planner else 7).problems("env")
+    assert not ReasoningLoopConfig(world=str(path), num_samples=3 if "confidence" in planner else 7).problems("hydra")
 
 
 def test_a_missing_world_names_the_shipped_ones() -> None:
@@ -131,6 +131,41 @@ def test_rewards_come_from_the_world_unless_the_config_sets_them(tmp_path: Path)
     assert ReasoningLoopConfig().reject_penalty == 0.0  # the shapes world: Eq. 3 as published
 
 
+def test_each_environment_reads_its_world_file_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Building an environment reads and checks its world file once: resolving the config's rewards, its checks and
+    the environment share the parsed world (a HYDRA agent inside AVIS/HAMMR likewise)."""
+    import clova_train.envs.common.world_file as world_file
+    from clova_train.envs import (AgentDispatchConfig, AgentDispatchEnv, AgentSpec, InformationSeekingConfig,
+                                  InformationSeekingEnv)
+
+    reads: list[str] = []
+    read_yaml = world_file.read_yaml
+
+    def counting(path, *args, **kwargs):
+        reads.append(Path(path).name)
+        return read_yaml(path, *args, **kwargs)
+
+    monkeypatch.setattr(world_file, "read_yaml", counting)
+    hydra_world = write_world(tmp_path, {"name": "mine", "rewards": {"reject_penalty": 5}})
+    config = ReasoningLoopConfig(world=str(hydra_world))  # the rewards left null: the world's are read
+    assert not config.problems("hydra")
+    env = ReasoningLoopEnv(config)
+    env.close()
+    assert config.reject_penalty == 5 and reads == ["world.yaml"]
+    reads.clear()
+    ReasoningLoopEnv({"world": str(hydra_world)}).close()  # a dict config, as gymnasium.make passes it
+    assert reads == ["world.yaml"]
+    reads.clear()
+    InformationSeekingEnv(InformationSeekingConfig()).close()
+    assert reads.count("seeking.yaml") == 1, reads
+    reads.clear()
+    hydra_agent = AgentSpec("counter", "counts with programs", environment="hydra", hydra_env={"world": str(hydra_world)})
+    dispatcher = AgentDispatchEnv(AgentDispatchConfig(agents=[hydra_agent]))
+    dispatcher.agents.prepare_all()  # builds the agent's HYDRA environment
+    dispatcher.close()
+    assert (reads.count("seeking.yaml"), reads.count("world.yaml")) == (1, 1), reads
+
+
 def test_the_world_is_part_of_the_llm_cache_key_and_the_export_description(tmp_path: Path) -> None:
     other = write_world(tmp_path, {"planner": {"has_good": [0.5]}})
     assert ScriptedReasoningLLM(load_world("shapes")).identity() != ScriptedReasoningLLM(load_world(str(other))).identity()
@@ -144,9 +179,9 @@ def test_the_world_is_part_of_the_llm_cache_key_and_the_export_description(tmp_p
 def test_a_bad_world_is_one_line_from_the_cli(tmp_path: Path) -> None:
     path = write_world(tmp_path, {"planner": {"has_good": 2}})
     result = run_cli_subprocess(["controller", "fit", "--config", str(REPO / "configs/quickstart/controller_dqn.yaml"),
-                                 f"--env.world={path}", f"--train.output_dir={tmp_path / 'run'}"], timeout=120)
+                                 f"--hydra.world={path}", f"--train.output_dir={tmp_path / 'run'}"], timeout=120)
     assert result.returncode != 0 and "Traceback" not in result.stderr
-    assert f"env.world: {path}: planner.has_good[0] = 2" in result.stderr, result.stderr
+    assert f"hydra.world: {path}: planner.has_good[0] = 2" in result.stderr, result.stderr
     assert not (tmp_path / "run").exists()
 
 
@@ -157,11 +192,11 @@ def test_a_world_file_trains_from_the_cli(tmp_path: Path) -> None:
                                 "planner": {"good_rank": {"count": 2, "exists": "random"}}}))
     run = tmp_path / "run"
     result = run_cli_subprocess([
-        "controller", "fit", "--config", str(REPO / "configs/quickstart/controller_dqn.yaml"), f"--env.world={path}",
-        f"--train.output_dir={run}", "--env.cache_path=null", "--train.progress_bar=false",
+        "controller", "fit", "--config", str(REPO / "configs/quickstart/controller_dqn.yaml"), f"--hydra.world={path}",
+        f"--train.output_dir={run}", "--hydra.cache_path=null", "--train.progress_bar=false",
         "--train.total_timesteps=600", "--train.eval_every=0", "--train.eval_episodes=20",
         "--dqn.learning_starts=200", "--train.log_formats=[csv]"], timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
     evaluation = json.loads((run / "evaluation.json").read_text())
     assert any(name.startswith("question rule fitted on logs (600 steps") for name in evaluation)
-    assert json.loads((run / "config.json").read_text())["env"]["world"] == str(path)
+    assert json.loads((run / "config.json").read_text())["hydra"]["world"] == str(path)

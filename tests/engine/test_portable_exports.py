@@ -14,7 +14,7 @@ from clova_train.cli import main
 from clova_train.core.atomic import write_json_atomic
 from clova_train.core.errors import ExportError
 from clova_train.core.manifest import staged_directory
-from clova_train.tools.serving import PromptToolServer
+from clova_train.tools.prompt_server import PromptToolServer
 from helpers.common import fit_args, run_fit, serve_in_fresh_process
 
 REQUEST_IMAGES = ["red/red_000.png", "purple/purple_000.png"]

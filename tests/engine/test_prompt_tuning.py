@@ -192,7 +192,7 @@ def test_validate_and_test_report_accuracy_with_and_without_pool(
     from clova_train.synthetic.shapes import write_concept_folders
     from clova_train.models import PromptTuning
     from clova_train.tools.clip import PromptedClip
-    from clova_train.tools.serving import PromptToolServer
+    from clova_train.tools.prompt_server import PromptToolServer
 
     assert run_fit(*fit_args(tiny_clip_dir, concept_root, tmp_path, "--model.init_args.steps=30")) == 0
     test_root = write_concept_folders(tmp_path / "test", ["red", "green", "blue", "purple"], 3, 32, seed=99)

@@ -16,9 +16,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from clova_train.agents.sb3_files import load_replay_buffer, zip_custom_objects
 from clova_train.core.errors import ClovaTrainError, DataError, ModelError, UnsafeFileError
 from clova_train.core.pool import PoolSpec, PromptPool
+from clova_train.sb3.files import load_replay_buffer, zip_custom_objects
 from clova_train.tools.base import ENTRY_POINT_GROUP, PromptTool, registered_tool, tool_class
 from helpers.common import run_cli_subprocess
 
@@ -65,7 +65,7 @@ def test_a_tool_json_naming_a_module_never_imports_it(class_path: str, tmp_path:
 def test_init_args_a_tool_does_not_take_are_named_before_anything_loads(tmp_path: Path, init_args: object,
                                                                         words: str) -> None:
     from clova_train.core.errors import ExportError
-    from clova_train.tools.serving import PromptToolServer
+    from clova_train.tools.prompt_server import PromptToolServer
 
     export = hostile_export(tmp_path / "work", "clova_train.tools.clip.PromptedClip") / "export"
     description = json.loads((export / "tool.json").read_text())
@@ -199,8 +199,8 @@ def test_a_replay_buffer_with_non_finite_rewards_is_refused_naming_the_file(tmp_
     import numpy as np
     from stable_baselines3 import DQN
 
-    from clova_train.agents.sb3_files import load_replay_arrays, save_replay_arrays
     from clova_train.core.errors import DataError
+    from clova_train.sb3.files import load_replay_arrays, save_replay_arrays
 
     def dqn() -> DQN:
         return DQN("MlpPolicy", gym.make("CartPole-v1"), learning_starts=10, buffer_size=500, seed=0,

@@ -220,9 +220,9 @@ def _readers():
     from clova_train.closedloop.journal import Journal
     from clova_train.closedloop.tasks import read_tasks
     from clova_train.datamodules.tool_llm.tool_instructions import load_records
-    from clova_train.envs.common.transition_graph import load_graph
+    from clova_train.envs.avis.transition_graph import load_graph
     from clova_train.tools.coco_grounding import GroundingAnnotations
-    from clova_train.tools.serving import read_tool_description
+    from clova_train.tools.prompt_server import read_tool_description
     from clova_train.tools.vqa_records import read_records
 
     def tool_json(tmp: Path, case: str) -> None:
@@ -454,8 +454,8 @@ def test_reset_options_are_typed(task_id: object) -> None:
 
 
 def test_lone_surrogates_in_planner_and_coder_replies_never_leave_env_step() -> None:
-    from clova_train.agents.backends import ChatBackend
     from clova_train.envs import ReasoningLoopConfig, ReasoningLoopEnv
+    from clova_train.llm.backends import ChatBackend
 
     class SurrogateLLM(ChatBackend):
         def identity(self) -> dict:
@@ -477,7 +477,7 @@ def test_lone_surrogates_in_planner_and_coder_replies_never_leave_env_step() -> 
 
 
 def test_a_reply_that_is_not_text_is_one_backend_error() -> None:
-    from clova_train.agents.backends import BackendError, ChatBackend, ask
+    from clova_train.llm.backends import BackendError, ChatBackend, ask
 
     class Broken(ChatBackend):
         def identity(self) -> dict:

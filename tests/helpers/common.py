@@ -84,7 +84,7 @@ def serve_in_fresh_process(export: Path, request: dict) -> dict:
     """Serve one JSON request from ``export`` in a fresh Python process that must not import Lightning."""
     script = (
         "import json, sys\n"
-        "from clova_train.tools.serving import PromptToolServer\n"
+        "from clova_train.tools.prompt_server import PromptToolServer\n"
         f"server = PromptToolServer.from_export({str(export)!r})\n"
         f"print(json.dumps(server.serve(json.loads({json.dumps(json.dumps(request))}))))\n"
         "assert not any(name.startswith('lightning') for name in sys.modules), 'serving imported lightning'\n"

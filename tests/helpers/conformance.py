@@ -212,7 +212,7 @@ def check_export_serves(built: BuiltTool, run_dir: Path, export_dir: Path, reque
     Checks on the way: the export holds the fitted instances' prompts, and the served pool gives a prompt for the
     first instance's concept (retrieved by the instance's own feature)."""
     from clova_train.export import export_run
-    from clova_train.tools.serving import PromptToolServer
+    from clova_train.tools.prompt_server import PromptToolServer
 
     export_run(run_dir, export_dir)
     for name in ("tool.json", "pool.safetensors", "export.json"):

@@ -88,7 +88,7 @@ def scene_sets(root: Path, concepts: list[str], seeds: tuple[int, ...] = (1, 2))
 def random_prompt_server(tool: PromptTool, instances: list[GroundingInstance]) -> object:
     """A server whose pool holds two random "purple circle" prompts (keyed by two instances' features)."""
     from clova_train.core.pool import PromptPool
-    from clova_train.tools.serving import PromptToolServer
+    from clova_train.tools.prompt_server import PromptToolServer
 
     with torch.no_grad():
         ctx = tool.prepare(instances[:2])

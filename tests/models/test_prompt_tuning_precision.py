@@ -25,7 +25,7 @@ from clova_train.core.pool import PromptPool
 from clova_train.quickstart.registry import TOOLS, ToolRecipe
 from clova_train.quickstart.tiny.common import torch_threads
 from clova_train.tools.base import PromptTool
-from clova_train.tools.serving import PromptToolServer
+from clova_train.tools.prompt_server import PromptToolServer
 from helpers.conformance import BuiltTool, _Instances, build_recipe, check_export_serves, served_query
 
 RECIPES = [pytest.param(recipe, id=name) for name, recipe in TOOLS.items()]

@@ -13,7 +13,7 @@ from clova_train.cli import main
 from clova_train.tools.images import list_images, load_image
 from clova_train.core.errors import ExportError
 from clova_train.core.pool import PromptPool
-from clova_train.tools.serving import PromptToolServer
+from clova_train.tools.prompt_server import PromptToolServer
 from helpers.common import fit_args, run_fit
 
 
@@ -84,7 +84,7 @@ def test_server_in_a_fresh_process_without_lightning(finished_run: Path, tmp_pat
     main(["export", str(finished_run), "-o", str(out)])
     code = (
         "import sys, torch\n"
-        "from clova_train.tools.serving import PromptToolServer\n"
+        "from clova_train.tools.prompt_server import PromptToolServer\n"
         f"s = PromptToolServer.from_export({str(out)!r})\n"
         "labels, _ = s.classify(torch.rand(2, 3, 32, 32), s.pool.concepts)\n"
         "assert 'lightning' not in sys.modules, 'serving imported lightning'\n"

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from clova_train.cli import main
-from clova_train.tools.serving import PromptToolServer
+from clova_train.tools.prompt_server import PromptToolServer
 from clova_train.tooluse.prompt_template import TEMPLATE_FILE, PromptTemplate
 from clova_train.tooluse.served_llm import ChatRequest, ServedToolLLM
 from helpers.serving import free_port, serving

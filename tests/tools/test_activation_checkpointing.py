@@ -19,7 +19,7 @@ import clova_train.tools.base as tool_base
 from clova_train.core.pool import PromptPool
 from clova_train.quickstart.registry import TOOLS, ToolRecipe
 from clova_train.tools.base import CheckpointedForward, PromptTool
-from clova_train.tools.serving import PromptToolServer
+from clova_train.tools.prompt_server import PromptToolServer
 from helpers.common import fit_args, run_fit
 from helpers.conformance import build_recipe, served_query
 from helpers.runs import assert_same_pools, load_run

@@ -188,7 +188,7 @@ def test_classify_decides_with_one_forward_per_image_and_a_zero_prompt_changes_n
     from clova_train.core.pool import PromptPool
     from clova_train.tools.clip_margin import classify_forwards
     from clova_train.tools.images import list_images, load_image
-    from clova_train.tools.serving import PromptToolServer
+    from clova_train.tools.prompt_server import PromptToolServer
 
     clip = PromptedClip(f"local-dir:{tiny_clip_dir}", None, 4, 2)
     names = sorted(p.name for p in concept_root.iterdir() if p.is_dir())
@@ -264,7 +264,7 @@ def test_choose_margin_keeps_labels_without_prompts_within_the_tolerance(tiny_cl
         taken_share_bound,
     )
     from clova_train.tools.images import list_images, load_image
-    from clova_train.tools.serving import PromptToolServer
+    from clova_train.tools.prompt_server import PromptToolServer
 
     clip = PromptedClip(f"local-dir:{tiny_clip_dir}", None, 4, 2)
     names = sorted(p.name for p in concept_root.iterdir() if p.is_dir())

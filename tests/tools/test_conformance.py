@@ -6,7 +6,7 @@ Each recipe is checked the same way, so a new registry entry is covered by addin
 2. its tool, built from its quickstart config on its tiny model (random weights), keeps the prompt-tool contract
    (``check_tool``) on instances from its synthetic datamodule;
 3. a two-instance, two-step fit writes a run that exports, and the export loads in
-   :class:`~clova_train.tools.serving.PromptToolServer` and answers a served query.
+   :class:`~clova_train.tools.prompt_server.PromptToolServer` and answers a served query.
 
 The checks are plain functions of a recipe (and what was built from it): ``test_adding_a_tool.py`` runs them on a
 toy tool registered at run time. The one per-tool piece is the served query (:data:`SERVED_QUERIES`): requests are
@@ -90,7 +90,7 @@ def check_documented_requests(recipe: ToolRecipe, export: Path, workdir: Path, m
     import json
     import re
 
-    from clova_train.tools.serving import PromptToolServer
+    from clova_train.tools.prompt_server import PromptToolServer
     from helpers.common import REPO
     from helpers.conformance import write_image
     from helpers.docs import shell_commands

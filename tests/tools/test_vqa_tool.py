@@ -177,7 +177,7 @@ def test_export_serves_in_a_fresh_process_and_changes_answers(vqa_reference_run:
     code = (
         "import sys, json, torch, numpy as np\n"
         "from PIL import Image\n"
-        "from clova_train.tools.serving import PromptToolServer\n"
+        "from clova_train.tools.prompt_server import PromptToolServer\n"
         f"s = PromptToolServer.from_export({str(out)!r})\n"
         f"paths = {[str(p) for p in images]!r}\n"
         "imgs = [torch.from_numpy(np.asarray(Image.open(p).convert('RGB')).copy()).permute(2, 0, 1) for p in paths]\n"
@@ -228,7 +228,7 @@ def test_bad_records_fail_with_one_message_and_no_pool(case: str, tiny_blip_dir:
 def test_pool_of_another_model_is_refused(vqa_reference_run: Path, tiny_blip_dir: Path, tmp_path: Path) -> None:
     from clova_train.core.errors import ExportError
     from clova_train.quickstart.registry import tiny_model
-    from clova_train.tools.serving import PromptToolServer
+    from clova_train.tools.prompt_server import PromptToolServer
 
     other = tiny_model("blip").build(tmp_path / "other-blip", seed=1, pretrain_steps=0)
     export = tmp_path / "export"

@@ -31,7 +31,7 @@ from clova_train.tools.clip_margin import (
     CONFIDENCE, NEVER, TOLERANCE, choose_margin, classify_forwards, decide, images_needed,
 )
 from clova_train.tools.images import list_images, load_image
-from clova_train.tools.serving import PromptToolServer
+from clova_train.tools.prompt_server import PromptToolServer
 
 TEST_SEED, VALIDATION_SEED = 987_654, 123_457
 

@@ -27,7 +27,7 @@ from clova_train.tools.base import NoPrompt
 from clova_train.tools.coco_grounding import GroundingAnnotations, GroundingSplit
 from clova_train.tools.grounding import GroundedImage
 from clova_train.tools.maskformer_seg import mask_iou
-from clova_train.tools.serving import PromptToolServer
+from clova_train.tools.prompt_server import PromptToolServer
 
 
 def eval_images(export_dir: Path) -> tuple[str, list[GroundedImage]]:

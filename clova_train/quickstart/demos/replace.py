@@ -29,10 +29,10 @@ from clova_train.core.pool import random_prompts_like
 from clova_train.synthetic.masked_concepts import masked_shape
 from clova_train.synthetic.shapes import COLOURS
 from clova_train.tools.base import NoPrompt
+from clova_train.tools.prompt_server import PromptToolServer
 from clova_train.tools.sd_inpaint_replace import (
     MaskedImage, ReplaceInstance, concept_words, ensembled_token, save_image_atomic,
 )
-from clova_train.tools.serving import PromptToolServer
 
 DEMO_SEED = 12345  # the quickstart renders with seed 0: these images are new
 

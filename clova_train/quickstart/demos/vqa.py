@@ -22,7 +22,7 @@ from clova_train.core.safe_files import read_yaml
 from clova_train.tools.base import NoPrompt
 from clova_train.tools.blip_vqa import normalise_answer
 from clova_train.tools.images import load_image_uint8
-from clova_train.tools.serving import PromptToolServer
+from clova_train.tools.prompt_server import PromptToolServer
 from clova_train.tools.vqa_records import read_records, record_image
 
 

@@ -12,9 +12,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from clova_train.agents.backends import BackendError, HashingEmbedder, OpenAIChatBackend, OpenAIEmbeddingBackend
-from clova_train.envs.common.parts import PLACEHOLDER_INSTRUCTION, MemoryBank, Planner
-from clova_train.agents.llm_cache import CachedChat, CachedEmbedding, CallCache
+from clova_train.llm.backends import BackendError, HashingEmbedder, OpenAIChatBackend, OpenAIEmbeddingBackend
+from clova_train.envs.hydra.parts import PLACEHOLDER_INSTRUCTION, MemoryBank, Planner
+from clova_train.llm.cache import CachedChat, CachedEmbedding, CallCache
 
 Reply = tuple[int, bytes, float]  # status, body, delay in seconds
 
@@ -156,8 +156,8 @@ def test_cached_embeddings_are_bit_identical(tmp_path: Path) -> None:
 def test_local_transformers_backends_drive_the_environment(tiny_llama_dir: Path) -> None:
     """A local causal LM (e.g. a LoRA export) as planner/coder and embedder: its replies, however poor, are
     parsed into exactly N samples and the loop keeps running."""
-    from clova_train.agents.backends import TransformersChatBackend, TransformersEmbeddingBackend
     from clova_train.envs import ReasoningLoopConfig, ReasoningLoopEnv
+    from clova_train.llm.backends import TransformersChatBackend, TransformersEmbeddingBackend
 
     llm = TransformersChatBackend(str(tiny_llama_dir), max_new_tokens=24)
     embedder = TransformersEmbeddingBackend(str(tiny_llama_dir))
@@ -174,7 +174,7 @@ def test_local_transformers_backends_drive_the_environment(tiny_llama_dir: Path)
 
 
 def test_hostile_planner_replies_stay_bounded_and_fast() -> None:
-    from clova_train.envs.common.parts import MAX_INSTRUCTION_CHARS, parse_samples
+    from clova_train.envs.hydra.parts import MAX_INSTRUCTION_CHARS, parse_samples
 
     started = time.perf_counter()
     replies = ["1. [0.5] " + "x" * 10**7, "a" + " " * 200_000 + "b", "\n" * 10**6 + "1. [0.9] late",

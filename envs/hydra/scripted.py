@@ -1,7 +1,7 @@
 """An offline stand-in for the planner/reasoner LLM, speaking the same text protocol as a real one.
 
-:class:`ScriptedReasoningLLM` is a :class:`~clova_train.agents.backends.ChatBackend`: it reads the planner's and
-the reasoner's prompts (built by ``clova_train.envs.common.parts``) and replies with text, so the environment, the
+:class:`ScriptedReasoningLLM` is a :class:`~clova_train.llm.backends.ChatBackend`: it reads the planner's and
+the reasoner's prompts (built by ``clova_train.envs.hydra.parts``) and replies with text, so the environment, the
 parsers and the cache are exercised exactly as with a served model. Its replies are a deterministic
 function of the prompt (a temperature-0 model): a re-plan differs because the prompt's ``Attempt:`` line
 differs.
@@ -17,7 +17,7 @@ What makes choosing well learnable, and why no rule over the planner's probabili
   embeds; nothing else (no hidden flag) marks it.
 * The probabilities are informative but miscalibrated in a way that depends on the question and the memory:
   the N confidences are drawn from one range, and the good instruction (present in about 95% of lists) takes
-  the rank that the world gives its step (:class:`~clova_train.envs.common.reasoning_world.ReasoningWorld`:
+  the rank that the world gives its step (:class:`~clova_train.envs.hydra.reasoning_world.ReasoningWorld`:
   ranges, chances and ranks are the world file's; in the default ``shapes`` world, :data:`GOOD_RANK`): the highest for a count, the lowest for an existence
   question, the second highest for a colour, the lowest for a comparison's first count and the highest once
   the memory holds that count. The lines are then listed in random order. Planner argmax, argmin, any
@@ -37,8 +37,8 @@ from typing import Any
 
 import numpy as np
 
-from clova_train.agents.backends import ChatBackend, Message
-from clova_train.envs.common.reasoning_world import RANDOM_RANK, ReasoningWorld
+from clova_train.envs.hydra.reasoning_world import RANDOM_RANK, ReasoningWorld
+from clova_train.llm.backends import ChatBackend, Message
 
 GOOD = "good"
 # kind -> paraphrases; {c}/{s} is the (first) group, {c2}/{s2} the second.

@@ -1,7 +1,7 @@
 """An offline world of the HYDRA reasoning loop, described by a file: which questions, how the planner misleads,
 how the tools behave, and default rewards.
 
-``env.world`` names a shipped preset (``envs/worlds/<name>.yaml``: ``shapes``, the default, and ``shapes-replan``)
+``hydra.world`` names a shipped preset (``envs/worlds/<name>.yaml``: ``shapes``, the default, and ``shapes-replan``)
 or a YAML/JSON file of this form (every key optional; the defaults are the ``shapes`` world)::
 
     name: my-world
@@ -22,7 +22,7 @@ or a YAML/JSON file of this form (every key optional; the defaults are the ``sha
     rewards: {r1: 100, alpha: 100, error_penalty: 10, reject_penalty: 0}   # used where the env config leaves null
 
 The scenes, the instruction wordings and the code each kind of instruction runs are the world's fixed vocabulary
-(:mod:`clova_train.envs.common.world`, :mod:`clova_train.envs.common.scripted`); everything that decides what a
+(:mod:`clova_train.envs.common.world`, :mod:`clova_train.envs.hydra.scripted`); everything that decides what a
 controller has to learn is here. Loading checks every value and names the file and key at fault; nothing in the
 file is run.
 """

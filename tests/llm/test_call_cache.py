@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from clova_train.agents.backends import BackendError, ChatBackend
-from clova_train.agents.llm_cache import CachedChat, CallCache
+from clova_train.llm.backends import BackendError, ChatBackend
+from clova_train.llm.cache import CachedChat, CallCache
 
 PROCESSES, ROUNDS, ENTRIES = 4, 20, 5
 

@@ -1,9 +1,9 @@
 """The sandbox worker: a separate interpreter that compiles and runs generated code, one run at a time.
 
-Started by :class:`~clova_train.agents.sandbox.Sandbox` with an empty environment; it imports what it needs, locks
-itself down (:mod:`~clova_train.agents.sandbox.isolation`), reports which layers are on, then serves ``run`` messages:
+Started by :class:`~clova_train.sandbox.Sandbox` with an empty environment; it imports what it needs, locks
+itself down (:mod:`~clova_train.sandbox.isolation`), reports which layers are on, then serves ``run`` messages:
 
-* the code is compiled through the restriction layer (:mod:`~clova_train.agents.sandbox.policy`); compiled programs
+* the code is compiled through the restriction layer (:mod:`~clova_train.sandbox.policy`); compiled programs
   are kept in a small cache, since a compiled code object holds no state of a run;
 * every run gets a **fresh tool API**: a new ``ImagePatch`` class and ``llm_query`` function bound to this run,
   so nothing a program does to them (it cannot write their attributes anyway) reaches the next run;
@@ -23,7 +23,7 @@ from collections import OrderedDict
 from collections.abc import Callable
 from typing import Any
 
-from clova_train.agents.sandbox import isolation, policy, wire
+from clova_train.sandbox import isolation, policy, wire
 
 MAX_ERROR_CHARS = 500
 COMPILED_CACHE_SIZE = 256

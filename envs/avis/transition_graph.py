@@ -35,7 +35,7 @@ PRESETS_DIR = Path(__file__).resolve().parent.parent / "graphs"  # data, shared 
 
 
 class GraphError(ClovaTrainError):
-    """A transition graph file is missing or breaks a rule of :mod:`clova_train.envs.common.transition_graph`."""
+    """A transition graph file is missing or breaks a rule of :mod:`clova_train.envs.avis.transition_graph`."""
 
 
 @dataclass(frozen=True)

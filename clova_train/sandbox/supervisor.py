@@ -7,7 +7,7 @@
 value or message broke a limit, or the worker sent something malformed), ``timeout`` (wall time; the worker is
 killed and restarted), ``memory`` (the worker's address-space limit), ``crashed`` (the worker died).
 
-The parent reads only length-prefixed JSON under a size limit (:mod:`~clova_train.agents.sandbox.wire`), checks each
+The parent reads only length-prefixed JSON under a size limit (:mod:`~clova_train.sandbox.wire`), checks each
 tool call (known method, well-formed patch, a few short string arguments, at most ``max_tool_calls`` per run)
 before a tool sees it, and keeps only bounded values.
 """
@@ -24,8 +24,8 @@ from pathlib import Path
 from typing import Any, Literal, Protocol
 
 from clova_train.core.errors import ClovaTrainError
-from clova_train.agents.sandbox import wire
-from clova_train.agents.sandbox.wire import PatchRef, WireError
+from clova_train.sandbox import wire
+from clova_train.sandbox.wire import PatchRef, WireError
 
 Status = Literal["ok", "error", "violation", "timeout", "memory", "crashed"]
 STATUSES = frozenset({"ok", "error", "violation", "timeout", "memory", "crashed"})
@@ -120,7 +120,7 @@ class Sandbox:
         parent, child = socket.socketpair()
         package_root = str(Path(__file__).resolve().parents[3])
         command = (f"import sys; sys.path.insert(0, {package_root!r}); "
-                   f"from clova_train.agents.sandbox.worker import main; "
+                   f"from clova_train.sandbox.worker import main; "
                    f"main({child.fileno()}, {int(self.memory_limit_mb)}, {int(self.output_chars)}, "
                    f"{int(self.max_message_bytes)}, {bool(self.restricted)})")
         self._process = subprocess.Popen(
@@ -147,7 +147,7 @@ class Sandbox:
         """Why the worker's imports fail, if they do (the worker itself has no stderr)."""
         probe = subprocess.run(
             [sys.executable, "-I", "-c", f"import sys; sys.path.insert(0, {package_root!r}); "
-             "import clova_train.agents.sandbox.worker"], env={}, cwd="/", capture_output=True, text=True, timeout=60)
+             "import clova_train.sandbox.worker"], env={}, cwd="/", capture_output=True, text=True, timeout=60)
         lines = probe.stderr.strip().splitlines()
         return f"its imports fail: {lines[-1]}" if probe.returncode and lines else "its imports work"
 

@@ -2,7 +2,7 @@
 
 :class:`LLMConfig` and :class:`EmbedderConfig` are the ``llm`` / ``embedder`` sections of every config that talks
 to a model: the closed loop (``clova-train loop``) and the reasoning-loop environments (HYDRA, AVIS, HAMMR) of
-``clova-train controller``. Each ``build()`` returns a backend of :mod:`clova_train.agents.backends`; each
+``clova-train controller``. Each ``build()`` returns a backend of :mod:`clova_train.llm.backends`; each
 ``problems()`` checks the values first (see :class:`clova_train.core.checks.Problems`).
 """
 
@@ -12,7 +12,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal, get_args
 
-from clova_train.agents.backends import (
+from clova_train.core.checks import Problems, is_integer, is_number
+from clova_train.llm.backends import (
     ChatBackend,
     EmbeddingBackend,
     HashingEmbedder,
@@ -21,7 +22,6 @@ from clova_train.agents.backends import (
     TransformersChatBackend,
     TransformersEmbeddingBackend,
 )
-from clova_train.core.checks import Problems, is_integer, is_number
 
 LLMKind = Literal["scripted", "openai", "transformers"]
 EmbedderKind = Literal["hashing", "openai", "transformers"]

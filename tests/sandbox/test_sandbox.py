@@ -20,11 +20,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from clova_train.agents.backends import ChatBackend
+from clova_train.llm.backends import ChatBackend
 from clova_train.envs import ReasoningLoopConfig, ReasoningLoopEnv
 from clova_train.envs.common.world import SceneTools, make_task
-from clova_train.agents.sandbox import PatchRef, PolicyViolation, Sandbox, restricted_compile
-from clova_train.agents.sandbox import policy
+from clova_train.sandbox import PatchRef, PolicyViolation, Sandbox, restricted_compile
+from clova_train.sandbox import policy
 from helpers.common import REPO
 
 SECRET_ENV = "CLOVA_SANDBOX_TEST_SECRET"
@@ -353,7 +353,7 @@ def test_restriction_layer_refuses_language_escapes_alone(code: str) -> None:
 @pytest.mark.parametrize("limits", [{"memory_limit_mb": -1}, {"timeout_s": 0}, {"output_chars": float("nan")},
                                     {"max_message_bytes": -5}, {"memory_limit_mb": 4}])
 def test_bad_sandbox_limits_are_one_clear_error(limits: dict) -> None:
-    from clova_train.agents.sandbox import SandboxError
+    from clova_train.sandbox import SandboxError
 
     with pytest.raises(SandboxError, match="sandbox limits must be positive numbers"):
         Sandbox(**limits)
@@ -419,7 +419,7 @@ def test_the_wire_refuses_garbage_with_one_error_kind() -> None:
     import random
     import socket
 
-    from clova_train.agents.sandbox import wire
+    from clova_train.sandbox import wire
 
     rng = random.Random(0)
     atoms = [None, True, 0, -1, 10**99, 10**100, 1.5, "x", "\udc80", "$d", "$t", "$s", "$p", "$f", "nan", [], {}]
@@ -455,7 +455,7 @@ def test_the_wire_refuses_garbage_with_one_error_kind() -> None:
 
 SECCOMP_ONLY = """
 import ctypes, os, resource, sys
-from clova_train.agents.sandbox.isolation import _install_seccomp, _load_seccomp
+from clova_train.sandbox.isolation import _install_seccomp, _load_seccomp
 
 victim = int(sys.argv[1])
 print(_install_seccomp(_load_seccomp())[:3])

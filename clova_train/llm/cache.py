@@ -26,7 +26,7 @@ from typing import Any, Literal
 
 import numpy as np
 
-from clova_train.agents.backends import BackendError, ChatBackend, EmbeddingBackend, Message
+from clova_train.llm.backends import BackendError, ChatBackend, EmbeddingBackend, Message
 
 CacheMode = Literal["record", "replay", "off"]
 SCHEMA = "CREATE TABLE IF NOT EXISTS calls (key TEXT PRIMARY KEY, request TEXT NOT NULL, reply BLOB NOT NULL)"

@@ -1,7 +1,7 @@
 """Prompt-tuned CLIP behind the reasoning loop's ``verify_property``: this package's tools serving the agent.
 
 :class:`ClipPromptTools` implements the sandbox's tool API. ``verify_property(object, attribute)`` crops the
-objects that ``locate`` finds and asks a :class:`~clova_train.tools.serving.PromptToolServer` (CLASSIFY with the
+objects that ``locate`` finds and asks a :class:`~clova_train.tools.prompt_server.PromptToolServer` (CLASSIFY with the
 prompt pool learned by ``PromptTuning`` with the CLIP tool) which of ``attributes`` each crop shows; every other call
 (``find``, ``exists``, ``compute_depth``, queries) goes to ``locate``, a detector-like tool API. In the
 offline world ``locate`` is the annotation oracle and the image is rendered from the scene, so CLIP is the
@@ -20,8 +20,8 @@ import torch.nn.functional as F
 from PIL import Image, ImageDraw
 
 from clova_train.synthetic.shapes import COLOURS as RGB
-from clova_train.agents.sandbox import PatchRef, ToolAPI
-from clova_train.tools.serving import PromptToolServer
+from clova_train.sandbox import PatchRef, ToolAPI
+from clova_train.tools.prompt_server import PromptToolServer
 from clova_train.envs.common.world import SIZE, SceneTools, Task
 
 

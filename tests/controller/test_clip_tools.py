@@ -7,12 +7,12 @@ from pathlib import Path
 import pytest
 
 from clova_train.envs import ReasoningLoopConfig, ReasoningLoopEnv
-from clova_train.envs.common.clip_tools import ClipPromptTools, clip_tools_factory, render_task
+from clova_train.envs.hydra.clip_tools import ClipPromptTools, clip_tools_factory, render_task
 from clova_train.envs.common.world import COLOURS, SceneTools, make_task
 from clova_train.core.pool import PromptPool
-from clova_train.agents.sandbox import PatchRef
+from clova_train.sandbox import PatchRef
 from clova_train.tools.clip import PromptedClip
-from clova_train.tools.serving import PromptToolServer
+from clova_train.tools.prompt_server import PromptToolServer
 
 
 @pytest.fixture(scope="module")

@@ -1,6 +1,6 @@
 """The replaceable parts of HYDRA's loop: planner, reasoner, textualizer, State Memory Bank, observation.
 
-Each part talks to a :class:`~clova_train.agents.backends.ChatBackend` in plain text, so a served LLM, a local
+Each part talks to a :class:`~clova_train.llm.backends.ChatBackend` in plain text, so a served LLM, a local
 transformers model or the offline scripted model can stand behind it.
 
 * :class:`Planner`: prompt -> reply -> :func:`parse_samples` -> exactly N ``(instruction, probability)``.
@@ -17,12 +17,12 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from clova_train.agents.backends import ChatBackend, EmbeddingBackend, ask
-from clova_train.agents.sandbox import ExecutionResult
 from clova_train.core.observation_builder import (  # noqa: F401 (re-exported)
     HYDRA_TASK_DESCRIPTION, MAX_INSTRUCTION_CHARS, MEMORY_LINES_SHOWN, PLACEHOLDER_INSTRUCTION, hydra_context_text,
     hydra_samples_text, memory_text, parse_samples,
 )
+from clova_train.llm.backends import ChatBackend, EmbeddingBackend, ask
+from clova_train.sandbox import ExecutionResult
 
 TASK_DESCRIPTION = HYDRA_TASK_DESCRIPTION
 SHORT_REPR_CHARS = 200

@@ -17,7 +17,7 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
-from clova_train.agents.backends import BackendError, OpenAIChatBackend, OpenAIEmbeddingBackend
+from clova_train.llm.backends import BackendError, OpenAIChatBackend, OpenAIEmbeddingBackend
 
 Behaviour = Callable[[socket.socket], None]
 MAX_CONNECTIONS = 50

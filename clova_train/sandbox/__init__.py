@@ -17,9 +17,9 @@ Programs end a task by assigning ``final_answer``; variables persist across step
 :meth:`Sandbox.run`, passed back in by the caller), so nothing lives in the worker between runs.
 """
 
-from clova_train.agents.sandbox.policy import PolicyViolation, restricted_compile
-from clova_train.agents.sandbox.supervisor import ExecutionResult, Sandbox, SandboxError, Status, ToolAPI
-from clova_train.agents.sandbox.wire import PatchRef
+from clova_train.sandbox.policy import PolicyViolation, restricted_compile
+from clova_train.sandbox.supervisor import ExecutionResult, Sandbox, SandboxError, Status, ToolAPI
+from clova_train.sandbox.wire import PatchRef
 
 __all__ = ["ExecutionResult", "PatchRef", "PolicyViolation", "Sandbox", "SandboxError", "Status", "ToolAPI",
            "restricted_compile"]
