@@ -103,8 +103,7 @@ PARALLEL_BUILDS = 2
 
 MODEL_CACHE = REPO / "checkpoints" / "test-cache"
 # The test files that use the pretrained models (by basename): their collection starts the builds early.
-PRETRAINED_TEST_FILES = ("test_loc_learning.py", "test_seg_learning.py", "test_replace_learning.py",
-                         "test_quickstart_configs_ddp.py", "test_paper_configs_ddp.py")
+PRETRAINED_TEST_FILES = ("test_loc_learning.py", "test_seg_learning.py", "test_replace_learning.py")
 _early_build: list[threading.Thread] = []
 
 

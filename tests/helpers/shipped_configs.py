@@ -71,12 +71,12 @@ RECIPES: dict[str, Recipe] = {
          "--data.init_args.eval_per_colour=1", "--data.init_args.chunk_size=7", *FEW_STEPS],  # 20 in 3 chunks
         chunk_size=7),
     "quickstart/loc_prompt.yaml": Recipe(
-        {"checkpoints/models/tiny-owlvit": "pretrained_owlvit_dir"},
+        {"checkpoints/models/tiny-owlvit": "tiny_owlvit_dir"},
         ["--data.init_args.images=9", "--data.init_args.num_val_images=2", "--data.init_args.num_eval_images=2",
          "--data.init_args.chunk_size=2", *FEW_STEPS],
         chunk_size=2),
     "quickstart/seg_prompt.yaml": Recipe(
-        {"checkpoints/models/tiny-maskformer": "pretrained_maskformer_dir"},
+        {"checkpoints/models/tiny-maskformer": "tiny_maskformer_dir"},
         ["--data.init_args.images=9", "--data.init_args.num_val_images=2", "--data.init_args.num_eval_images=2",
          "--data.init_args.chunk_size=2", *FEW_STEPS],
         chunk_size=2),
@@ -101,14 +101,14 @@ RECIPES: dict[str, Recipe] = {
         chunk_size=32),
     "paper/loc_prompt_owlvit.yaml": Recipe(
         {"data/lvis/lvis_v1_train.json": "loc_scenes/annotations.json", "data/coco/train2017": "loc_scenes/images"},
-        ["--model.init_args.tool.init_args.model_name={pretrained_owlvit_dir}",
+        ["--model.init_args.tool.init_args.model_name={tiny_owlvit_dir}",
          "--model.init_args.tool.init_args.num_prompt_tokens=16",
          "--data.init_args.concept=purple circle", "--data.init_args.num_val_images=2",
          "--data.init_args.num_eval_images=2", *FEW_STEPS],
         chunk_size=32),
     "paper/seg_prompt_maskformer.yaml": Recipe(
         {"data/lvis/lvis_v1_train.json": "seg_scenes/annotations.json", "data/coco/train2017": "seg_scenes/images"},
-        ["--model.init_args.tool.init_args.model_name={pretrained_maskformer_dir}",
+        ["--model.init_args.tool.init_args.model_name={tiny_maskformer_dir}",
          "--model.init_args.tool.init_args.num_prompt_tokens=16",
          "--data.init_args.concept=red circle", "--data.init_args.num_val_images=2",
          "--data.init_args.num_eval_images=2", "--data.init_args.chunk_size=5", *FEW_STEPS],

@@ -155,6 +155,7 @@ def trained(tool_data_root: Path, tiny_llama_dir: Path, tmp_path_factory: pytest
     return module, dm, run_dir, before, after
 
 
+@pytest.mark.learning
 def test_short_fine_tune_raises_success_rate(trained) -> None:
     _, _, _, before, after = trained
     assert after["val/all/SR"] > before["val/all/SR"] + 0.2

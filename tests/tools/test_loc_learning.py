@@ -13,7 +13,7 @@ import torch
 from clova_train.tools.owlvit_loc import OwlVitLoc
 from helpers.grounding import instances_of, outcomes, scene_sets, serve_accepted_in_fresh_process, tune
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.learning]
 
 
 @pytest.fixture(scope="module")

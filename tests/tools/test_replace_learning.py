@@ -13,7 +13,7 @@ from clova_train.core.pool import random_prompts_like
 from clova_train.tools.sd_inpaint_replace import InpaintTextualInversion
 from helpers.replace import instances, masked_root, tune
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.learning]
 
 STEPS = 150  # Adam 5e-3 (the paper's learning rate)
 
