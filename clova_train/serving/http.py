@@ -37,6 +37,8 @@ images cannot buy minutes of decoding.
 # No ``from __future__ import annotations`` here: LitServe and FastAPI read these signatures' annotations as
 # objects (a string annotation on ``decode_request`` would make LitServe queue the raw request object).
 
+import asyncio
+import functools
 import json
 import logging
 import os
@@ -50,13 +52,15 @@ from pathlib import Path
 from typing import Any, Optional, Union
 
 import litserve as ls
-from fastapi import BackgroundTasks, HTTPException
+from fastapi import BackgroundTasks, HTTPException, Request
+from pydantic import PrivateAttr
 from litserve.specs.openai import ChatCompletionRequest, OpenAISpec
 from litserve.utils import LitAPIStatus, WorkerSetupStatus, azip
 
 from clova_train.core.errors import ClovaTrainError, DataError, ExportError
 from clova_train.core.manifest import MANIFEST_FILE
 from clova_train.core.run_manifest import read_run_manifest
+from clova_train.serving.abandoned import AbandonedRequests
 from clova_train.serving.guard import RequestGuard, RequestLimits, error_body, install_error_handlers
 from clova_train.tooluse.served_llm import ChatRequest, check_messages
 from clova_train.tooluse.tool_calls import ToolSpec, instruction_from_chat, reply_from_step, specs_from_openai
@@ -220,6 +224,7 @@ class PromptToolAPI(ls.LitAPI):
 
 
 COUNTS = ("prompt_tokens", "completion_tokens", "total_tokens")
+DISCONNECT_POLL_SECONDS = 0.1  # how often a non-streamed chat request checks that its client is still there
 
 
 def _step_of(response: Any, status: Any) -> dict[str, Any]:
@@ -241,6 +246,7 @@ class ChatRequestBody(ChatCompletionRequest):
     tools: Optional[list[dict[str, Any]]] = None
     tool_choice: Optional[Any] = "auto"
     seed: Optional[int] = None
+    _abandon_token: Optional[str] = PrivateAttr(default=None)  # set by the server, never by the client
 
 
 class ToolChatSpec(OpenAISpec):
@@ -256,6 +262,7 @@ class ToolChatSpec(OpenAISpec):
         super().__init__()
         self.served_name = served_name
         self.created = int(time.time())
+        self.abandoned: Optional[AbandonedRequests] = None  # set by serve_http: where gone clients are marked
 
     def pre_setup(self, lit_api: ls.LitAPI) -> None:
         super().pre_setup(lit_api)
@@ -265,7 +272,8 @@ class ToolChatSpec(OpenAISpec):
         return {"object": "list", "data": [{"id": self.served_name, "object": "model", "created": self.created,
                                             "owned_by": "clova-train"}]}
 
-    async def chat_completion(self, request: ChatRequestBody, background_tasks: BackgroundTasks):  # noqa: ANN201
+    async def chat_completion(self, request: ChatRequestBody, background_tasks: BackgroundTasks,  # noqa: ANN201
+                              http_request: Request):
         if request.model and request.model != self.served_name:
             raise HTTPException(404, f"The model {request.model!r} does not exist: this server serves "
                                      f"{self.served_name!r} (GET /v1/models)")
@@ -287,7 +295,19 @@ class ToolChatSpec(OpenAISpec):
                 check_messages(messages)
         except DataError as err:
             raise HTTPException(400, str(err)) from err
-        return await super().chat_completion(request, background_tasks)
+        if self.abandoned is None:
+            return await super().chat_completion(request, background_tasks)
+        request._abandon_token = token = AbandonedRequests.new_token()
+        if request.stream:  # a client that goes away ends the streamed response: streaming_completion marks it
+            return await super().chat_completion(request, background_tasks)
+        answer = asyncio.ensure_future(super().chat_completion(request, background_tasks))
+        while not answer.done():
+            await asyncio.wait([answer], timeout=DISCONNECT_POLL_SECONDS)
+            if not answer.done() and await http_request.is_disconnected():
+                self.abandoned.mark(token)
+                answer.cancel()
+                raise HTTPException(499, "the client closed the connection")  # nobody reads it
+        return answer.result()
 
     def _header(self, request: ChatCompletionRequest, kind: str) -> dict[str, Any]:
         return {"id": f"chatcmpl-{uuid.uuid4().hex[:24]}", "object": kind, "created": int(time.time()),
@@ -311,6 +331,7 @@ class ToolChatSpec(OpenAISpec):
     async def streaming_completion(self, request: ChatCompletionRequest, pipe_responses: list):  # noqa: ANN201
         header = self._header(request, "chat.completion.chunk")  # one id for every chunk of the completion
         lasts: list[dict[str, Any]] = [{} for _ in pipe_responses]
+        complete = False
         try:
             opening = [{"index": i, "delta": {"role": "assistant", "content": ""}, "finish_reason": None}
                        for i in range(len(pipe_responses))]
@@ -328,6 +349,7 @@ class ToolChatSpec(OpenAISpec):
                         for i, last in enumerate(lasts)]
             yield f"data: {json.dumps({**header, 'choices': finished, 'usage': _usage(lasts)})}\n\n"
             yield "data: [DONE]\n\n"
+            complete = True
         except HTTPException as err:
             yield f"data: {json.dumps(error_body(err.status_code, str(err.detail)))}\n\n"
         except Exception:  # noqa: BLE001 (the client gets OpenAI's error event; the log gets the traceback)
@@ -335,6 +357,10 @@ class ToolChatSpec(OpenAISpec):
 
             logging.getLogger(__name__).exception("streamed chat completion failed")
             yield f"data: {json.dumps(error_body(500, 'internal server error'))}\n\n"
+        finally:  # ended before its last chunk went out: the client went away (Starlette cancelled the stream)
+            token = getattr(request, "_abandon_token", None)
+            if not complete and token and self.abandoned is not None:
+                self.abandoned.mark(token)
 
 
 def requested_temperature(request: ChatCompletionRequest) -> float:
@@ -371,6 +397,7 @@ class ToolChatAPI(ls.LitAPI):
                          spec=ToolChatSpec(served_name or str(export)))
         self.export, self.base_model = export, base_model
         self.setup_report: Optional[Path] = None  # where a worker that fails to load writes why
+        self.abandoned: Optional[AbandonedRequests] = None  # where the HTTP side marks requests whose client left
 
     def check(self) -> None:
         """Before the workers start: what can be checked without loading the model."""
@@ -388,6 +415,9 @@ class ToolChatAPI(ls.LitAPI):
         stop = [request.stop] if isinstance(request.stop, str) else list(request.stop or [])
         options = {"max_tokens": request.max_completion_tokens or request.max_tokens, "stop": stop,
                    "temperature": requested_temperature(request), "seed": request.seed or 0}
+        token = getattr(request, "_abandon_token", None)
+        if token and self.abandoned is not None:
+            options["abandoned"] = functools.partial(self.abandoned.is_abandoned, token)
         messages = [m.model_dump() for m in request.messages]
         if request.tools and request.tool_choice != "none":
             tools = specs_from_openai(request.tools)
@@ -520,6 +550,8 @@ def serve_http(
     with tempfile.TemporaryDirectory(prefix="clova-train-serve-") as reports:
         for number, api in enumerate(apis):
             api.setup_report = Path(reports) / f"{number}.txt"
+            if isinstance(api, ToolChatAPI):
+                api.abandoned = api.spec.abandoned = AbandonedRequests(Path(reports) / "abandoned")
         server = ExportServer(apis, accelerator=accelerator, devices=1, timeout=timeout,
                               middlewares=[(RequestGuard, {"api_key": api_key, "limits": limits})])
         install_error_handlers(server.app)

@@ -14,7 +14,7 @@ reply as in training.
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -39,6 +39,8 @@ class ChatRequest:
         stop: extra stop strings (the export's are always applied).
         temperature: 0 for greedy decoding (the default), else sampling at this temperature.
         seed: sampling seed (``temperature > 0`` only).
+        abandoned: asked after every decoding step; once it answers True the request's generation stops (its client
+            went away: :class:`~clova_train.serving.abandoned.AbandonedRequests`).
     """
 
     messages: list[dict[str, str]]
@@ -46,6 +48,7 @@ class ChatRequest:
     stop: list[str] = field(default_factory=list)
     temperature: float = 0.0
     seed: int = 0
+    abandoned: Callable[[], bool] | None = None
 
 
 @dataclass
@@ -245,9 +248,9 @@ class ServedToolLLM:
 
     def _row_stops(self, requests: list[ChatRequest], encoded: dict[str, torch.Tensor],
                    cancelled: Any = None) -> Any:
-        """``generate``'s stopping criteria: a row is done at its own token limit or once its text holds one of its
-        stop strings, and every row when ``cancelled`` (a ``threading.Event``) is set; so a batch stops as soon as
-        each of its requests is answered, not at the largest budget."""
+        """``generate``'s stopping criteria: a row is done at its own token limit, once its text holds one of its
+        stop strings or once its request is ``abandoned``, and every row when ``cancelled`` (a ``threading.Event``) is
+        set; so a batch stops as soon as each of its requests is answered or given up, not at the largest budget."""
         from transformers import StoppingCriteria, StoppingCriteriaList
 
         width = encoded["input_ids"].shape[1]
@@ -256,6 +259,8 @@ class ServedToolLLM:
         tail = max((len(self.tokenizer(s, add_special_tokens=False)["input_ids"]) for row in stops for s in row),
                    default=1) + 2
 
+        gone = [False] * len(requests)  # abandoned requests (the question is asked until it says yes)
+
         class RowStops(StoppingCriteria):
             def __call__(criteria, input_ids: torch.Tensor, scores: Any, **kwargs: Any) -> torch.Tensor:  # noqa: N805
                 done = torch.zeros(input_ids.shape[0], dtype=torch.bool, device=input_ids.device)
@@ -263,7 +268,9 @@ class ServedToolLLM:
                     return done | True
                 for row in range(input_ids.shape[0]):
                     new = input_ids[row, width:]
-                    if len(new) >= limits[row]:
+                    check = requests[row].abandoned
+                    gone[row] = gone[row] or (check is not None and check())
+                    if gone[row] or len(new) >= limits[row]:
                         done[row] = True
                     elif stops[row]:
                         text = self.tokenizer.decode(new[-tail:], skip_special_tokens=True)

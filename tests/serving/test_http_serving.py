@@ -166,6 +166,64 @@ def test_a_batch_nobody_streams_is_handed_over_once_as_chat_batch_answers_it(lor
     assert stepwise[-1] == expected and len(stepwise) > max(r.completion_tokens for r in expected)
 
 
+def test_an_abandoned_request_stops_at_the_next_step_and_leaves_its_batch_as_it_was(lora_export: Path) -> None:
+    """A request whose ``abandoned`` says yes stops generating at that step, streamed or not; the other requests of
+    its batch get the very replies they get alone."""
+    served = ServedToolLLM.from_export(lora_export)
+    keep = ChatRequest(messages=[{"role": "user", "content": "Describe image/3.png"}], max_tokens=12)
+    asked = []
+
+    def gone_after_two_steps() -> bool:
+        asked.append(1)
+        return len(asked) > 2
+
+    left = ChatRequest(messages=[{"role": "user", "content": "hello"}], max_tokens=200, abandoned=gone_after_two_steps)
+    steps = list(served.stream_batch([left]))  # one hand-over per step, then the final one
+    assert len(steps) <= 4 and steps[-1][0].completion_tokens <= 3 and len(asked) == 3
+    for every_step in (True, False):
+        asked.clear()
+        *_, (kept, _) = served.stream_batch([keep, left], every_step=every_step)
+        assert kept == served.chat_batch([keep])[0] and len(asked) == 3  # asked until yes, then remembered
+
+
+def _seconds(call) -> float:
+    import time
+
+    started = time.perf_counter()
+    call()
+    return time.perf_counter() - started
+
+
+def test_a_client_that_goes_away_frees_the_worker_at_once(server: str, lora_export: Path) -> None:
+    """The official SDK closing a stream after its first chunk, and a plain request whose client gives up, stop their
+    generation: the next request is answered at its usual latency, not after the abandoned reply's 300 tokens."""
+    import openai
+
+    client = openai.OpenAI(base_url=server + "/v1", api_key="unused", max_retries=0, timeout=120)
+    model, long_ask = str(lora_export), [{"role": "user", "content": "hello"}]
+
+    def short() -> None:
+        client.chat.completions.create(model=model, messages=[{"role": "user", "content": "Describe image/3.png"}],
+                                       max_tokens=4)
+
+    usual = min(_seconds(short) for _ in range(2))
+    whole = {}
+    whole_seconds = _seconds(lambda: whole.update(reply=client.chat.completions.create(
+        model=model, messages=long_ask, max_tokens=300, stop=[], temperature=0)))
+    assert whole["reply"].usage.completion_tokens == 300, "the test needs a reply that runs to its budget"
+
+    stream = client.chat.completions.create(model=model, messages=long_ask, max_tokens=300, stream=True)
+    next(iter(stream))
+    stream.close()
+    after_stream = _seconds(short)
+
+    with pytest.raises((TimeoutError, urllib.error.URLError)):  # the client gives up and closes its connection
+        post(server + "/v1/chat/completions", {"model": model, "messages": long_ask, "max_tokens": 300}, timeout=0.5)
+    after_plain = _seconds(short)
+    assert max(after_stream, after_plain) < min(whole_seconds / 2, usual + 1.5), (usual, whole_seconds, after_stream,
+                                                                                 after_plain)
+
+
 def test_a_worker_that_cannot_load_its_export_stops_the_server_with_one_message(lora_export: Path, clip_export: Path,
                                                                                  tmp_path: Path) -> None:
     """The model is loaded once, by the server's worker; weights that fail there (a truncated safetensors file) end the
