@@ -145,7 +145,7 @@ demo-loop: $(STAMP) $(TINY_CLIP)/open_clip_config.json
 # took): every behaviour check, without the learning tests (marker `learning`, setup.cfg), whose claims over seeds
 # the benchmarks hold (benchmarks/results/) and `make test-learning` runs nightly.
 test: $(STAMP)
-	$(BIN)/python -m pytest -q -n auto --maxprocesses 4 --dist loadfile -m "not learning"
+	$(BIN)/python -m pytest -q -n auto --maxprocesses 4 --dist loadfile -m "not learning" --durations=15
 
 # The learning tests alone: pretrains the LOC, SEG and REPLACE models once per checkout (checkpoints/test-cache/),
 # the VQA, LLM and controller models per run; about 30 minutes on 2 cores.

@@ -33,7 +33,8 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
 # The slow tier (`make test-fast` leaves it out; the marker is registered in setup.cfg). Modules mark their own slow
 # tests; these fixtures make every test that uses them slow, whatever its own cost: the first user in a process
 # pretrains a tiny BLIP or Llama (minutes on 2 cores), or waits for the cached LOC, SEG and REPLACE models.
-SLOW_FIXTURES = frozenset({"tiny_blip_dir", "tiny_llama_dir", "tool_data_root", "pretrained_models"})
+SLOW_FIXTURES = frozenset({"tiny_blip_dir", "pretrained_blip_dir", "tiny_llama_dir", "tool_data_root",
+                           "pretrained_models"})
 
 
 @pytest.hookimpl(tryfirst=True)  # before `-m` deselects by marker
@@ -235,8 +236,15 @@ def tiny_maskformer_dir(tiny_models: TinyModels) -> Path:
 
 
 @pytest.fixture(scope="session")
-def tiny_blip_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The registry's tiny BLIP (the VQA quickstart's), pretrained once per test run."""
+def tiny_blip_dir(tiny_models: TinyModels) -> Path:
+    """A random-weight tiny BLIP (the VQA quickstart's architecture): contracts, runs, exports and plumbing."""
+    return tiny_models("blip")
+
+
+@pytest.fixture(scope="session")
+def pretrained_blip_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The registry's tiny BLIP pretrained as the VQA quickstart's (minutes on 2 cores), once per test run: for the
+    learning tests."""
     return built_once(tmp_path_factory, "tiny-blip", lambda d: tiny_model("blip").build(d, seed=0, pretrain_steps=300))
 
 

@@ -196,7 +196,8 @@ def _seconds(call) -> float:
 
 def test_a_client_that_goes_away_frees_the_worker_at_once(server: str, lora_export: Path) -> None:
     """The official SDK closing a stream after its first chunk, and a plain request whose client gives up, stop their
-    generation: the next request is answered at its usual latency, not after the abandoned reply's 300 tokens."""
+    generation: the next request is answered at its usual latency, not after the rest of the abandoned 700-token
+    reply."""
     import openai
 
     client = openai.OpenAI(base_url=server + "/v1", api_key="unused", max_retries=0, timeout=120)
@@ -207,21 +208,22 @@ def test_a_client_that_goes_away_frees_the_worker_at_once(server: str, lora_expo
                                        max_tokens=4)
 
     usual = min(_seconds(short) for _ in range(2))
-    whole = {}
+    whole = {}  # a plain request is generated without a hand-over per token: many more tokens per second
     whole_seconds = _seconds(lambda: whole.update(reply=client.chat.completions.create(
-        model=model, messages=long_ask, max_tokens=300, stop=[], temperature=0)))
-    assert whole["reply"].usage.completion_tokens == 300, "the test needs a reply that runs to its budget"
+        model=model, messages=long_ask, max_tokens=700, stop=[], temperature=0)))
+    assert whole["reply"].usage.completion_tokens == 700, "the test needs a reply that runs to its budget"
 
-    stream = client.chat.completions.create(model=model, messages=long_ask, max_tokens=300, stream=True)
+    stream = client.chat.completions.create(model=model, messages=long_ask, max_tokens=700, stream=True)
     next(iter(stream))
     stream.close()
     after_stream = _seconds(short)
 
     with pytest.raises((TimeoutError, urllib.error.URLError)):  # the client gives up and closes its connection
-        post(server + "/v1/chat/completions", {"model": model, "messages": long_ask, "max_tokens": 300}, timeout=0.5)
+        post(server + "/v1/chat/completions", {"model": model, "messages": long_ask, "max_tokens": 700}, timeout=0.5)
     after_plain = _seconds(short)
-    assert max(after_stream, after_plain) < min(whole_seconds / 2, usual + 1.5), (usual, whole_seconds, after_stream,
-                                                                                 after_plain)
+    # unfixed, the next request waited for the rest of the abandoned reply (2 cores: 1.5 s of a 1.5 s reply)
+    limit = usual + (whole_seconds - usual) / 2
+    assert max(after_stream, after_plain) < limit, (usual, whole_seconds, after_stream, after_plain)
 
 
 def test_a_worker_that_cannot_load_its_export_stops_the_server_with_one_message(lora_export: Path, clip_export: Path,

@@ -22,7 +22,14 @@ pytestmark = pytest.mark.slow
 
 @pytest.fixture(scope="module")
 def tool(tiny_blip_dir: Path) -> BlipVqa:
+    """On random weights: the tool's contracts, not what it learns."""
     return BlipVqa(str(tiny_blip_dir), num_prompt_tokens=4, max_answer_tokens=4)
+
+
+@pytest.fixture(scope="module")
+def pretrained_tool(pretrained_blip_dir: Path) -> BlipVqa:
+    """On the quickstart's pretrained BLIP: for the learning tests."""
+    return BlipVqa(str(pretrained_blip_dir), num_prompt_tokens=4, max_answer_tokens=4)
 
 
 def records(root: Path) -> list[VqaInstance]:
@@ -85,47 +92,50 @@ def tune(tool: BlipVqa, instances: list[VqaInstance], steps: int, lr: float = 0.
     return prompts.detach(), history
 
 
-def test_tuning_lowers_the_loss_and_flips_the_gate(tool: BlipVqa, vqa_root: Path) -> None:
+@pytest.mark.learning
+def test_tuning_lowers_the_loss_and_flips_the_gate(pretrained_tool: BlipVqa, vqa_root: Path) -> None:
     orange = [i for i in records(vqa_root) if i.instance_id in ("orange_000", "orange_001")]
-    ctx = tool.prepare(orange)
-    assert tool.decode(tool.greedy(ctx.question, None)) != ["orange", "orange"]  # the tool is wrong without help
-    assert not any(r.passed for r in tool.gate(ctx, torch.zeros(2, *tool.prompt_shape)))
+    ctx = pretrained_tool.prepare(orange)
+    assert pretrained_tool.decode(pretrained_tool.greedy(ctx.question, None)) != ["orange", "orange"]  # the tool is wrong without help
+    assert not any(r.passed for r in pretrained_tool.gate(ctx, torch.zeros(2, *pretrained_tool.prompt_shape)))
     generator = torch.Generator().manual_seed(3)
-    for scale in (tool.init_scale(), 0.3, 1.0):  # control: random prompts of the same structure do not pass
-        random = (torch.rand(2, *tool.prompt_shape, generator=generator) * 2 - 1) * scale
-        assert not any(r.passed for r in tool.gate(ctx, random))
+    for scale in (pretrained_tool.init_scale(), 0.3, 1.0):  # control: random prompts of the same structure do not pass
+        random = (torch.rand(2, *pretrained_tool.prompt_shape, generator=generator) * 2 - 1) * scale
+        assert not any(r.passed for r in pretrained_tool.gate(ctx, random))
     passed = 0
     for seed in range(3):  # 6 tunings: 2 instances x 3 prompt seeds
-        prompts, history = tune(tool, orange, 40, seed=seed)
+        prompts, history = tune(pretrained_tool, orange, 40, seed=seed)
         assert history[-1] < 0.2 * history[0]
-        passed += sum(r.passed for r in tool.gate(ctx, prompts))
+        passed += sum(r.passed for r in pretrained_tool.gate(ctx, prompts))
     assert passed >= 5, f"{passed} of 6 tuned prompts passed"
 
 
-def test_gate_rejects_a_wrong_inferred_answer(tool: BlipVqa, vqa_root: Path) -> None:
+@pytest.mark.learning
+def test_gate_rejects_a_wrong_inferred_answer(pretrained_tool: BlipVqa, vqa_root: Path) -> None:
     """Trained towards the answer the loop inferred ('yellow'), the prompt cannot fix the gold 'orange'."""
     (wrong,) = [i for i in records(vqa_root) if i.instance_id == "orange_003"]
     assert wrong.answer != wrong.val_answer == "orange"
-    prompts, history = tune(tool, [wrong], 40)
+    prompts, history = tune(pretrained_tool, [wrong], 40)
     assert history[-1] < min(0.1, history[0])  # it learned the inferred answer...
-    ctx = tool.prepare([wrong])
-    (result,) = tool.gate(ctx, prompts)
+    ctx = pretrained_tool.prepare([wrong])
+    (result,) = pretrained_tool.gate(ctx, prompts)
     assert not result.passed and result.rejections[0].kind == "wrong answer"  # ...which the gate refuses
     assert f"answered {wrong.answer!r}" in result.rejections[0].detail
 
 
-def test_greedy_and_teacher_forced_gates_agree(tool: BlipVqa, vqa_root: Path) -> None:
+@pytest.mark.learning
+def test_greedy_and_teacher_forced_gates_agree(pretrained_tool: BlipVqa, vqa_root: Path) -> None:
     instances = [i for i in records(vqa_root) if not i.keep_unchanged]
-    ctx = tool.prepare(instances)
+    ctx = pretrained_tool.prepare(instances)
     verdicts = []
     generator = torch.Generator().manual_seed(1)
-    candidates = [torch.zeros(len(instances), *tool.prompt_shape)]
-    candidates += [(torch.rand(len(instances), *tool.prompt_shape, generator=generator) * 2 - 1) * s for s in (0.5, 2, 8)]
+    candidates = [torch.zeros(len(instances), *pretrained_tool.prompt_shape)]
+    candidates += [(torch.rand(len(instances), *pretrained_tool.prompt_shape, generator=generator) * 2 - 1) * s for s in (0.5, 2, 8)]
     for steps in (5, 10, 20, 40):
-        candidates.append(tune(tool, instances, steps)[0])
+        candidates.append(tune(pretrained_tool, instances, steps)[0])
     for prompts in candidates:
-        greedy = [r.passed for r in tool.gate(ctx, prompts)]
-        forced = [r.passed for r in tool.quick_gate(ctx, prompts)]
+        greedy = [r.passed for r in pretrained_tool.gate(ctx, prompts)]
+        forced = [r.passed for r in pretrained_tool.quick_gate(ctx, prompts)]
         assert greedy == forced
         verdicts += greedy
     assert len(verdicts) == 8 * len(instances) and any(verdicts) and not all(verdicts)
@@ -134,13 +144,34 @@ def test_greedy_and_teacher_forced_gates_agree(tool: BlipVqa, vqa_root: Path) ->
 # ---------------------------------------------------------------------- runs, export, serving
 @pytest.fixture(scope="module")
 def vqa_reference_run(tiny_blip_dir: Path, vqa_root: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A run on the random-weight BLIP (what the engine does with any weights)."""
     run_dir = tmp_path_factory.mktemp("vqa-reference")
     assert run_fit(*vqa_fit_args(tiny_blip_dir, vqa_root / "train.jsonl", run_dir)) == 0
     return run_dir
 
 
-def test_run_keeps_zero_prompts_for_correct_records(vqa_reference_run: Path) -> None:
+@pytest.fixture(scope="module")
+def pretrained_vqa_run(pretrained_blip_dir: Path, vqa_root: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A run on the pretrained BLIP, whose prompts learn: for the learning tests."""
+    run_dir = tmp_path_factory.mktemp("vqa-pretrained")
+    assert run_fit(*vqa_fit_args(pretrained_blip_dir, vqa_root / "train.jsonl", run_dir)) == 0
+    return run_dir
+
+
+def test_records_marked_correct_enter_the_pool_as_zero_prompts(vqa_reference_run: Path) -> None:
+    """Whatever the weights: every record is tried once, and those the loop marked correct are kept unchanged."""
     pool, summary = load_run(vqa_reference_run)
+    assert summary["tried"] == 10 and summary["tool"] == "blip_vqa"
+    accepted = {r["instance_id"] for r in summary["instances"] if r["accepted"]}
+    assert {"red_000", "red_001", "red_002", "red_003"} <= accepted
+    _, prompts, ids = pool.entry(None)
+    assert sorted(ids) == sorted(accepted)
+    assert all(prompt.abs().sum() == 0 for instance_id, prompt in zip(ids, prompts) if instance_id.startswith("red"))
+
+
+@pytest.mark.learning
+def test_run_keeps_zero_prompts_for_correct_records(pretrained_vqa_run: Path) -> None:
+    pool, summary = load_run(pretrained_vqa_run)
     assert summary["tried"] == 10 and summary["tool"] == "blip_vqa"
     accepted = {r["instance_id"] for r in summary["instances"] if r["accepted"]}
     assert {"red_000", "red_001", "red_002", "red_003"} <= accepted
@@ -163,12 +194,13 @@ def test_prompts_do_not_depend_on_chunk_size(tiny_blip_dir: Path, vqa_root: Path
     assert_same_pools(pool, reference_pool)
 
 
-def test_export_serves_in_a_fresh_process_and_changes_answers(vqa_reference_run: Path, vqa_root: Path,
+@pytest.mark.learning
+def test_export_serves_in_a_fresh_process_and_changes_answers(pretrained_vqa_run: Path, vqa_root: Path,
                                                                tmp_path: Path) -> None:
     from clova_train.cli import main
 
     out = tmp_path / "export"
-    assert main(["export", str(vqa_reference_run), "-o", str(out)]) == 0
+    assert main(["export", str(pretrained_vqa_run), "-o", str(out)]) == 0
     assert json.loads((out / "export.json").read_text())["learner"] == "prompt_tool"
     # held-out orange images, each with its own question (the forms the tiny BLIP was pretrained on)
     held_out = [json.loads(line) for line in (vqa_root / "eval.jsonl").read_text().splitlines()]
