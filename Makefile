@@ -143,19 +143,20 @@ demo-loop: $(STAMP) $(TINY_CLIP)/open_clip_config.json
 
 # The suite (under 15 minutes on 2 cores from a fresh clone, tiny-model builds included; `.ci/run` prints how long it
 # took): every behaviour check, without the learning tests (marker `learning`, setup.cfg), whose claims over seeds
-# the benchmarks hold (benchmarks/results/) and `make test-learning` runs nightly.
+# the benchmarks hold (benchmarks/results/), and without the real-size smoke run (marker `real_size`: a 153M OWL-ViT
+# built, fitted, exported and served on CPU by benchmarks/smoke_real.py); `make test-learning` runs those nightly.
 test: $(STAMP)
-	$(BIN)/python -m pytest -q -n auto --maxprocesses 4 --dist loadfile -m "not learning" --durations=15
+	$(BIN)/python -m pytest -q -n auto --maxprocesses 4 --dist loadfile -m "not learning and not real_size" --durations=15
 
-# The learning tests alone: pretrains the LOC, SEG and REPLACE models once per checkout (checkpoints/test-cache/),
-# the VQA, LLM and controller models per run; about 30 minutes on 2 cores.
+# The nightly tier: the learning tests and the real-size smoke run. Pretrains the LOC, SEG and REPLACE models once per
+# checkout (checkpoints/test-cache/), the VQA, LLM and controller models per run; about 30 minutes on 2 cores.
 test-learning: $(STAMP)
-	$(BIN)/python -m pytest -q -n auto --maxprocesses 4 --dist loadfile -m learning
+	$(BIN)/python -m pytest -q -n auto --maxprocesses 4 --dist loadfile -m "learning or real_size"
 
 # The fast tier (a few minutes on 2 cores): without the tests marked slow (setup.cfg, tests/conftest.py), which
 # use the pretrained tiny models, run DDP or killed-run subprocesses or long CLI runs, and without the learning tests.
 test-fast: $(STAMP)
-	$(BIN)/python -m pytest -q -n auto --maxprocesses 4 --dist loadfile -m "not slow and not learning"
+	$(BIN)/python -m pytest -q -n auto --maxprocesses 4 --dist loadfile -m "not slow and not learning and not real_size"
 
 benchmark: $(STAMP)
 	$(BIN)/python benchmarks/pool_retrieval.py

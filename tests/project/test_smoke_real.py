@@ -116,6 +116,7 @@ def test_gpu_check_without_a_gpu_stops_at_once_and_says_why() -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.real_size
 def test_smoke_real_runs_one_config_through_build_fit_export_and_serve(tmp_path: Path) -> None:
     from real_size.models import REAL_SIZES
 
