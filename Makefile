@@ -149,7 +149,7 @@ test: $(STAMP)
 	$(BIN)/python -m pytest -q -n auto --maxprocesses 4 --dist loadfile -m "not learning and not real_size" --durations=15
 
 # The nightly tier: the learning tests and the real-size smoke run. Pretrains the LOC, SEG and REPLACE models once per
-# checkout (checkpoints/test-cache/), the VQA, LLM and controller models per run; about 30 minutes on 2 cores.
+# checkout (checkpoints/test-cache/), the VQA, LLM and controller models per run (its length is not measured yet).
 test-learning: $(STAMP)
 	$(BIN)/python -m pytest -q -n auto --maxprocesses 4 --dist loadfile -m "learning or real_size"
 
