@@ -88,7 +88,7 @@ def write_run_manifest(directory: str | Path, kind: str, tool: str | None = None
     directory = Path(directory)
     path = directory / RUN_MANIFEST_FILE
     if path.is_file():
-        earlier = read_run_manifest(directory)
+        earlier = _from_record(path, exported=False)
         if earlier.kind != kind or (tool is not None and earlier.tool not in (None, tool)):
             what = earlier.kind + (f" ({earlier.tool})" if earlier.tool else "")
             raise DataError(f"{directory} already holds a {what} run ({path}); write this {kind} run into "

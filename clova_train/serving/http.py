@@ -58,7 +58,6 @@ from litserve.specs.openai import ChatCompletionRequest, OpenAISpec
 from litserve.utils import LitAPIStatus, WorkerSetupStatus, azip
 
 from clova_train.core.errors import ClovaTrainError, DataError, ExportError
-from clova_train.core.manifest import MANIFEST_FILE
 from clova_train.core.run_manifest import read_run_manifest
 from clova_train.serving.abandoned import AbandonedRequests
 from clova_train.serving.guard import RequestGuard, RequestLimits, error_body, install_error_handlers
@@ -71,14 +70,14 @@ def export_kind(directory: Path) -> str:
     if not directory.is_dir():
         raise ExportError(f"export directory not found: {directory}")
     try:
-        kind = read_run_manifest(directory).kind
+        manifest = read_run_manifest(directory)
     except DataError as err:
         raise ExportError(f"{directory} is not an export: {err}") from None
-    if kind == "lora":
+    if manifest.kind == "lora":
         return "lora"
-    if kind == "prompt_tuning":
+    if manifest.kind == "prompt_tuning":
         return "prompt_tool"
-    raise ExportError(f"{directory} holds a {kind} {'export' if (directory / MANIFEST_FILE).is_file() else 'run'}: "
+    raise ExportError(f"{directory} holds a {manifest.kind} {'export' if manifest.exported else 'run'}: "
                       "'clova-train serve' serves prompt-tool and LoRA exports")
 
 
@@ -295,10 +294,9 @@ class ToolChatSpec(OpenAISpec):
                 check_messages(messages)
         except DataError as err:
             raise HTTPException(400, str(err)) from err
-        if self.abandoned is None:
-            return await super().chat_completion(request, background_tasks)
-        request._abandon_token = token = AbandonedRequests.new_token()
-        if request.stream:  # a client that goes away ends the streamed response: streaming_completion marks it
+        if self.abandoned is not None:
+            request._abandon_token = token = AbandonedRequests.new_token()
+        if self.abandoned is None or request.stream:  # a client leaving a stream ends it: streaming_completion marks it
             return await super().chat_completion(request, background_tasks)
         answer = asyncio.ensure_future(super().chat_completion(request, background_tasks))
         while not answer.done():
