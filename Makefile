@@ -7,25 +7,16 @@ STAMP := $(VENV)/.installed
 DEMO_RUN := checkpoints/quickstart_clip
 TINY_CLIP := checkpoints/models/tiny-clip
 TINY_LLAMA := checkpoints/models/tiny-llama
-TINY_BLIP := checkpoints/models/tiny-blip
-VQA_RUN := checkpoints/quickstart_vqa
-TINY_OWLVIT := checkpoints/models/tiny-owlvit
-LOC_RUN := checkpoints/quickstart_loc
-TINY_MASKFORMER := checkpoints/models/tiny-maskformer
-SEG_RUN := checkpoints/quickstart_seg
-TINY_SD := checkpoints/models/tiny-sd-inpaint
-REPLACE_RUN := checkpoints/quickstart_replace
 
 # The demos run ATen on its portable kernels, so that they print the documentation's figures on any x86 host: the tiny
 # models are pretrained for minutes, and AVX2 or AVX-512 rounding builds other (equally good, not identical)
 # models. The tests and benchmarks run on the host's own kernels (the learning tests assert effects over seeds
 # that hold on either; tests/tools/test_*_learning.py).
-DEMO_TARGETS := demo demo-vqa demo-loc demo-seg demo-replace demo-llm demo-controller demo-controller-joint demo-avis demo-hammr demo-loop
-$(DEMO_TARGETS): export ATEN_CPU_CAPABILITY = default
+demo demo-%: export ATEN_CPU_CAPABILITY = default
 # oneDNN below AMX: on an AMX host its bf16 attention asks ATen's portable kernels for VNNI packing and fails
-$(DEMO_TARGETS): export ONEDNN_MAX_CPU_ISA ?= AVX512_CORE_FP16
+demo demo-%: export ONEDNN_MAX_CPU_ISA ?= AVX512_CORE_FP16
 
-.PHONY: demo demo-vqa demo-loc demo-seg demo-replace demo-llm demo-controller demo-controller-joint demo-avis demo-hammr demo-loop test test-learning test-fast install benchmark smoke-real gpu-check clean
+.PHONY: demo demo-llm demo-controller demo-controller-joint demo-avis demo-hammr demo-loop test test-learning test-fast install benchmark smoke-real gpu-check clean
 
 install: $(STAMP)
 
@@ -37,63 +28,16 @@ $(STAMP): setup.cfg setup.py
 	touch $(STAMP)
 
 $(TINY_CLIP)/open_clip_config.json: | $(STAMP)
-	$(BIN)/clova-train tiny-model clip $(TINY_CLIP) --pretrain-steps 200
+	$(BIN)/clova-train tiny-model clip $(TINY_CLIP)
 
-demo: $(STAMP) $(TINY_CLIP)/open_clip_config.json
-	$(BIN)/clova-train fit --config configs/quickstart/clip_prompt.yaml --model.init_args.on_existing_pool=overwrite
-	$(BIN)/clova-train export $(DEMO_RUN) --output $(DEMO_RUN)/export
-	$(BIN)/python -m clova_train.quickstart.demos.clip $(DEMO_RUN)/export
-	$(BIN)/clova-train report $(DEMO_RUN)
+# A prompt tool's demo, from its recipe (clova_train/tools/<name>/recipe.py; clova_train/quickstart/demo.py runs it):
+# build its tiny model once, fit its quickstart config on synthetic data, export, run its demo module on the export
+# (what the prompts changed on held-out data, without Lightning), report the run and serve one JSON request.
+# `make demo` is CLIP's; `make demo-vqa`, `demo-loc`, `demo-seg`, `demo-replace` and any tool with a recipe the same way.
+demo: demo-clip
 
-# The VQA prompt tool (BLIP): fit on a tiny BLIP and synthetic shape questions, export, then serve held-out
-# questions without Lightning (per-answer accuracy without prompts and with the pool; one JSON request too).
-$(TINY_BLIP)/config.json: | $(STAMP)
-	$(BIN)/clova-train tiny-model blip $(TINY_BLIP) --pretrain-steps 300
-
-demo-vqa: $(STAMP) $(TINY_BLIP)/config.json
-	$(BIN)/clova-train fit --config configs/quickstart/vqa_prompt.yaml --model.init_args.on_existing_pool=overwrite
-	$(BIN)/clova-train export $(VQA_RUN) --output $(VQA_RUN)/export
-	$(BIN)/python -m clova_train.quickstart.demos.vqa $(VQA_RUN)/export
-	$(BIN)/clova-train report $(VQA_RUN)
-	$(BIN)/clova-train serve $(VQA_RUN)/export --request '{"image": "checkpoints/data/synthetic_vqa/images/eval_orange_000.png", "question": "what colour is the circle?"}'
-
-# The LOC prompt tool (OWL-ViT): fit on a tiny detector and synthetic COCO-format scenes, export, then serve
-# held-out images without Lightning (detection rate without prompts, with the pool, with a random-prompt
-# pool; a picture with the boxes drawn) and one JSON request.
-$(TINY_OWLVIT)/config.json: | $(STAMP)
-	$(BIN)/clova-train tiny-model owlvit $(TINY_OWLVIT)
-
-demo-loc: $(STAMP) $(TINY_OWLVIT)/config.json
-	$(BIN)/clova-train fit --config configs/quickstart/loc_prompt.yaml --model.init_args.on_existing_pool=overwrite
-	$(BIN)/clova-train export $(LOC_RUN) --output $(LOC_RUN)/export
-	$(BIN)/python -m clova_train.quickstart.demos.grounding $(LOC_RUN)/export
-	$(BIN)/clova-train report $(LOC_RUN)
-	$(BIN)/clova-train serve $(LOC_RUN)/export --request '{"image": "checkpoints/data/synthetic_loc/images/00001.png", "concept": "purple circle", "other_queries": ["red square", "blue triangle"]}'
-
-# The SEG prompt tool (MaskFormer): the same on a tiny MaskFormer; the picture has the masks drawn.
-$(TINY_MASKFORMER)/config.json: | $(STAMP)
-	ONEDNN_MAX_CPU_ISA=SSE41 MKL_CBWR=COMPATIBLE $(BIN)/clova-train tiny-model maskformer $(TINY_MASKFORMER)  # as the tests' (conftest)
-
-demo-seg: $(STAMP) $(TINY_MASKFORMER)/config.json
-	$(BIN)/clova-train fit --config configs/quickstart/seg_prompt.yaml --model.init_args.on_existing_pool=overwrite
-	$(BIN)/clova-train export $(SEG_RUN) --output $(SEG_RUN)/export
-	$(BIN)/python -m clova_train.quickstart.demos.grounding $(SEG_RUN)/export
-	$(BIN)/clova-train report $(SEG_RUN)
-	$(BIN)/clova-train serve $(SEG_RUN)/export --request '{"image": "checkpoints/data/synthetic_seg_red_circle/images/00001.png", "concept": "purple circle"}'
-
-# The REPLACE prompt tool (textual inversion on Stable Diffusion inpainting): fit on a tiny inpainting
-# pipeline and synthetic masked shapes, export (pool + diffusers textual-inversion files), then measure the
-# exported token on new images against the words, the untuned token and random tokens, repaint a green
-# square with the words and with the token (pictures saved), and serve one JSON request without Lightning.
-$(TINY_SD)/model_index.json: | $(STAMP)
-	$(BIN)/clova-train tiny-model sd-inpaint $(TINY_SD)
-
-demo-replace: $(STAMP) $(TINY_SD)/model_index.json
-	$(BIN)/clova-train fit --config configs/quickstart/replace_prompt.yaml --model.init_args.on_existing_pool=overwrite
-	$(BIN)/clova-train export $(REPLACE_RUN) --output $(REPLACE_RUN)/export
-	$(BIN)/python -m clova_train.quickstart.demos.replace $(REPLACE_RUN)/export
-	$(BIN)/clova-train report $(REPLACE_RUN)
-	$(BIN)/clova-train serve $(REPLACE_RUN)/export --request '{"image": "checkpoints/data/synthetic_masked_concepts/orange_circle/orange_circle_000.png", "mask": "checkpoints/data/synthetic_masked_concepts/orange_circle/masks/orange_circle_000.png", "concept": "orange_circle", "output": "$(REPLACE_RUN)/export/demo/served.png", "seed": 0}'
+demo-%: $(STAMP)
+	$(BIN)/python -m clova_train.quickstart.demo $*
 
 # The tool-using LLM quickstart (LoRA on a tiny Llama, synthetic GPT4Tools data, CPU).
 $(TINY_LLAMA)/config.json: | $(STAMP)
@@ -160,11 +104,7 @@ test-fast: $(STAMP)
 
 benchmark: $(STAMP)
 	$(BIN)/python benchmarks/pool_retrieval.py
-	$(BIN)/python benchmarks/prompt_tuning.py
-	$(BIN)/python benchmarks/prompt_tuning.py --tool vqa
-	$(BIN)/python benchmarks/prompt_tuning.py --tool loc
-	$(BIN)/python benchmarks/prompt_tuning.py --tool seg
-	$(BIN)/python benchmarks/prompt_tuning.py --tool replace
+	for tool in $$($(BIN)/python -m clova_train.quickstart.demo --list); do $(BIN)/python benchmarks/prompt_tuning.py --tool $$tool || exit 1; done
 	$(BIN)/python benchmarks/lora_finetune.py
 	$(BIN)/python benchmarks/controller.py
 	$(BIN)/python benchmarks/prompt_pool_controls.py
@@ -187,4 +127,4 @@ gpu-check: $(STAMP)
 	$(BIN)/python benchmarks/gpu_check.py
 
 clean:
-	rm -rf $(VENV) checkpoints/quickstart_clip checkpoints/quickstart_vqa checkpoints/quickstart_loc checkpoints/quickstart_seg checkpoints/quickstart_replace checkpoints/quickstart_llm checkpoints/controller_quickstart checkpoints/controller_quickstart_joint checkpoints/controller_avis checkpoints/controller_hammr checkpoints/quickstart_loop checkpoints/models checkpoints/data
+	rm -rf $(VENV) checkpoints/quickstart_* checkpoints/controller_quickstart checkpoints/controller_quickstart_joint checkpoints/controller_avis checkpoints/controller_hammr checkpoints/quickstart_loop checkpoints/models checkpoints/data

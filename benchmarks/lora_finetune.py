@@ -63,7 +63,7 @@ def model_sizes(args: argparse.Namespace) -> dict:
 
 
 def build(workdir: Path, args: argparse.Namespace) -> tuple[Path, Path]:
-    import clova_train.quickstart.tiny.llama as tiny
+    import clova_train.quickstart.tiny_llama as tiny
     from clova_train.datamodules.tool_llm.tool_conversations import SEEN_TOOLS, write_synthetic_split
 
     texts, _ = tiny.tool_corpus(0)

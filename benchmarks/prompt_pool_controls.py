@@ -13,7 +13,7 @@ orange are the concepts it has to learn, blue is purple's look-alike):
 * the clean run's pool is also served with a random-prompt control (every prompt replaced by a random one of its
   norm: the same retrieval and decision rule, nothing learned), and with ``classify_margin`` chosen on a
   *validation* set rendered with another seed, ``VALIDATION_IMAGES`` per concept
-  (``clova_train.tools.clip_margin.choose_margin``: the largest validation accuracy among the margins under which,
+  (``clova_train.tools.clip.margin.choose_margin``: the largest validation accuracy among the margins under which,
   with 95% confidence for all of them together, the pool takes at most 2% of each concept without prompts away from
   the unmodified tool's right answers), then scored on the test set.
 
@@ -66,12 +66,12 @@ def tested(run_dir: Path) -> dict[str, dict[str, float]]:
 
 def margin_study(run_dir: Path, seed: int, runs: Path) -> dict[str, dict[str, float]]:
     """The clean run's pool served at margin 0, at the margin chosen on validation images
-    (``clova_train.tools.clip_margin.choose_margin``), and the random-prompt control, on the rendered test images;
+    (``clova_train.tools.clip.margin.choose_margin``), and the random-prompt control, on the rendered test images;
     the chosen margin under ``"margin"``."""
     from clova_train.core.pool import control_pool
-    from clova_train.quickstart.demos.clip import load_folder
-    from clova_train.synthetic.shapes import write_concept_folders
-    from clova_train.tools.clip_margin import choose_margin, classify_forwards, decide, per_label_accuracy
+    from clova_train.tools.clip.demo import load_folder
+    from clova_train.tools.clip.synthetic import write_concept_folders
+    from clova_train.tools.clip.margin import choose_margin, classify_forwards, decide, per_label_accuracy
     from clova_train.tools.prompt_server import PromptToolServer
 
     server = PromptToolServer.from_export(run_dir)

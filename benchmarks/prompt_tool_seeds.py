@@ -83,7 +83,7 @@ def measure(tool: str, export: Path, seed: int) -> dict[str, dict[str, float]]:
     server = PromptToolServer.from_export(export)
     accepted = float(json.loads((export.parent / "summary.json").read_text())["accepted"])
     if tool == "vqa":
-        from clova_train.quickstart.demos.vqa import _default_records, evaluate, read_eval_records
+        from clova_train.tools.vqa.demo import _default_records, evaluate, read_eval_records
 
         table = evaluate(server, read_eval_records(_default_records(export)))
         groups = {"learned colours": [a for a in table if a in VQA_LEARNED],
@@ -96,7 +96,7 @@ def measure(tool: str, export: Path, seed: int) -> dict[str, dict[str, float]]:
                             for k, column in ((1, "no prompt"), (2, "pool"), (3, "random-prompt pool"))}
     elif tool in ("loc", "seg"):
         from clova_train.core.pool import control_pool
-        from clova_train.quickstart.demos.grounding import eval_images
+        from clova_train.tools.grounding.demo import eval_images
 
         concept, images = eval_images(export)
         control = PromptToolServer(server.tool, control_pool(server.pool, "random", seed), server.top_k)
@@ -110,8 +110,8 @@ def measure(tool: str, export: Path, seed: int) -> dict[str, dict[str, float]]:
     else:
         from clova_train.core.pool import random_prompts_like
         from clova_train.core.safe_files import read_yaml
-        from clova_train.quickstart.demos.replace import repaint_table, ungated_token
-        from clova_train.tools.sd_inpaint_replace import concept_words
+        from clova_train.tools.replace.demo import repaint_table, ungated_token
+        from clova_train.tools.replace.tool import concept_words
 
         data = read_yaml(export / "config.yaml", "run config")["data"]
         scores = {}

@@ -94,14 +94,14 @@ def _build(args: argparse.Namespace, workdir: Path) -> tuple[str, Path]:
 def _build_small_model(args: argparse.Namespace, workdir: Path) -> str:
     """A small random model of the tool's real architecture saved under ``workdir``; its model name."""
     if args.tool == "replace":
-        from clova_train.quickstart.tiny.sd_inpaint import build_tiny_inpainting_pipeline
+        from clova_train.tools.replace.tiny import build_tiny_inpainting_pipeline
 
         build_tiny_inpainting_pipeline(workdir / "sd", seed=0, **BENCH_SD).save_pretrained(workdir / "sd")
         return str(workdir / "sd")
     if args.tool in ("loc", "seg", "vqa"):
-        from clova_train.quickstart.tiny.blip import build_tiny_blip
-        from clova_train.quickstart.tiny.maskformer import build_tiny_maskformer
-        from clova_train.quickstart.tiny.owlvit import build_tiny_owlvit
+        from clova_train.tools.vqa.tiny import build_tiny_blip
+        from clova_train.tools.seg.tiny import build_tiny_maskformer
+        from clova_train.tools.loc.tiny import build_tiny_owlvit
 
         build, sizes = {"loc": (build_tiny_owlvit, BENCH_OWLVIT), "seg": (build_tiny_maskformer, BENCH_MASKFORMER),
                         "vqa": (build_tiny_blip, BENCH_BLIP)}[args.tool]
@@ -110,7 +110,7 @@ def _build_small_model(args: argparse.Namespace, workdir: Path) -> str:
         model.save_pretrained(directory)
         processor.save_pretrained(directory)
         return str(directory)
-    from clova_train.quickstart.tiny.clip import make_tiny_clip
+    from clova_train.tools.clip.tiny import make_tiny_clip
 
     config = None
     if args.model:
@@ -129,22 +129,22 @@ def _model_dir_name(args: argparse.Namespace) -> str:
 def _write_data(args: argparse.Namespace, workdir: Path) -> Path:
     """The benchmark's synthetic data for ``args.tool`` (the tool's processor resizes it to the model's input)."""
     if args.tool == "replace":
-        from clova_train.synthetic.masked_concepts import write_masked_concepts
+        from clova_train.tools.replace.synthetic import write_masked_concepts
 
         return write_masked_concepts(workdir / "data", [REPLACE_CONCEPT], args.instances + REPLACE_VAL_IMAGES,
                                      image_size=BENCH_SD["image_size"], seed=0)
     if args.tool in ("loc", "seg"):
-        from clova_train.synthetic.grounding import write_coco_scenes
+        from clova_train.tools.grounding.synthetic import write_coco_scenes
 
         return write_coco_scenes(workdir / "data", [GROUNDING_CONCEPT], args.instances + GROUNDING_VAL_IMAGES,
                                  objects_per_image=2, image_size=64, seed=0)
     if args.tool == "vqa":
-        from clova_train.synthetic.vqa import write_vqa_records
+        from clova_train.tools.vqa.synthetic import write_vqa_records
 
         return write_vqa_records(workdir / "data", ["orange", "purple", "red", "green"], [],
                                  images_per_colour=args.instances // 4 + 1, wrong_answers=0, eval_per_colour=1,
                                  image_size=BENCH_BLIP["image_size"], seed=0)
-    from clova_train.synthetic.shapes import write_concept_folders
+    from clova_train.tools.clip.synthetic import write_concept_folders
 
     return write_concept_folders(workdir / "data", ["red", "green", "blue", "yellow"], args.instances // 4 + 2, 64,
                                  seed=0)
@@ -154,23 +154,23 @@ def _module(args: argparse.Namespace, model_name: str):
     from clova_train.models import PromptTuning
 
     if args.tool == "vqa":
-        from clova_train.tools.blip_vqa import BlipVqa
+        from clova_train.tools.vqa.tool import BlipVqa
 
         tool = BlipVqa(model_name, num_prompt_tokens=args.prompt_tokens, max_answer_tokens=4)
     elif args.tool == "loc":
-        from clova_train.tools.owlvit_loc import OwlVitLoc
+        from clova_train.tools.loc.tool import OwlVitLoc
 
         tool = OwlVitLoc(model_name, num_prompt_tokens=args.prompt_tokens)
     elif args.tool == "seg":
-        from clova_train.tools.maskformer_seg import MaskFormerSeg
+        from clova_train.tools.seg.tool import MaskFormerSeg
 
         tool = MaskFormerSeg(model_name, num_prompt_tokens=args.prompt_tokens, object_threshold=0.0)
     elif args.tool == "replace":
-        from clova_train.tools.sd_inpaint_replace import InpaintTextualInversion
+        from clova_train.tools.replace.tool import InpaintTextualInversion
 
         tool = InpaintTextualInversion(model_name, resolution=BENCH_SD["image_size"])
     else:
-        from clova_train.tools.clip import PromptedClip
+        from clova_train.tools.clip.tool import PromptedClip
 
         tool = PromptedClip(model_name, None, num_prompt_tokens=args.prompt_tokens, prompt_depth=3)
     return PromptTuning(tool, lr=args.lr, steps=args.steps, keep_rejected_prompts=True, on_existing_pool="overwrite")

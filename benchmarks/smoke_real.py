@@ -83,21 +83,21 @@ class Case:
 # Each writer takes the working directory and whether to write one whole chunk of the config's (the GPU check, whose
 # memory figures must be the config's own) or the fewest instances that run every stage (CPU).
 def concept_folders(workdir: Path, full: bool) -> None:
-    from clova_train.synthetic.shapes import write_concept_folders
+    from clova_train.tools.clip.synthetic import write_concept_folders
 
     write_concept_folders(workdir / "data" / "concepts", ["red", "purple"], images_per_concept=17 if full else 2,
                           image_size=224)
 
 
 def vqa_records(workdir: Path, full: bool) -> None:
-    from clova_train.synthetic.vqa import write_vqa_records
+    from clova_train.tools.vqa.synthetic import write_vqa_records
 
     write_vqa_records(workdir / "data" / "vqa", ["orange"], [], images_per_colour=32 if full else 2, wrong_answers=0,
                       eval_per_colour=1, image_size=128)
 
 
 def coco_scenes(workdir: Path, full: bool) -> None:
-    from clova_train.synthetic.grounding import write_coco_scenes
+    from clova_train.tools.grounding.synthetic import write_coco_scenes
 
     scenes = write_coco_scenes(workdir / "data" / "scenes", ["purple circle"], 34 if full else 4,
                                distractor_colours=["red", "green"], objects_per_image=2, image_size=128, seed=1)
@@ -108,7 +108,7 @@ def coco_scenes(workdir: Path, full: bool) -> None:
 
 
 def masked_concepts(workdir: Path, full: bool) -> None:
-    from clova_train.synthetic.masked_concepts import write_masked_concepts
+    from clova_train.tools.replace.synthetic import write_masked_concepts
 
     write_masked_concepts(workdir / "data" / "replace_concepts", ["orange_circle"], images_per_concept=10 if full else 4,
                           image_size=64)

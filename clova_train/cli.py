@@ -342,14 +342,16 @@ def run_predict(args: Sequence[str]) -> None:
 
 
 def run_tiny_model(args: Sequence[str]) -> None:
-    from clova_train.quickstart.registry import TINY_MODELS, tiny_model
+    from clova_train.quickstart.tiny_models import tiny_model, tiny_models
+
+    models = tiny_models()
 
     parser = CommandParser(
         prog=f"{PROG} tiny-model",
         description="Write a tiny model of a real architecture, pretrained briefly on synthetic data and loadable by the "
-                    "normal loading code. Kinds: " + "; ".join(f"{m.kind}: {m.summary}" for m in TINY_MODELS.values()),
+                    "normal loading code. Kinds: " + "; ".join(f"{m.kind}: {m.summary}" for m in models.values()),
     )
-    parser.add_argument("tool", choices=list(TINY_MODELS), help="which model (the registry's tiny models)")
+    parser.add_argument("tool", choices=list(models), help="which model (the tool recipes' tiny models and the Llama)")
     parser.add_argument("output", help="directory to write")
     parser.add_argument("--seed", type=int, default=0, help="weight initialisation and pretraining seed")
     parser.add_argument("--pretrain-steps", type=int, default=None,

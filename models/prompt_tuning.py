@@ -127,7 +127,7 @@ class PromptTuning(LightningModule):
 
     Args:
         tool: the frozen prompt tool (``class_path`` of a :class:`~clova_train.tools.base.PromptTool`
-            subclass, e.g. ``clova_train.tools.clip.PromptedClip``, with its ``init_args``).
+            subclass, e.g. ``clova_train.tools.clip.tool.PromptedClip``, with its ``init_args``).
         lr: Adam learning rate of the prompts (default: the tool's paper value).
         steps: optimizer steps per instance (default: the tool's paper value).
         early_stop_every: if > 0, run the tool's quick gate every this many steps and stop an instance as

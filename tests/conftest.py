@@ -17,9 +17,10 @@ import torch
 from filelock import FileLock
 
 from clova_train.cli import main
-from clova_train.quickstart.registry import tiny_model
-from clova_train.quickstart.tiny.clip import make_tiny_clip
-from clova_train.synthetic.shapes import write_concept_folders
+from clova_train.quickstart.tiny_models import tiny_model
+from clova_train.tools.recipes import TinyModel
+from clova_train.tools.clip.tiny import make_tiny_clip
+from clova_train.tools.clip.synthetic import write_concept_folders
 from helpers.tiny_models import build_environment, cache_name
 
 from helpers.common import REPO, fit_args, run_fit
@@ -78,7 +79,7 @@ def concept_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def tiny_llama_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     # Not the registry's Llama (no copy-document phase, the default model size): what the LoRA tests were
     # calibrated on.
-    from clova_train.quickstart.tiny.llama import make_tiny_llama, tool_corpus
+    from clova_train.quickstart.tiny_llama import make_tiny_llama, tool_corpus
 
     return built_once(tmp_path_factory, "tiny-llama", lambda d: make_tiny_llama(d, *tool_corpus(0), pretrain_steps=300))
 
@@ -93,11 +94,11 @@ def tool_data_root(tmp_path_factory: pytest.TempPathFactory, tiny_llama_dir: Pat
 
 
 # The pretrained tiny models of the LOC, SEG and REPLACE learning tests (the quickstarts' own models, from the
-# tool registry): minutes to build, so they are built once per checkout under checkpoints/test-cache/ (ignored
+# tool recipes): minutes to build, so they are built once per checkout under checkpoints/test-cache/ (ignored
 # by git), at most two at a time, one core each (each pretrains on one thread and comes out the same on every
-# machine), each in a process that starts with the registry's environment for it (the MaskFormer's oneDNN and
+# machine), each in a process that starts with the recipe's environment for it (the MaskFormer's oneDNN and
 # MKL modes). An entry's name holds a hash of its builder's code (helpers/tiny_models.py): a changed builder is
-# rebuilt, never silently reused. Kind: pretraining steps (None: the registry's own).
+# rebuilt, never silently reused. Kind: pretraining steps (None: the recipe's own).
 PRETRAINED_MODELS: dict[str, int | None] = {"owlvit": None, "maskformer": None, "sd-inpaint": None}
 PARALLEL_BUILDS = 2
 
@@ -193,8 +194,8 @@ def pretrained_sd_dir(pretrained_models: dict[str, Path]) -> Path:
     return pretrained_models["sd-inpaint"]
 
 
-# Random-weight registry models (seconds to build: for the tools' contracts and plumbing), each built once per
-# session. Built in this process: a registry model's environment matters only to its pretraining.
+# Random-weight recipe models (seconds to build: for the tools' contracts and plumbing), each built once per
+# session. Built in this process: a recipe model's environment matters only to its pretraining.
 class TinyModels:
     """The tiny model of each kind, with random weights (``pretrain_steps=0``), built on first use under ``root``.
 
@@ -205,11 +206,12 @@ class TinyModels:
         self.root = root
         self.built: dict[str, Path] = {}
 
-    def __call__(self, kind: str) -> Path:
-        """The directory of ``kind``'s model (a kind of :data:`~clova_train.quickstart.registry.TINY_MODELS`)."""
-        if kind not in self.built:
-            self.built[kind] = tiny_model(kind).build(self.root / kind, seed=0, pretrain_steps=0)
-        return self.built[kind]
+    def __call__(self, kind: str | TinyModel) -> Path:
+        """The directory of ``kind``'s model (a kind of :func:`~clova_train.quickstart.tiny_models.tiny_models`)."""
+        model = kind if isinstance(kind, TinyModel) else tiny_model(kind)
+        if model.kind not in self.built:
+            self.built[model.kind] = model.build(self.root / model.kind, seed=0, pretrain_steps=0)
+        return self.built[model.kind]
 
 
 @pytest.fixture(scope="session")
@@ -243,7 +245,7 @@ def tiny_blip_dir(tiny_models: TinyModels) -> Path:
 
 @pytest.fixture(scope="session")
 def pretrained_blip_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The registry's tiny BLIP pretrained as the VQA quickstart's (minutes on 2 cores), once per test run: for the
+    """The recipe's tiny BLIP pretrained as the VQA quickstart's (minutes on 2 cores), once per test run: for the
     learning tests."""
     return built_once(tmp_path_factory, "tiny-blip", lambda d: tiny_model("blip").build(d, seed=0, pretrain_steps=300))
 
@@ -252,7 +254,7 @@ def pretrained_blip_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="session")
 def vqa_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """orange (4 records, the last with a wrong inferred answer), purple (2), red (2 marked correct)."""
-    from clova_train.synthetic.vqa import write_vqa_records
+    from clova_train.tools.vqa.synthetic import write_vqa_records
 
     root = write_vqa_records(tmp_path_factory.mktemp("vqa"), ["orange"], ["red"], images_per_colour=4,
                              wrong_answers=1, eval_per_colour=6, seed=0)
@@ -270,7 +272,7 @@ def vqa_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="session")
 def coco_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """Synthetic COCO scenes of a purple circle and an orange square (8 images), for the grounding tools."""
-    from clova_train.synthetic.grounding import write_coco_scenes
+    from clova_train.tools.grounding.synthetic import write_coco_scenes
 
     return write_coco_scenes(tmp_path_factory.mktemp("coco"), ["purple circle", "orange square"], 8, seed=0)
 

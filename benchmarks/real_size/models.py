@@ -25,7 +25,7 @@ from pathlib import Path
 import torch
 
 from clova_train.core.errors import ModelError
-from clova_train.quickstart.tiny.common import clip_bpe_tokenizer
+from clova_train.tools.tiny_common import clip_bpe_tokenizer
 
 
 @dataclass(frozen=True)
@@ -64,7 +64,7 @@ def build_clip_vit_l14(directory: str | Path) -> Path:
     """CLIP ViT-L/14 in open_clip's ``local-dir:`` layout (the paper config: ``model_name: ViT-L-14``)."""
     import open_clip
 
-    from clova_train.tools.clip import save_open_clip
+    from clova_train.tools.clip.tool import save_open_clip
 
     config = open_clip_vit_l14_config()
     torch.manual_seed(0)
@@ -92,7 +92,7 @@ def blip_vqa_large_config(vocab_size: int = 30524) -> object:
 def bert_word_pieces(size: int = 30522) -> list[str]:
     """A BERT vocabulary of ``size`` entries: the special tokens at BERT's ids (0 [PAD], 100 [UNK], 101 [CLS],
     102 [SEP], 103 [MASK]), the synthetic tasks' words and ``[unused]`` fillers (a stand-in for BERT's own)."""
-    from clova_train.quickstart.tiny.blip import vqa_vocabulary
+    from clova_train.tools.vqa.tiny import vqa_vocabulary
 
     words = sorted({w for text in vqa_vocabulary() for w in text.lower().replace("?", " ? ").split()} | set("?.,0123456789"))
     tokens = ["[PAD]", *(f"[unused{i}]" for i in range(99)), "[UNK]", "[CLS]", "[SEP]", "[MASK]", *words]
@@ -132,7 +132,7 @@ def build_owlvit_b32(directory: str | Path) -> Path:
     """OWL-ViT B/32 with its 768-pixel processor and CLIP's BPE tokenizer (16 positions, as the real one pads)."""
     from transformers import OwlViTForObjectDetection, OwlViTImageProcessor, OwlViTProcessor
 
-    from clova_train.quickstart.tiny.owlvit import small_detection_heads
+    from clova_train.tools.loc.tiny import small_detection_heads
 
     directory = _fresh(directory)
     tokenizer = clip_bpe_tokenizer(directory / "tokenizer-build", max_length=16)
@@ -173,7 +173,7 @@ def build_maskformer_swin_b(directory: str | Path) -> Path:
     class names are the synthetic scenes' categories and numbered stand-ins."""
     from transformers import MaskFormerForInstanceSegmentation, MaskFormerImageProcessor
 
-    from clova_train.synthetic.grounding import category_name
+    from clova_train.tools.grounding.synthetic import category_name
     from clova_train.synthetic.shapes import COLOURS, SHAPES
 
     directory = _fresh(directory)
@@ -256,7 +256,7 @@ def build_vicuna_13b(directory: str | Path) -> Path:
 def _build_llama(directory: str | Path, sizes: dict) -> Path:
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from clova_train.quickstart.tiny.llama import tiny_bpe_tokenizer, tool_corpus
+    from clova_train.quickstart.tiny_llama import tiny_bpe_tokenizer, tool_corpus
 
     directory = _fresh(directory)
     texts, _ = tool_corpus(0)

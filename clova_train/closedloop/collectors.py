@@ -218,7 +218,7 @@ class GroundingCollector:
     """
 
     def __init__(self, annotations: str | Path, image_root: str | Path | None = None, images_per_collection: int = 50) -> None:
-        from clova_train.tools.coco_grounding import GroundingAnnotations
+        from clova_train.tools.grounding.coco import GroundingAnnotations
 
         self.annotations = GroundingAnnotations(annotations, image_root)
         self.images_per_collection = images_per_collection

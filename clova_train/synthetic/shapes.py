@@ -8,15 +8,10 @@ same scene serves classification (CLIP), detection (OWL-ViT), segmentation (Mask
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-import os
-import tempfile
-import zlib
 from pathlib import Path
 
 import numpy as np
 from PIL import Image, ImageDraw
-
-from clova_train.core.atomic import default_mode
 
 COLOURS: dict[str, tuple[int, int, int]] = {
     "red": (220, 30, 30),
@@ -121,38 +116,6 @@ def _grown(box: tuple[int, int, int, int], factor: float) -> tuple[int, int, int
 
 def _disjoint(a: tuple[int, int, int, int], b: tuple[int, int, int, int]) -> bool:
     return a[2] < b[0] or b[2] < a[0] or a[3] < b[1] or b[3] < a[1]
-
-
-def write_concept_folders(
-    root: str | Path,
-    concepts: list[str],
-    images_per_concept: int = 7,
-    image_size: int = 64,
-    seed: int = 0,
-) -> Path:
-    """Write ``root/<concept>/<concept>_<k>.png`` images of single shapes.
-
-    A concept is ``"<colour>_<shape>"`` (e.g. ``"red_circle"``) or a bare colour (any shape of that colour).
-    """
-    root = Path(root)
-    root.mkdir(parents=True, exist_ok=True)
-    for concept in concepts:
-        rng = np.random.default_rng([seed, zlib.crc32(concept.encode())])
-        colour, _, shape = concept.partition("_")
-        if colour not in COLOURS or (shape and shape not in SHAPES):
-            raise ValueError(
-                f"synthetic concept {concept!r} must be '<colour>' or '<colour>_<shape>' with colour in "
-                f"{sorted(COLOURS)} and shape in {list(SHAPES)}"
-            )
-        # Render into a temporary folder and rename, so an interrupted run leaves no half-filled concept.
-        staging = Path(tempfile.mkdtemp(prefix=f".{concept}.", dir=root))
-        os.chmod(staging, default_mode(directory=True))
-        for k in range(images_per_concept):
-            kind = shape or SHAPES[int(rng.integers(len(SHAPES)))]
-            scene = render_scene([(colour, kind)], size=image_size, rng=rng)
-            Image.fromarray(scene.image).save(staging / f"{concept}_{k:03d}.png")
-        os.replace(staging, root / concept)
-    return root
 
 
 def generated_before(root: str | Path, parameters: dict) -> bool:

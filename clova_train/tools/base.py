@@ -299,8 +299,8 @@ class CheckpointedForward:
         return forward(*args, **kwargs)
 
 
-# The tools this package ships are the PromptTool subclasses of modules directly inside this package (each module is
-# imported only when a description names one of its classes); nothing outside it is imported by name.
+# The tools this package ships are the PromptTool subclasses of modules inside this package (each tool folder's
+# ``tool`` module, imported only when a description names one of its classes); nothing outside it is imported by name.
 TOOLS_PACKAGE = __name__.rpartition(".")[0]
 ENTRY_POINT_GROUP = "clova_train.prompt_tools"
 
@@ -312,8 +312,8 @@ def class_path_of(cls: type) -> str:
 def registered_tool(class_path: str) -> type[PromptTool] | None:
     """The prompt tool registered under ``class_path``, or ``None``: a tool this package ships, a subclass of
     :class:`PromptTool` already imported by the program (a user's own tool, imported by its config), or one an
-    installed package declares under the ``clova_train.prompt_tools`` entry point group. Nothing else is
-    imported: a file that names a module never gets it run."""
+    installed package declares under the ``clova_train.prompt_tools`` entry point group or names in a tool recipe
+    (``clova_train.tool_recipes``, :mod:`clova_train.tools.recipes`). Nothing else is imported: a file that names a module never gets it run."""
     shipped = _shipped_module(class_path)
     if shipped is not None:
         importlib.import_module(shipped)
@@ -325,16 +325,22 @@ def registered_tool(class_path: str) -> type[PromptTool] | None:
     for entry in entry_points(group=ENTRY_POINT_GROUP):
         if entry.value.replace(":", ".") == class_path:
             return entry.load()
-    return None
+    from clova_train.tools.recipes import recipe_for_tool_class
+
+    recipe = recipe_for_tool_class(class_path)  # a tool whose installed package declares its recipe
+    return recipe.tool_class() if recipe is not None else None
 
 
 def _shipped_module(class_path: str) -> str | None:
-    """The module of ``class_path`` when it is one of this package's tool modules (``clova_train.tools.<name>``)."""
+    """The module of ``class_path`` when it is one of this package's tool modules (``clova_train.tools.<name>.tool``,
+    or any module inside this package)."""
     module = class_path.rpartition(".")[0]
-    package, _, name = module.rpartition(".")
-    if package != TOOLS_PACKAGE or not name.isidentifier():
+    if not module.startswith(TOOLS_PACKAGE + ".") or not all(part.isidentifier() for part in module.split(".")):
         return None
-    return module if importlib.util.find_spec(module) is not None else None
+    try:
+        return module if importlib.util.find_spec(module) is not None else None
+    except ModuleNotFoundError:  # a parent that is not a package
+        return None
 
 
 def _subclasses(cls: type) -> list[type]:

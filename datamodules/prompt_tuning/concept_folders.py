@@ -8,7 +8,7 @@ text "red circle"). Which images validate is explicit and they are never trained
   first of 7 crawled images), the rest train.
 
 Every training image of a learned concept is one instance with its own prompt: a
-:class:`~clova_train.tools.clip.ClipInstance` with id ``"<concept>/<file name>"``, the concept and its
+:class:`~clova_train.tools.clip.tool.ClipInstance` with id ``"<concept>/<file name>"``, the concept and its
 distinct negative concepts as candidates, the positive image then ``K`` negative training images, and the
 held-out positives of the concept and held-out negatives for the gate.
 
@@ -29,7 +29,7 @@ from torch.utils.data import DataLoader
 
 from clova_train.core.errors import DataError
 from clova_train.datamodules.prompt_tuning.chunks import PromptTuningDataModule
-from clova_train.tools.clip import ClipInstance
+from clova_train.tools.clip.tool import ClipInstance
 from clova_train.tools.images import IMAGE_SUFFIXES, check_image, list_images, load_image
 
 __all__ = ["ConceptFolderDataModule", "SyntheticConceptDataModule", "check_image", "list_images", "load_image"]
@@ -374,7 +374,8 @@ class SyntheticConceptDataModule(ConceptFolderDataModule):
 
     def _render(self, root: Path, parameters: dict[str, Any]) -> None:
         """Render the concepts missing under ``root`` with ``parameters`` (refused if it holds other ones)."""
-        from clova_train.synthetic.shapes import generated_before, record_generation, write_concept_folders
+        from clova_train.synthetic.shapes import generated_before, record_generation
+        from clova_train.tools.clip.synthetic import write_concept_folders
 
         generated_before(root, parameters)
         missing = [c for c in self.synthetic_concepts if not (root / c).is_dir()]

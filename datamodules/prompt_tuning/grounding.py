@@ -1,6 +1,6 @@
 """Lightning datamodules of open-vocabulary grounding data (COCO / LVIS) for the LOC and SEG prompt tools.
 
-Reading, checking and splitting the annotation file is ``clova_train.tools.coco_grounding`` (no Lightning
+Reading, checking and splitting the annotation file is ``clova_train.tools.grounding.coco`` (no Lightning
 there: serving demos use it too); this module serves its instances in chunks and its evaluation images to
 ``validate`` / ``test``. Everything used is checked when the datamodule is set up, before anything is
 trained, and a bad file, record or concept stops the run with one message naming it.
@@ -14,8 +14,8 @@ from torch.utils.data import DataLoader
 
 from clova_train.core.errors import DataError
 from clova_train.datamodules.prompt_tuning.chunks import PromptTuningDataModule
-from clova_train.tools.coco_grounding import GroundingAnnotations, GroundingInstances, GroundingSplit
-from clova_train.tools.grounding import GroundedImage
+from clova_train.tools.grounding.coco import GroundingAnnotations, GroundingInstances, GroundingSplit
+from clova_train.tools.grounding.instances import GroundedImage
 
 __all__ = ["GroundingAnnotations", "GroundingDataModule", "GroundingInstances", "GroundingSplit",
            "SyntheticGroundingDataModule"]
@@ -147,7 +147,7 @@ class SyntheticGroundingDataModule(GroundingDataModule):
                            "image_size": image_size, "render_seed": render_seed}
 
     def prepare_data(self) -> None:
-        from clova_train.synthetic.grounding import write_coco_scenes
+        from clova_train.tools.grounding.synthetic import write_coco_scenes
         from clova_train.synthetic.shapes import generated_before, record_generation
 
         if not generated_before(self.root, self.generation):

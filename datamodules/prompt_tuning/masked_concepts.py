@@ -6,7 +6,7 @@ splits, ``root/<concept>/train/`` and ``root/<concept>/val/``, each with its own
 name is the concept (``orange_circle`` is the words "orange circle"). Without explicit splits, the files
 are sorted by name and the first ``val_per_concept`` are held out for the gate (never trained on).
 
-Every training image is one instance (:class:`~clova_train.tools.sd_inpaint_replace.ReplaceInstance`) with
+Every training image is one instance (:class:`~clova_train.tools.replace.tool.ReplaceInstance`) with
 id ``"<concept>/<file name>"``, gated on every held-out image of its concept. Images found on the web come
 without masks: ``missing_mask: full`` treats such an image as all concept (the whole image is repainted).
 
@@ -23,7 +23,7 @@ from clova_train.core.errors import DataError
 from clova_train.datamodules.prompt_tuning.chunks import PromptTuningDataModule
 from clova_train.datamodules.prompt_tuning.concept_folders import ConceptSplit, split_concept
 from clova_train.tools.images import IMAGE_SUFFIXES
-from clova_train.tools.sd_inpaint_replace import MaskedImage, ReplaceInstance, concept_words, load_masked_image
+from clova_train.tools.replace.tool import MaskedImage, ReplaceInstance, concept_words, load_masked_image
 
 MASKS_FOLDER = "masks"
 
@@ -149,7 +149,7 @@ class SyntheticMaskedConceptDataModule(MaskedConceptDataModule):
                            "render_size": render_size, "render_seed": render_seed}
 
     def prepare_data(self) -> None:
-        from clova_train.synthetic.masked_concepts import write_masked_concepts
+        from clova_train.tools.replace.synthetic import write_masked_concepts
         from clova_train.synthetic.shapes import generated_before, record_generation
 
         if not generated_before(self.root, self.generation):

@@ -20,9 +20,9 @@ from torch.utils.data import DataLoader
 
 from clova_train.core.errors import DataError
 from clova_train.datamodules.prompt_tuning.chunks import PromptTuningDataModule
-from clova_train.tools.blip_vqa import VqaInstance
+from clova_train.tools.vqa.tool import VqaInstance
 from clova_train.tools.images import check_image, load_image_uint8
-from clova_train.tools.vqa_records import read_records, record_image
+from clova_train.tools.vqa.records import read_records, record_image
 
 class VqaRecords:
     """Map-style dataset of :class:`VqaInstance`, one per record."""
@@ -170,7 +170,7 @@ class SyntheticVqaDataModule(VqaRecordDataModule):
 
     def prepare_data(self) -> None:
         from clova_train.synthetic.shapes import generated_before, record_generation
-        from clova_train.synthetic.vqa import write_vqa_records
+        from clova_train.tools.vqa.synthetic import write_vqa_records
 
         if not generated_before(self.root, self.generation):
             g = self.generation

@@ -106,9 +106,9 @@ def test_paper_replace_config_keeps_paper_values(capsys: pytest.CaptureFixture) 
 def test_help_documents_model_arguments(capsys: pytest.CaptureFixture) -> None:
     assert run_fit("fit", "--model.help", "clova_train.models.PromptTuning") == 0
     text = capsys.readouterr().out
-    assert "Adam learning rate" in text and "clova_train.tools.clip.PromptedClip" in text
+    assert "Adam learning rate" in text and "clova_train.tools.clip.tool.PromptedClip" in text
     assert run_fit("fit", "--model.class_path=clova_train.models.PromptTuning",
-                   "--model.tool.help", "clova_train.tools.clip.PromptedClip") == 0
+                   "--model.tool.help", "clova_train.tools.clip.tool.PromptedClip") == 0
     assert "prompt tokens in each prompted vision block" in capsys.readouterr().out
 
 
@@ -197,7 +197,7 @@ def test_sharding_strategies_are_refused_with_reason(tiny_clip_dir: Path) -> Non
 
     from clova_train.core.errors import ModelError
     from clova_train.models import PromptTuning
-    from clova_train.tools.clip import PromptedClip
+    from clova_train.tools.clip.tool import PromptedClip
 
     module = PromptTuning(PromptedClip(f"local-dir:{tiny_clip_dir}", None, num_prompt_tokens=4))
     module._trainer = SimpleNamespace(strategy=FSDPStrategy())

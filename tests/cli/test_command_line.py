@@ -56,7 +56,7 @@ def test_suggestions_only_for_close_names() -> None:
 def test_long_steps_log_progress_lines_when_not_on_a_terminal(monkeypatch: pytest.MonkeyPatch, tmp_path) -> None:
     from clova_train.core import progress
     from clova_train.export.common import copy_tree
-    from clova_train.quickstart.tiny import common
+    from clova_train.tools import tiny_common as common
 
     stream = io.StringIO()
     monkeypatch.setattr(progress, "LOG_EVERY_SECONDS", 0.0)

@@ -132,7 +132,7 @@ def test_image_collector_names_an_unreadable_image(image_source: Path, tmp_path:
 
 
 def test_grounding_collector_writes_the_concepts_images_from_a_coco_file(tmp_path: Path) -> None:
-    from clova_train.tools.coco_grounding import GroundingAnnotations
+    from clova_train.tools.grounding.coco import GroundingAnnotations
 
     (tmp_path / "images").mkdir()
     images, annotations = [], []
@@ -167,7 +167,7 @@ class _Answers(ChatBackend):
 
 def test_vqa_collector_writes_the_inferred_answer_for_the_failed_question(tmp_path: Path) -> None:
     from clova_train.closedloop.tasks import LoopTask
-    from clova_train.tools.vqa_records import read_records
+    from clova_train.tools.vqa.records import read_records
 
     Image.new("RGB", (64, 64), (0, 0, 255)).save(tmp_path / "scene.png")
     task = LoopTask("t1", "Is the sky blue?", tmp_path / "scene.png", answer="yes")
@@ -341,7 +341,7 @@ def small_world(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.mark.parametrize("failure", ["mid-task", "right after a fit"])
 def test_a_failing_backend_pauses_the_loop_and_a_rerun_continues(failure: str, small_world: Path, tiny_clip_dir: Path,
                                                                  tmp_path: Path) -> None:
-    clip = PromptTool.from_description({"class_path": "clova_train.tools.clip.PromptedClip",
+    clip = PromptTool.from_description({"class_path": "clova_train.tools.clip.tool.PromptedClip",
                                         "init_args": {"model_name": f"local-dir:{tiny_clip_dir}", "pretrained": None}})
     tasks = read_tasks(small_world / "train_tasks.jsonl")
     straight = _loop(tmp_path / "straight", clip, world.ScriptedLoopLLM(), _PoolLearner(clip), small_world / "image_source")
@@ -420,7 +420,7 @@ class _ChatServer:
 @pytest.mark.parametrize("failure", ["503", "malformed", "timeout"])
 def test_a_failing_http_llm_pauses_the_loop_with_its_state_and_a_rerun_continues(
         failure: str, small_world: Path, tiny_clip_dir: Path, tmp_path: Path) -> None:
-    clip = PromptTool.from_description({"class_path": "clova_train.tools.clip.PromptedClip",
+    clip = PromptTool.from_description({"class_path": "clova_train.tools.clip.tool.PromptedClip",
                                         "init_args": {"model_name": f"local-dir:{tiny_clip_dir}", "pretrained": None}})
     tasks = read_tasks(small_world / "train_tasks.jsonl")
     server = _ChatServer()
@@ -448,7 +448,7 @@ def test_a_failing_http_llm_pauses_the_loop_with_its_state_and_a_rerun_continues
 
 
 def test_held_out_classification_counts_each_distinct_image_once_over_collections(tiny_clip_dir: Path, tmp_path: Path) -> None:
-    clip = PromptTool.from_description({"class_path": "clova_train.tools.clip.PromptedClip",
+    clip = PromptTool.from_description({"class_path": "clova_train.tools.clip.tool.PromptedClip",
                                         "init_args": {"model_name": f"local-dir:{tiny_clip_dir}", "pretrained": None}})
     server = PromptToolServer(clip, PromptPool(clip.pool_spec()))
     labels = ["red", "blue", "purple"]
@@ -492,7 +492,7 @@ class _ScriptedCheck:
 @pytest.mark.parametrize("pool_validation", [True, False])
 def test_a_fit_joins_the_pool_only_if_the_served_pool_makes_fewer_held_out_errors(
         pool_validation: bool, small_world: Path, tiny_clip_dir: Path, tmp_path: Path) -> None:
-    clip = PromptTool.from_description({"class_path": "clova_train.tools.clip.PromptedClip",
+    clip = PromptTool.from_description({"class_path": "clova_train.tools.clip.tool.PromptedClip",
                                         "init_args": {"model_name": f"local-dir:{tiny_clip_dir}", "pretrained": None}})
     tasks = read_tasks(small_world / "train_tasks.jsonl")
 

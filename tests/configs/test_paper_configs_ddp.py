@@ -17,7 +17,7 @@ pytestmark = pytest.mark.slow
 
 @pytest.fixture(scope="module")
 def masked_concepts_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from clova_train.synthetic.masked_concepts import write_masked_concepts
+    from clova_train.tools.replace.synthetic import write_masked_concepts
 
     return write_masked_concepts(tmp_path_factory.mktemp("replace-concepts"), ["orange_circle"], images_per_concept=5,
                                  image_size=16)

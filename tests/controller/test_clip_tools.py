@@ -11,7 +11,7 @@ from clova_train.envs.hydra.clip_tools import ClipPromptTools, clip_tools_factor
 from clova_train.envs.common.world import COLOURS, SceneTools, make_task
 from clova_train.core.pool import PromptPool
 from clova_train.sandbox import PatchRef
-from clova_train.tools.clip import PromptedClip
+from clova_train.tools.clip.tool import PromptedClip
 from clova_train.tools.prompt_server import PromptToolServer
 
 

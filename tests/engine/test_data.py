@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 
 from clova_train.datamodules import ConceptFolderDataModule, PendingChunks, SyntheticConceptDataModule
-from clova_train.synthetic.shapes import render_scene, write_concept_folders
+from clova_train.synthetic.shapes import render_scene
+from clova_train.tools.clip.synthetic import write_concept_folders
 from clova_train.core.errors import DataError
 
 

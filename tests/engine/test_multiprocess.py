@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from clova_train.models.prompt_tuning import PromptTuning
-from clova_train.quickstart.tiny.clip import make_tiny_clip
+from clova_train.tools.clip.tiny import make_tiny_clip
 from helpers.common import fit_args, run_cli_subprocess, run_fit
 from helpers.kill import kill_at_chunk
 from helpers.runs import assert_same_pools, load_run

@@ -189,9 +189,9 @@ def test_validate_and_test_report_accuracy_with_and_without_pool(
 
     from clova_train.datamodules import ConceptFolderDataModule
     from clova_train.tools.images import list_images, load_image
-    from clova_train.synthetic.shapes import write_concept_folders
+    from clova_train.tools.clip.synthetic import write_concept_folders
     from clova_train.models import PromptTuning
-    from clova_train.tools.clip import PromptedClip
+    from clova_train.tools.clip.tool import PromptedClip
     from clova_train.tools.prompt_server import PromptToolServer
 
     assert run_fit(*fit_args(tiny_clip_dir, concept_root, tmp_path, "--model.init_args.steps=30")) == 0
@@ -244,7 +244,7 @@ def test_validate_and_test_report_accuracy_with_and_without_pool(
 
 def test_ungated_control_holds_every_tuned_prompt(tiny_clip_dir: Path) -> None:
     from clova_train.models import PromptTuning
-    from clova_train.tools.clip import PromptedClip
+    from clova_train.tools.clip.tool import PromptedClip
     from clova_train.tools.contracts import InstanceRecord, Rejection
 
     tool = PromptedClip(f"local-dir:{tiny_clip_dir}", None, num_prompt_tokens=2, prompt_depth=1)
@@ -270,7 +270,7 @@ def test_empty_pool_is_the_unmodified_tool(tiny_clip_dir: Path, concept_root: Pa
 
     from clova_train.datamodules import ConceptFolderDataModule
     from clova_train.models import PromptTuning
-    from clova_train.tools.clip import PromptedClip
+    from clova_train.tools.clip.tool import PromptedClip
 
     module = PromptTuning(PromptedClip(f"local-dir:{tiny_clip_dir}", None, num_prompt_tokens=4), pool_path=str(tmp_path / "none.safetensors"))
     dm = ConceptFolderDataModule(str(concept_root), image_size=32, val_per_concept=2)

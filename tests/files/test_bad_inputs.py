@@ -200,7 +200,7 @@ def test_lone_surrogate_names_the_record_and_field(tmp_path: Path, field: str) -
 # ---------------------------------------------------------------------------------------------- VQA records
 @pytest.mark.parametrize("suffix", [".jsonl", ".json"])
 def test_vqa_records_sharing_an_id_name_the_file_the_records_and_the_id(tmp_path: Path, suffix: str) -> None:
-    from clova_train.tools.vqa_records import read_records
+    from clova_train.tools.vqa.records import read_records
 
     records = [{"id": "q1", "image": "a.png", "question": "what?", "answer": "red"},
                {"id": "q2", "image": "b.png", "question": "what?", "answer": "blue"},

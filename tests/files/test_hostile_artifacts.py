@@ -67,7 +67,7 @@ def test_init_args_a_tool_does_not_take_are_named_before_anything_loads(tmp_path
     from clova_train.core.errors import ExportError
     from clova_train.tools.prompt_server import PromptToolServer
 
-    export = hostile_export(tmp_path / "work", "clova_train.tools.clip.PromptedClip") / "export"
+    export = hostile_export(tmp_path / "work", "clova_train.tools.clip.tool.PromptedClip") / "export"
     description = json.loads((export / "tool.json").read_text())
     (export / "tool.json").write_text(json.dumps({**description, "init_args": init_args}))
     with pytest.raises(ExportError, match=f"cannot rebuild the tool of {export}: ") as caught:
@@ -76,7 +76,7 @@ def test_init_args_a_tool_does_not_take_are_named_before_anything_loads(tmp_path
 
 
 def test_registered_tools_are_the_shipped_ones_imported_subclasses_and_entry_points() -> None:
-    assert tool_class({"class_path": "clova_train.tools.blip_vqa.BlipVqa"}).__name__ == "BlipVqa"
+    assert tool_class({"class_path": "clova_train.tools.vqa.tool.BlipVqa"}).__name__ == "BlipVqa"
 
     class OwnTool(PromptTool):  # a user's tool: registered because their program imported (defined) it
         name = "own"

@@ -221,9 +221,9 @@ def _readers():
     from clova_train.closedloop.tasks import read_tasks
     from clova_train.datamodules.tool_llm.tool_instructions import load_records
     from clova_train.envs.avis.transition_graph import load_graph
-    from clova_train.tools.coco_grounding import GroundingAnnotations
+    from clova_train.tools.grounding.coco import GroundingAnnotations
     from clova_train.tools.prompt_server import read_tool_description
-    from clova_train.tools.vqa_records import read_records
+    from clova_train.tools.vqa.records import read_records
 
     def tool_json(tmp: Path, case: str) -> None:
         _write(tmp / "tool.json", case, "json")
@@ -347,7 +347,7 @@ def _rle_string(mask: np.ndarray) -> str:
     ({"segmentation": {"size": [24.0, 32], "counts": [768]}}, "RLE size"),
 ])
 def test_coco_values_are_checked_before_pycocotools(annotation: dict, message: str, tmp_path: Path) -> None:
-    from clova_train.tools.coco_grounding import GroundingAnnotations
+    from clova_train.tools.grounding.coco import GroundingAnnotations
 
     annotations = GroundingAnnotations(_coco(tmp_path, annotation))
     with pytest.raises(DataError, match=message):
@@ -356,7 +356,7 @@ def test_coco_values_are_checked_before_pycocotools(annotation: dict, message: s
 
 def test_an_oversized_rle_string_is_refused(tmp_path: Path) -> None:
     """A compressed RLE of a bigger image: pycocotools would decode past the end of this image's buffer."""
-    from clova_train.tools.coco_grounding import GroundingAnnotations
+    from clova_train.tools.grounding.coco import GroundingAnnotations
 
     big = np.zeros((240, 320), dtype=bool)
     big[10:200, 5:300] = True
@@ -367,7 +367,7 @@ def test_an_oversized_rle_string_is_refused(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("seed", range(5))
 def test_valid_rle_strings_decode_as_pycocotools_does(seed: int, tmp_path: Path) -> None:
-    from clova_train.tools.coco_grounding import GroundingAnnotations, compressed_rle_counts
+    from clova_train.tools.grounding.coco import GroundingAnnotations, compressed_rle_counts
 
     mask = np.random.default_rng(seed).random((24, 32)) > 0.6
     counts = _rle_string(mask)
@@ -386,7 +386,7 @@ def test_valid_rle_strings_decode_as_pycocotools_does(seed: int, tmp_path: Path)
     (lambda d: d["annotations"][0].update(id=[1]), "id must be"),
 ])
 def test_coco_image_records_are_typed(edit, message: str, tmp_path: Path) -> None:
-    from clova_train.tools.coco_grounding import GroundingAnnotations
+    from clova_train.tools.grounding.coco import GroundingAnnotations
 
     path = _coco(tmp_path, {})
     data = json.loads(path.read_text())
@@ -423,7 +423,7 @@ def test_the_character_bound_never_drops_a_record_that_fits() -> None:
     """A text that tokenises within max_length is always under the bound (the quickstart's byte-level BPE with its
     added whole tokens, on worst-case texts made of its longest entries)."""
     from clova_train.datamodules.tool_llm.tool_instructions import max_characters
-    from clova_train.quickstart.tiny.llama import tiny_bpe_tokenizer, tool_corpus, tool_llama_tokens
+    from clova_train.quickstart.tiny_llama import tiny_bpe_tokenizer, tool_corpus, tool_llama_tokens
 
     texts, _ = tool_corpus(0)
     tokenizer = tiny_bpe_tokenizer(texts[:200], whole_tokens=tool_llama_tokens())

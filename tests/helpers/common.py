@@ -26,7 +26,7 @@ QUIET_CPU_FIT = [
 ]
 FAST_MODEL_ARGS = [
     "--model.class_path=clova_train.models.PromptTuning",
-    "--model.init_args.tool.class_path=clova_train.tools.clip.PromptedClip",
+    "--model.init_args.tool.class_path=clova_train.tools.clip.tool.PromptedClip",
     "--model.init_args.tool.init_args.pretrained=null",
     "--model.init_args.tool.init_args.num_prompt_tokens=4",
     "--model.init_args.steps=15",

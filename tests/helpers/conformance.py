@@ -1,6 +1,6 @@
-"""The conformance checks every prompt tool of the registry gets, as plain functions of a recipe (and what was built
+"""The conformance checks every prompt tool with a recipe gets, as plain functions of a recipe (and what was built
 from it): ``tools/test_conformance.py`` runs them on each registered tool, ``tools/test_adding_a_tool.py`` on a toy tool
-registered at run time. See the suite's docstring for what they check."""
+from a test folder. See the suite's docstring for what they check."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from PIL import Image
 
 from clova_train.core.safe_files import read_yaml
 from clova_train.datamodules import PromptTuningDataModule
-from clova_train.quickstart.registry import TINY_MODELS, ToolRecipe
+from clova_train.tools.recipes import TinyModel, ToolRecipe, resolve
 from clova_train.tools.base import PromptTool
 from clova_train.tools.contracts import TrainingInstance
 from clova_train.tools.pretrained import LOCAL_DIR_PREFIX
@@ -72,7 +72,10 @@ def check_recipe_configs(recipe: ToolRecipe) -> None:
     assert isinstance(tool_cls, type) and issubclass(tool_cls, PromptTool), f"{recipe.tool} is not a PromptTool"
     for synthetic in (False, True):
         assert issubclass(recipe.datamodule_class(synthetic), PromptTuningDataModule)
-    assert recipe.tiny_model in TINY_MODELS, f"{recipe.name}: tiny model {recipe.tiny_model!r} is not registered"
+    assert isinstance(recipe.tiny_model, TinyModel), f"{recipe.name}: its tiny model is a {type(recipe.tiny_model)}"
+    resolve(recipe.tiny_model.builder)
+    if recipe.example_request is not None:
+        assert callable(resolve(recipe.example_request)), f"{recipe.name}: {recipe.example_request} is not a function"
     datamodules = {recipe.datamodule, recipe.synthetic_datamodule}
     for path in (recipe.quickstart_config, recipe.paper_config):
         assert config_path(path).is_file(), f"{recipe.name}: config {path} is missing"
@@ -239,15 +242,8 @@ def write_image(path: Path, size: int = 32, seed: int = 0) -> Path:
     return path
 
 
-def write_mask(path: Path, size: int = 16) -> Path:
-    mask = np.zeros((size, size), dtype=np.uint8)
-    mask[size // 4 : 3 * size // 4, size // 4 : 3 * size // 4] = 255
-    Image.fromarray(mask).save(path)
-    return path
-
-
 def guessed_query(tool: PromptTool, workdir: Path, instance: TrainingInstance) -> dict[str, Any]:
-    """A request for a tool without an entry in :data:`SERVED_QUERIES`: an image in its image field, and the
+    """A request for a tool whose recipe has no ``example_request``: an image in its image field, and the
     instance's concept."""
     image = str(write_image(workdir / "query.png"))
     field = type(tool).request_image_field
@@ -257,19 +253,8 @@ def guessed_query(tool: PromptTool, workdir: Path, instance: TrainingInstance) -
     return request
 
 
-# name -> (workdir, instance) -> request: each tool's JSON request (see its serve_request), on a served concept
-SERVED_QUERIES: dict[str, Callable[[Path, Any], dict[str, Any]]] = {
-    "clip": lambda d, i: {"images": [str(write_image(d / "query.png"))], "labels": list(i.candidates)},
-    "vqa": lambda d, i: {"image": str(write_image(d / "query.png")), "question": i.question},
-    "loc": lambda d, i: {"image": str(write_image(d / "query.png", 64)), "concept": i.concept},
-    "seg": lambda d, i: {"image": str(write_image(d / "query.png", 64)), "concept": i.concept},
-    "replace": lambda d, i: {"image": str(write_image(d / "query.png", 16)), "mask": str(write_mask(d / "mask.png")),
-                             "concept": i.concept, "output": str(d / "served.png"), "seed": 0},
-}
-
-
 def served_query(built: BuiltTool, workdir: Path) -> dict[str, Any]:
-    make = SERVED_QUERIES.get(built.recipe.name)
-    if make is None:
+    """The recipe's example request for the first instance (its ``example_request``), else a guess."""
+    if built.recipe.example_request is None:
         return guessed_query(built.tool, workdir, built.instances[0])
-    return make(workdir, built.instances[0])
+    return resolve(built.recipe.example_request)(workdir, built.instances[0])

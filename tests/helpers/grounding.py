@@ -10,13 +10,13 @@ from pathlib import Path
 import torch
 
 from clova_train.tools.base import PromptTool
-from clova_train.tools.grounding import GroundingInstance
+from clova_train.tools.grounding.instances import GroundingInstance
 from helpers.common import QUIET_CPU_FIT, run_fit, serve_in_fresh_process
 
 
 def instances_of(scenes: Path, concept: str) -> list[GroundingInstance]:
     """8 training instances of ``concept`` from a synthetic COCO folder, each gated on one of 4 held-out images."""
-    from clova_train.tools.coco_grounding import GroundingAnnotations, GroundingInstances, GroundingSplit
+    from clova_train.tools.grounding.coco import GroundingAnnotations, GroundingInstances, GroundingSplit
 
     annotations = GroundingAnnotations(scenes / "annotations.json")
     split = GroundingSplit(annotations, concept, max_images=8, num_val_images=4, num_eval_images=0, split_seed=0)
@@ -79,7 +79,7 @@ def outcomes(tool: PromptTool, scene_sets: list[Path], concept: str, seeds: tupl
 
 def scene_sets(root: Path, concepts: list[str], seeds: tuple[int, ...] = (1, 2)) -> list[Path]:
     """Synthetic COCO folders of ``concepts`` (16 images, two objects each, four distractor colours), one per seed."""
-    from clova_train.synthetic.grounding import write_coco_scenes
+    from clova_train.tools.grounding.synthetic import write_coco_scenes
 
     return [write_coco_scenes(root / f"scenes-{seed}", concepts, 16, distractor_colours=["red", "green", "blue", "yellow"],
                               objects_per_image=2, seed=seed) for seed in seeds]
@@ -143,7 +143,7 @@ def loc_fit_args(owlvit_dir: Path, annotations: Path, run_dir: Path, *extra: str
         *QUIET_CPU_FIT,
         f"--trainer.default_root_dir={run_dir}",
         "--model.class_path=clova_train.models.PromptTuning",
-        "--model.init_args.tool.class_path=clova_train.tools.owlvit_loc.OwlVitLoc",
+        "--model.init_args.tool.class_path=clova_train.tools.loc.tool.OwlVitLoc",
         f"--model.init_args.tool.init_args.model_name={owlvit_dir}",
         "--model.init_args.tool.init_args.num_prompt_tokens=4",
         "--model.init_args.lr=0.05", "--model.init_args.steps=4",

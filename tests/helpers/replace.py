@@ -6,12 +6,12 @@ from pathlib import Path
 
 import torch
 
-from clova_train.synthetic.masked_concepts import write_masked_concepts
+from clova_train.tools.replace.synthetic import write_masked_concepts
 from clova_train.tools.base import PromptTool
-from clova_train.tools.sd_inpaint_replace import ReplaceInstance, load_masked_image
+from clova_train.tools.replace.tool import ReplaceInstance, load_masked_image
 from helpers.common import QUIET_CPU_FIT
 
-TOOL_CLASS = "clova_train.tools.sd_inpaint_replace.InpaintTextualInversion"
+TOOL_CLASS = "clova_train.tools.replace.tool.InpaintTextualInversion"
 
 
 def masked_root(root: Path, concepts: list[str], images: int = 10, seed: int = 0) -> Path:

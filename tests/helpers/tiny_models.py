@@ -1,7 +1,7 @@
-"""Where the test cache keeps a pretrained tiny model of the registry, and how its build is started.
+"""Where the test cache keeps a pretrained tiny model of a tool recipe, and how its build is started.
 
-A cache entry is named by the model's kind, its pretraining steps, the registry's fingerprint of the builder's
-code (:meth:`~clova_train.quickstart.registry.TinyModel.fingerprint`) and the math-library settings the build
+A cache entry is named by the model's kind, its pretraining steps, the recipe's fingerprint of the builder's
+code (:meth:`~clova_train.tools.recipes.TinyModel.fingerprint`) and the math-library settings the build
 runs under: a changed builder, step count or kernel choice gives a new name, so the model is rebuilt instead of an
 old one being reused.
 """
@@ -12,7 +12,7 @@ import hashlib
 import os
 from collections.abc import Mapping
 
-from clova_train.quickstart.registry import TinyModel
+from clova_train.tools.recipes import TinyModel
 
 # The variables that choose the math kernels a build runs on (the Makefile's demos set them; the tests run on the
 # host's own kernels): a model pretrained for minutes comes out differently on other kernels.
@@ -25,7 +25,7 @@ def build_environment(model: TinyModel, base: Mapping[str, str] | None = None) -
 
 
 def cache_name(model: TinyModel, steps: int | None = None, base: Mapping[str, str] | None = None) -> str:
-    """The cache directory's name of ``model`` pretrained for ``steps`` (default: the registry's step count)."""
+    """The cache directory's name of ``model`` pretrained for ``steps`` (default: the model's own step count)."""
     steps = model.pretrain_steps if steps is None else steps
     environment = build_environment(model, base)
     kernels = ",".join(f"{name}={environment.get(name, '')}" for name in KERNEL_VARIABLES)

@@ -34,7 +34,7 @@ from clova_train.core.errors import DataError, ModelError
 from clova_train.core.safe_files import read_json
 from clova_train.datamodules import PromptTuningDataModule
 from clova_train.quickstart.registry import TinyModel, ToolRecipe
-from clova_train.quickstart.tiny.common import torch_threads
+from clova_train.tools.tiny_common import torch_threads
 from clova_train.tools.base import PromptLookup, PromptTool
 from clova_train.tools.contracts import GateResult, Rejection, TrainingInstance
 

@@ -4,7 +4,7 @@ otherwise cast every float32 weight at every inner step); the prompts and their 
 float32; validation and serving work with the stored tool. ``32-true`` changes nothing; ``-true`` low precisions
 are refused.
 
-Each tool runs on its registry's random-weight tiny model with its synthetic data (as in ``tools/test_conformance.py``).
+Each tool runs on its recipe's random-weight tiny model with its synthetic data (as in ``tools/test_conformance.py``).
 """
 
 from __future__ import annotations
@@ -22,13 +22,13 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from clova_train.core.errors import ModelError
 from clova_train.core.pool import PromptPool
-from clova_train.quickstart.registry import TOOLS, ToolRecipe
-from clova_train.quickstart.tiny.common import torch_threads
+from clova_train.tools.recipes import ToolRecipe, tool_recipes
+from clova_train.tools.tiny_common import torch_threads
 from clova_train.tools.base import PromptTool
 from clova_train.tools.prompt_server import PromptToolServer
 from helpers.conformance import BuiltTool, _Instances, build_recipe, check_export_serves, served_query
 
-RECIPES = [pytest.param(recipe, id=name) for name, recipe in TOOLS.items()]
+RECIPES = [pytest.param(recipe, id=name) for name, recipe in tool_recipes().items()]
 CONVERSIONS = (torch.ops.aten._to_copy.default, torch.ops.aten.copy_.default)
 
 

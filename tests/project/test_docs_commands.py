@@ -44,7 +44,12 @@ def words(command: str) -> list[str]:
 
 @functools.cache
 def make_targets() -> set[str]:
-    return set(re.findall(r"^([a-z][\w-]*):", (REPO / "Makefile").read_text(), re.M))
+    """The Makefile's explicit targets and ``demo-<tool>`` for every tool recipe (its ``demo-%`` rule)."""
+    from clova_train.tools.recipes import tool_recipes
+
+    makefile = (REPO / "Makefile").read_text()
+    assert re.search(r"^demo-%:", makefile, re.M), "the Makefile has no demo-% rule for the tool recipes"
+    return set(re.findall(r"^([a-z][\w-]*):", makefile, re.M)) | {f"demo-{name}" for name in tool_recipes()}
 
 
 @functools.cache

@@ -9,8 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from clova_train.quickstart import registry
-from clova_train.quickstart.registry import TINY_MODELS, TinyModel
+from clova_train.core.errors import ClovaTrainError
+from clova_train.quickstart.tiny_models import tiny_models
+from clova_train.tools import recipes
+from clova_train.tools.recipes import TinyModel, ToolRecipe
 from helpers.tiny_models import cache_name
 
 BUILDER = """
@@ -33,7 +35,7 @@ def probe(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[Tin
     (package / "unrelated.py").write_text("DEPTH = 2\n")
     (package / "builder.py").write_text(BUILDER)
     monkeypatch.syspath_prepend(str(tmp_path))
-    monkeypatch.setattr(registry, "FINGERPRINTED_PACKAGES", (*registry.FINGERPRINTED_PACKAGES, "probe_tiny"))
+    monkeypatch.setattr(recipes, "FINGERPRINTED_PACKAGES", (*recipes.FINGERPRINTED_PACKAGES, "probe_tiny"))
     yield TinyModel("probe", "probe_tiny.builder:build", 10, "a probe"), package
     for name in [n for n in sys.modules if n == "probe_tiny" or n.startswith("probe_tiny.")]:
         del sys.modules[name]  # find_spec imported the package
@@ -62,15 +64,17 @@ def test_the_fingerprint_follows_a_module_imported_from_its_package(probe: tuple
     assert model.fingerprint() != first
 
 
-def test_a_refused_registration_changes_neither_table() -> None:
-    tools, models = dict(registry.TOOLS), dict(registry.TINY_MODELS)
-    recipe = registry.ToolRecipe("probe-tool", "PROBE", "x.Tool", "x.Data", "x.Synthetic", "probe", "q.yaml", "p.yaml")
+def test_a_refused_registration_changes_no_table() -> None:
+    tools, models = dict(recipes.tool_recipes()), dict(tiny_models())
     clash = TinyModel("clip", "elsewhere:build", 1, "another clip")
-    with pytest.raises(registry.ClovaTrainError, match="a tiny model named 'clip' is already registered"):
-        registry.register_tool(recipe, clash)
-    with pytest.raises(registry.ClovaTrainError, match="names tiny model 'probe', which is not registered"):
-        registry.register_tool(recipe)
-    assert registry.TOOLS == tools and registry.TINY_MODELS == models
+    recipe = ToolRecipe("probe-tool", "PROBE", "x.Tool", "x.Data", "x.Synthetic", clash, "q.yaml", "p.yaml")
+    with pytest.raises(ClovaTrainError, match="a tiny model named 'clip' is already registered"):
+        recipes.register_tool(recipe)
+    renamed = ToolRecipe("clip", "PROBE", "x.Tool", "x.Data", "x.Synthetic", TinyModel("probe", "x:b", 1, "p"),
+                         "q.yaml", "p.yaml")
+    with pytest.raises(ClovaTrainError, match="a recipe named 'clip' is already registered"):
+        recipes.register_tool(renamed)
+    assert recipes.tool_recipes() == tools and tiny_models() == models
 
 
 def test_the_cache_name_changes_with_the_builder_the_steps_and_the_kernels(probe: tuple[TinyModel, Path]) -> None:
@@ -85,9 +89,9 @@ def test_the_cache_name_changes_with_the_builder_the_steps_and_the_kernels(probe
 
 
 def test_every_registry_builder_is_fingerprinted_with_its_shared_pieces() -> None:
-    for model in TINY_MODELS.values():
-        files = {path.name for path in registry._source_closure(model.builder.partition(":")[0])}
+    for model in tiny_models().values():
+        files = {path.name for path in recipes.source_closure(model.builder.partition(":")[0])}
         assert f"{model.builder.split(':')[0].rsplit('.', 1)[-1]}.py" in files
-        assert "common.py" in files, f"{model.kind}: the shared builder pieces are part of its fingerprint"
-    maskformer = TINY_MODELS["maskformer"]
+        assert "tiny_common.py" in files, f"{model.kind}: the shared builder pieces are part of its fingerprint"
+    maskformer = tiny_models()["maskformer"]
     assert maskformer.fingerprint() != TinyModel(**{**maskformer.__dict__, "environment": {}}).fingerprint()

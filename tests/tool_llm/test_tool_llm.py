@@ -79,7 +79,7 @@ def test_skip_invalid_counts_instead_of_failing(tmp_path: Path) -> None:
 
 def test_records_left_out_are_counted_and_named_by_their_index_in_the_file(tmp_path: Path) -> None:
     from clova_train.datamodules.tool_llm.tool_instructions import EncodedInstructions, report_split
-    from clova_train.quickstart.tiny.common import clip_bpe_tokenizer
+    from clova_train.tools.tiny_common import clip_bpe_tokenizer
     from clova_train.tooluse.prompt_template import PromptTemplate
 
     lines = [json.dumps({"instruction": "a", "output": "b"}), "{oops",
@@ -369,7 +369,7 @@ def test_quickstart_llama_keeps_names_whole_and_loads(tmp_path: Path) -> None:
 
     from clova_train.datamodules.tool_llm.tool_conversations import ALL_TOOLS
     from clova_train.synthetic.file_names import FILE_NAMES
-    from clova_train.quickstart.tiny.llama import QUICKSTART_LLAMA_CONFIG, make_tiny_llama, tool_corpus
+    from clova_train.quickstart.tiny_llama import QUICKSTART_LLAMA_CONFIG, make_tiny_llama, tool_corpus
 
     texts, prompts = tool_corpus(0)
     directory = make_tiny_llama(tmp_path / "llama", texts[:20], prompts[:20], pretrain_steps=2, copy_steps=2,

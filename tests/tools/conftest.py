@@ -1,4 +1,4 @@
-"""Fixtures of the prompt-tool conformance tests: torch on one thread, and a registry that a test may add to and gets
+"""Fixtures of the prompt-tool conformance tests: torch on one thread, and run-time tool registrations that a test may add to and gets
 back unchanged (the random-weight tiny models are the root conftest's ``tiny_models``)."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from clova_train.quickstart import registry
+from clova_train.tools import recipes
 
 
 @pytest.fixture
@@ -16,7 +16,7 @@ def one_torch_thread() -> Iterator[None]:
 
     The tiny models' operations are so small that a second thread's hand-offs cost more than they save, and on a
     busy 2-core host far more: this suite took 118 s on two threads there, 20 s on one."""
-    from clova_train.quickstart.tiny.common import torch_threads
+    from clova_train.tools.tiny_common import torch_threads
 
     with torch_threads(1):
         yield
@@ -24,13 +24,10 @@ def one_torch_thread() -> Iterator[None]:
 
 @pytest.fixture
 def restored_registry() -> Iterator[None]:
-    """The registry's tables as they were before the test (a test registers a tool; none stays registered)."""
-    tools, models = dict(registry.TOOLS), dict(registry.TINY_MODELS)
+    """The run-time registrations as they were before the test (a test registers a tool; none stays registered)."""
+    registered = dict(recipes._REGISTERED)
     try:
         yield
     finally:
-        # in place: every module that imported the tables holds these dict objects
-        registry.TOOLS.clear()
-        registry.TOOLS.update(tools)
-        registry.TINY_MODELS.clear()
-        registry.TINY_MODELS.update(models)
+        recipes._REGISTERED.clear()
+        recipes._REGISTERED.update(registered)

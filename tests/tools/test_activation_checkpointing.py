@@ -17,7 +17,7 @@ import torch
 
 import clova_train.tools.base as tool_base
 from clova_train.core.pool import PromptPool
-from clova_train.quickstart.registry import TOOLS, ToolRecipe
+from clova_train.tools.recipes import ToolRecipe, tool_recipes
 from clova_train.tools.base import CheckpointedForward, PromptTool
 from clova_train.tools.prompt_server import PromptToolServer
 from helpers.common import fit_args, run_fit
@@ -26,7 +26,7 @@ from helpers.runs import assert_same_pools, load_run
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
-RECIPES = [pytest.param(recipe, id=name) for name, recipe in TOOLS.items()]
+RECIPES = [pytest.param(recipe, id=name) for name, recipe in tool_recipes().items()]
 INSTANCES = 2
 
 

@@ -17,8 +17,8 @@ def test_blip_with_vision_wider_than_text_is_refused_naming_both_widths(tmp_path
     from transformers import BlipConfig, BlipForQuestionAnswering
 
     from clova_train.core.errors import ModelError
-    from clova_train.quickstart.tiny.blip import build_tiny_blip
-    from clova_train.tools.blip_vqa import BlipVqa
+    from clova_train.tools.vqa.tiny import build_tiny_blip
+    from clova_train.tools.vqa.tool import BlipVqa
 
     model, processor = build_tiny_blip()
     config = BlipConfig(text_config=model.config.text_config.to_dict(),

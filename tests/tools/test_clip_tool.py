@@ -10,8 +10,8 @@ import torch
 import torch.nn.functional as F
 
 from clova_train.core.errors import ModelError
-from clova_train.quickstart.tiny.clip import make_tiny_clip
-from clova_train.tools.clip import PromptedClip
+from clova_train.tools.clip.tiny import make_tiny_clip
+from clova_train.tools.clip.tool import PromptedClip
 
 
 @pytest.fixture(scope="module")
@@ -115,7 +115,7 @@ def test_check_tool_catches_a_loss_that_mixes_instances(tool: PromptedClip, conc
 def test_token_embedding_adapter_matches_open_clip(tool: PromptedClip) -> None:
     """The one place that knows open_clip's ViT layout: equal to its private ``_embeds`` (where the installed
     version has it) and, through the blocks, to the tower's own forward."""
-    from clova_train.tools.clip import vit_token_embeddings
+    from clova_train.tools.clip.tool import vit_token_embeddings
 
     visual = tool.model.visual
     pixels = torch.randn(3, 3, *tool.image_size)
@@ -150,7 +150,7 @@ def test_gate_rules_have_known_answers(tiny_clip_dir: Path, monkeypatch: pytest.
     The first orange image is right by both rules; the second is orange by the prompted argmax (0.40) but the
     unmodified forward's top probability (yellow, 0.55) is higher, so serving keeps yellow: an error of the serving
     rule only. ``both`` collects both rules' errors; a margin makes the serving rule stricter."""
-    from clova_train.tools.clip import ClipChunk
+    from clova_train.tools.clip.tool import ClipChunk
 
     names = ["blue", "purple", "orange", "yellow"]
     prompted = torch.tensor([[0.05, 0.05, 0.85, 0.05], [0.05, 0.45, 0.50, 0.00], [0.30, 0.00, 0.40, 0.30]]).log()
@@ -186,7 +186,7 @@ def test_classify_decides_with_one_forward_per_image_and_a_zero_prompt_changes_n
     forward's verdict. So a pool of zero prompts is exactly the unmodified tool, and a prompt that lifts its own
     label's probability without winning its forward takes nothing."""
     from clova_train.core.pool import PromptPool
-    from clova_train.tools.clip_margin import classify_forwards
+    from clova_train.tools.clip.margin import classify_forwards
     from clova_train.tools.images import list_images, load_image
     from clova_train.tools.prompt_server import PromptToolServer
 
@@ -225,7 +225,7 @@ def test_fewer_errors_gate_compares_with_the_unprompted_tool(tiny_clip_dir: Path
     all-correct gate refuses it); prompt B fixes both but pulls the blue image to purple (1 error, kept);
     prompt C fixes nothing and pulls blue (3 errors by the prompted argmax; 2 by the serving rule, where blue
     stays blue: no fewer, so refused too, each rule's count named)."""
-    from clova_train.tools.clip import ClipChunk
+    from clova_train.tools.clip.tool import ClipChunk
 
     names = ["blue", "purple"]
     unprompted = torch.tensor([[0.6, 0.4], [0.7, 0.3], [0.2, 0.8], [0.9, 0.1]])
@@ -259,7 +259,7 @@ def test_fewer_errors_gate_compares_with_the_unprompted_tool(tiny_clip_dir: Path
 
 def test_choose_margin_keeps_labels_without_prompts_within_the_tolerance(tiny_clip_dir: Path, concept_root: Path) -> None:
     from clova_train.core.pool import PromptPool
-    from clova_train.tools.clip_margin import (
+    from clova_train.tools.clip.margin import (
         MARGINS, NEVER, choose_margin, classify_forwards, decide, images_needed, label_confidence, per_label_accuracy,
         taken_share_bound,
     )

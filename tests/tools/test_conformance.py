@@ -1,17 +1,17 @@
-"""One conformance suite for every prompt tool of the registry (``clova_train.quickstart.registry.TOOLS``).
+"""One conformance suite for every prompt tool with a recipe (:func:`clova_train.tools.recipes.tool_recipes`).
 
-Each recipe is checked the same way, so a new registry entry is covered by adding it:
+Each recipe is checked the same way, so a new tool is covered by its recipe:
 
-1. its configs exist and name its tool class and one of its datamodules (the registry cannot drift from them);
+1. its configs exist and name its tool class and one of its datamodules (the recipe cannot drift from them);
 2. its tool, built from its quickstart config on its tiny model (random weights), keeps the prompt-tool contract
    (``check_tool``) on instances from its synthetic datamodule;
 3. a two-instance, two-step fit writes a run that exports, and the export loads in
    :class:`~clova_train.tools.prompt_server.PromptToolServer` and answers a served query.
 
 The checks are plain functions of a recipe (and what was built from it): ``test_adding_a_tool.py`` runs them on a
-toy tool registered at run time. The one per-tool piece is the served query (:data:`SERVED_QUERIES`): requests are
-the tool's own JSON, which no interface describes; a tool without an entry is served a guess (its image field and
-a concept) and, if that fails, the failure says where to add its query.
+toy tool from a test folder. The served query is the recipe's ``example_request`` (requests are the tool's own
+JSON, which no interface describes); a recipe without one is served a guess (its image field and a concept) and, if
+that fails, the failure says where to add it.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 
 from clova_train.core.errors import DataError
-from clova_train.quickstart.registry import TOOLS, ToolRecipe
+from clova_train.tools.recipes import ToolRecipe, tool_recipes
 from helpers.conformance import (
     check_recipe_configs,
     BuiltTool,
@@ -30,7 +30,6 @@ from helpers.conformance import (
     check_contract,
     fit_briefly,
     check_export_serves,
-    SERVED_QUERIES,
     served_query,
 )
 
@@ -38,7 +37,7 @@ pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 # ---------------------------------------------------------------------- the suite
-RECIPES = [pytest.param(recipe, id=name) for name, recipe in TOOLS.items()]
+RECIPES = [pytest.param(recipe, id=name) for name, recipe in tool_recipes().items()]
 
 
 @pytest.mark.parametrize("recipe", RECIPES)
@@ -77,10 +76,10 @@ def test_a_short_fit_exports_and_serves(recipe: ToolRecipe, built_tools: Callabl
     try:
         check_export_serves(built, run_dir, tmp_path / "export", request)
     except DataError as err:
-        if recipe.name in SERVED_QUERIES:
+        if recipe.example_request is not None:
             raise
-        pytest.fail(f"the guessed request {request} does not fit the {recipe.name!r} tool ({err}); add its request to "
-                    f"SERVED_QUERIES in tests/helpers/conformance.py")
+        pytest.fail(f"the guessed request {request} does not fit the {recipe.name!r} tool ({err}); give its recipe an "
+                    f"example_request (clova_train/tools/recipes.py)")
     check_documented_requests(recipe, tmp_path / "export", tmp_path / "docs", monkeypatch)
 
 

@@ -71,7 +71,7 @@ def test_lvis_files_use_coco_urls_and_verified_negatives(coco_root: Path, tmp_pa
 
 
 def test_queries_are_the_concept_another_present_class_and_absent_negatives(coco_root: Path) -> None:
-    from clova_train.tools.grounding import instance_rng, queries_for
+    from clova_train.tools.grounding.instances import instance_rng, queries_for
 
     annotations = GroundingAnnotations(coco_root / "annotations.json")
     image = annotations.grounded_image(annotations.images_of(annotations.category_id("purple circle"))[0])
@@ -159,7 +159,7 @@ def test_too_few_images_for_the_split_is_an_error(coco_root: Path) -> None:
 
 
 def test_best_box_iou_scores_each_target_against_its_best_prediction() -> None:
-    from clova_train.tools.grounding import best_box_iou
+    from clova_train.tools.grounding.instances import best_box_iou
 
     targets = torch.tensor([[0.0, 0.0, 10.0, 10.0], [20.0, 20.0, 30.0, 30.0]])
     predicted = torch.tensor([[0.0, 0.0, 10.0, 5.0], [20.0, 20.0, 30.0, 30.0], [100.0, 100.0, 110.0, 110.0]])
@@ -171,7 +171,7 @@ def test_best_box_iou_scores_each_target_against_its_best_prediction() -> None:
 def test_best_box_iou_takes_targets_from_a_batch_on_the_gpu() -> None:
     # the GPU check found LOC's validation failing here: Lightning moves the batch's boxes to the GPU while the
     # detections come back as lists of floats
-    from clova_train.tools.grounding import best_box_iou
+    from clova_train.tools.grounding.instances import best_box_iou
 
     targets = torch.tensor([[0.0, 0.0, 10.0, 10.0]], device="cuda")
     assert best_box_iou(torch.tensor([[0.0, 0.0, 10.0, 5.0]]), targets).tolist() == pytest.approx([0.5])

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from clova_train.tools.owlvit_loc import OwlVitLoc
+from clova_train.tools.loc.tool import OwlVitLoc
 from helpers.grounding import instances_of, outcomes, scene_sets, serve_accepted_in_fresh_process, tune
 
 pytestmark = [pytest.mark.slow, pytest.mark.learning]

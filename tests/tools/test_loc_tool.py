@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from clova_train.tools.grounding import GroundingInstance
-from clova_train.tools.owlvit_loc import OwlVitLoc
+from clova_train.tools.grounding.instances import GroundingInstance
+from clova_train.tools.loc.tool import OwlVitLoc
 from helpers.grounding import assert_same_runs_at_chunk_sizes_1_and_8, loc_fit_args, random_prompt_server
 
 
@@ -45,7 +45,7 @@ def test_zero_prompt_and_no_prompt_are_the_unmodified_detector(tool: OwlVitLoc, 
 
 
 def test_hungarian_matching_pairs_each_box_with_the_nearest_prediction() -> None:
-    from clova_train.tools.detection_losses import BoxTargets, detection_losses, hungarian_match
+    from clova_train.tools.loc.detection_losses import BoxTargets, detection_losses, hungarian_match
 
     boxes = torch.tensor([[0.2, 0.2, 0.1, 0.1], [0.7, 0.7, 0.2, 0.2], [0.5, 0.5, 0.3, 0.3]])
     logits = torch.full((3, 2), -4.0)

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from clova_train.core.pool import random_prompts_like
-from clova_train.tools.sd_inpaint_replace import InpaintTextualInversion
+from clova_train.tools.replace.tool import InpaintTextualInversion
 from helpers.replace import instances, masked_root, tune
 
 pytestmark = [pytest.mark.slow, pytest.mark.learning]

@@ -20,7 +20,7 @@ from clova_train.core.pool import PromptPool
 from clova_train.tools.base import NoPrompt
 from clova_train.tools.check import check_tool
 from clova_train.tools.prompt_server import PromptToolServer
-from clova_train.tools.sd_inpaint_replace import InpaintTextualInversion, ensembled_token
+from clova_train.tools.replace.tool import InpaintTextualInversion, ensembled_token
 from helpers.common import run_fit, serve_in_fresh_process
 from helpers.grounding import assert_same_runs_at_chunk_sizes_1_and_8
 from helpers.replace import fit_args, instances, masked_root

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from clova_train.tools.maskformer_seg import MaskFormerSeg
+from clova_train.tools.seg.tool import MaskFormerSeg
 from helpers.grounding import instances_of, outcomes, scene_sets, serve_accepted_in_fresh_process, tune
 
 pytestmark = [pytest.mark.slow, pytest.mark.learning]

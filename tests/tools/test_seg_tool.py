@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from clova_train.tools.grounding import GroundingInstance
-from clova_train.tools.maskformer_seg import MaskFormerSeg, mask_iou
+from clova_train.tools.grounding.instances import GroundingInstance
+from clova_train.tools.seg.tool import MaskFormerSeg, mask_iou
 from helpers.common import QUIET_CPU_FIT
 from helpers.grounding import assert_same_runs_at_chunk_sizes_1_and_8, random_prompt_server
 
@@ -33,7 +33,7 @@ def seg_fit_args(maskformer_dir: Path, annotations: Path, run_dir: Path, *extra:
         *QUIET_CPU_FIT,
         f"--trainer.default_root_dir={run_dir}",
         "--model.class_path=clova_train.models.PromptTuning",
-        "--model.init_args.tool.class_path=clova_train.tools.maskformer_seg.MaskFormerSeg",
+        "--model.init_args.tool.class_path=clova_train.tools.seg.tool.MaskFormerSeg",
         f"--model.init_args.tool.init_args.model_name={maskformer_dir}",
         "--model.init_args.tool.init_args.num_prompt_tokens=4",
         "--model.init_args.tool.init_args.object_threshold=0.0",
@@ -184,7 +184,7 @@ def test_fit_runs_the_same_at_chunk_size_1_and_8(tiny_maskformer_dir: Path, coco
 
 
 def test_the_demo_picture_outlines_the_segment_that_matches_each_mask(instances: list[GroundingInstance]) -> None:
-    from clova_train.quickstart.demos.grounding import draw, matching_segments
+    from clova_train.tools.grounding.demo import draw, matching_segments
 
     image = instances[0].train
     concept = instances[0].concept

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from clova_train.tools.blip_vqa import BlipVqa, VqaInstance
+from clova_train.tools.vqa.tool import BlipVqa, VqaInstance
 from helpers.common import QUIET_CPU_FIT, run_fit
 from helpers.runs import assert_same_pools, load_run
 
@@ -44,7 +44,7 @@ def vqa_fit_args(blip_dir: Path, records_file: Path, run_dir: Path, *extra: str)
         *QUIET_CPU_FIT,
         f"--trainer.default_root_dir={run_dir}",
         "--model.class_path=clova_train.models.PromptTuning",
-        "--model.init_args.tool.class_path=clova_train.tools.blip_vqa.BlipVqa",
+        "--model.init_args.tool.class_path=clova_train.tools.vqa.tool.BlipVqa",
         f"--model.init_args.tool.init_args.model_name={blip_dir}",
         "--model.init_args.tool.init_args.num_prompt_tokens=4",
         "--model.init_args.tool.init_args.max_answer_tokens=4",
@@ -259,7 +259,7 @@ def test_bad_records_fail_with_one_message_and_no_pool(case: str, tiny_blip_dir:
 
 def test_pool_of_another_model_is_refused(vqa_reference_run: Path, tiny_blip_dir: Path, tmp_path: Path) -> None:
     from clova_train.core.errors import ExportError
-    from clova_train.quickstart.registry import tiny_model
+    from clova_train.quickstart.tiny_models import tiny_model
     from clova_train.tools.prompt_server import PromptToolServer
 
     other = tiny_model("blip").build(tmp_path / "other-blip", seed=1, pretrain_steps=0)

@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from clova_train.quickstart.tiny.common import pretraining_steps, torch_threads
+from clova_train.tools.tiny_common import pretraining_steps, torch_threads
 
 
 # ---------------------------------------------------------------------- BLIP VQA
@@ -73,9 +73,9 @@ def pretrain_blip_vqa(model: torch.nn.Module, processor: object, steps: int,
     some questions about the synthetic tasks wrong, and prompts have something to fix.
     """
     from clova_train.synthetic.shapes import SHAPES, render_scene
-    from clova_train.synthetic.vqa import VQA_OBJECT_SIZE
+    from clova_train.tools.vqa.synthetic import VQA_OBJECT_SIZE
 
-    from clova_train.tools.blip_vqa import honour_cross_attention_masks
+    from clova_train.tools.vqa.tool import honour_cross_attention_masks
 
     honour_cross_attention_masks(model)  # padded questions must not be attended to (see the VQA tool)
     rng = np.random.default_rng(seed)

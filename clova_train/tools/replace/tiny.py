@@ -31,9 +31,9 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from clova_train.synthetic.masked_concepts import masked_shape
+from clova_train.tools.replace.synthetic import masked_shape
 from clova_train.synthetic.shapes import COLOURS, SHAPES
-from clova_train.quickstart.tiny.common import clip_bpe_tokenizer, pretraining_steps, single_thread, warmup_cosine
+from clova_train.tools.tiny_common import clip_bpe_tokenizer, pretraining_steps, single_thread, warmup_cosine
 
 IMAGE_SIZE = 16
 TEXT_LENGTH = 16

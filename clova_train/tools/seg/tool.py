@@ -40,7 +40,7 @@ import torch.nn.functional as F
 from clova_train.core.errors import DataError, ModelError
 from clova_train.tools.base import NoPrompt, PromptLookup, PromptTool
 from clova_train.tools.contracts import GateResult, Rejection
-from clova_train.tools.grounding import GroundedImage, GroundingInstance, gate_results, prompts_of_views
+from clova_train.tools.grounding.instances import GroundedImage, GroundingInstance, gate_results, prompts_of_views
 from clova_train.tools.pretrained import load_pretrained, processed_images, weights_fingerprint
 
 DEFAULT_MODEL = "facebook/maskformer-swin-base-coco"

@@ -9,7 +9,7 @@ import numpy as np
 import torch
 
 from clova_train.synthetic.shapes import SHAPES
-from clova_train.quickstart.tiny.common import pretraining_steps, single_thread, warmup_cosine
+from clova_train.tools.tiny_common import pretraining_steps, single_thread, warmup_cosine
 
 
 # ---------------------------------------------------------------------- MaskFormer (SEG)
@@ -36,7 +36,7 @@ def build_tiny_maskformer(image_size: int = 64, seed: int = 0, width: int = 32, 
     """
     from transformers import DetrConfig, MaskFormerConfig, MaskFormerForInstanceSegmentation, MaskFormerImageProcessor, SwinConfig
 
-    from clova_train.synthetic.grounding import category_name
+    from clova_train.tools.grounding.synthetic import category_name
 
     names = [category_name(c, s) for c in SEGMENTATION_PRETRAIN_COLOURS for s in SHAPES]
     torch.manual_seed(seed)
@@ -65,7 +65,7 @@ def pretrain_maskformer(model: torch.nn.Module, processor: object, steps: int, b
 
     Runs on one thread (see :func:`single_thread`).
     """
-    from clova_train.synthetic.grounding import category_name
+    from clova_train.tools.grounding.synthetic import category_name
 
     rng = np.random.default_rng(seed)
     names = [category_name(c, s) for c in SEGMENTATION_PRETRAIN_COLOURS for s in SHAPES]
@@ -81,7 +81,7 @@ def pretrain_maskformer(model: torch.nn.Module, processor: object, steps: int, b
 def _maskformer_steps(model: torch.nn.Module, processor: object, optimizer: torch.optim.Optimizer, schedule: object,
                       rng: np.random.Generator, names: list[str], colours: list[str], steps: int, batch_size: int,
                       log_every: int) -> None:
-    from clova_train.synthetic.grounding import random_scene, scene_targets
+    from clova_train.tools.grounding.synthetic import random_scene, scene_targets
 
     image_size = int(model.config.backbone_config.image_size)
     for step in pretraining_steps(steps, "MaskFormer"):

@@ -34,7 +34,7 @@ import torch
 
 from clova_train.core.errors import DataError
 from clova_train.core.safe_files import read_json
-from clova_train.tools.grounding import GroundedImage, GroundingInstance
+from clova_train.tools.grounding.instances import GroundedImage, GroundingInstance
 from clova_train.tools.images import load_image_uint8
 
 EDGE_TOLERANCE = 1.0  # pixels: annotation tools round box and polygon edges

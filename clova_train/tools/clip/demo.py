@@ -1,8 +1,8 @@
 """Serve an export on unseen images: CLASSIFY with and without the prompt pool.
 
-``python -m clova_train.quickstart.demos.clip <export dir>`` loads the export the way a serving process would (no
+``python -m clova_train.tools.clip.demo <export dir>`` loads the export the way a serving process would (no
 Lightning) and classifies test images over all concept names. It first chooses CLASSIFY's ``classify_margin`` on a
-validation set (rendered with a seed of its own, 300 images per concept; ``clova_train.tools.clip_margin``: the most
+validation set (rendered with a seed of its own, 300 images per concept; ``clova_train.tools.clip.margin``: the most
 accurate margin under which, with 95% confidence for all of them together, the pool takes at most 2% of each concept
 without prompts away from the unmodified tool's right answers), then prints, on the test
 images, per-concept accuracy of the unmodified tool, of the pool at margin 0 and at the chosen margin, and of the
@@ -26,8 +26,8 @@ import torch
 from clova_train.core.evaluation_report import SampleTable, format_report
 from clova_train.core.pool import control_pool
 from clova_train.core.safe_files import read_yaml
-from clova_train.synthetic.shapes import write_concept_folders
-from clova_train.tools.clip_margin import (
+from clova_train.tools.clip.synthetic import write_concept_folders
+from clova_train.tools.clip.margin import (
     CONFIDENCE, NEVER, TOLERANCE, choose_margin, classify_forwards, decide, images_needed,
 )
 from clova_train.tools.images import list_images, load_image
@@ -89,7 +89,7 @@ def format_confusion(matrix: list[list[int]], concepts: list[str]) -> str:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m clova_train.quickstart.demos.clip", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m clova_train.tools.clip.demo", description=__doc__.splitlines()[0])
     parser.add_argument("export", type=Path, help="directory written by clova-train export")
     parser.add_argument("--data", type=Path, default=None, help="concept-folder root of test images")
     parser.add_argument("--validation-data", type=Path, default=None,

@@ -16,8 +16,8 @@ import open_clip
 import torch
 
 from clova_train.synthetic.shapes import SHAPES, render_scene
-from clova_train.tools.clip import save_open_clip
-from clova_train.quickstart.tiny.common import pretraining_steps
+from clova_train.tools.clip.tool import save_open_clip
+from clova_train.tools.tiny_common import pretraining_steps
 
 
 TINY_CLIP_CONFIG: dict = {

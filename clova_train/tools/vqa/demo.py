@@ -1,6 +1,6 @@
 """Serve a BLIP VQA export on held-out questions: answers without prompts and with the prompt pool.
 
-``python -m clova_train.quickstart.demos.vqa <export dir> [--records eval.jsonl]`` loads the export the way a serving
+``python -m clova_train.tools.vqa.demo <export dir> [--records eval.jsonl]`` loads the export the way a serving
 process would (no Lightning), answers every question of the records (default: the ``eval.jsonl`` of the
 synthetic data the run used, read from the export's config.yaml; those images were never trained on and
 never gated on) and prints exact-match accuracy per gold answer, for the unmodified tool, with the pool,
@@ -20,10 +20,10 @@ import torch
 from clova_train.core.pool import control_pool
 from clova_train.core.safe_files import read_yaml
 from clova_train.tools.base import NoPrompt
-from clova_train.tools.blip_vqa import normalise_answer
+from clova_train.tools.vqa.tool import normalise_answer
 from clova_train.tools.images import load_image_uint8
 from clova_train.tools.prompt_server import PromptToolServer
-from clova_train.tools.vqa_records import read_records, record_image
+from clova_train.tools.vqa.records import read_records, record_image
 
 
 def _default_records(export_dir: Path) -> Path | None:
@@ -65,7 +65,7 @@ def evaluate(server: PromptToolServer, records: list[dict], batch_size: int = 32
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m clova_train.quickstart.demos.vqa", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m clova_train.tools.vqa.demo", description=__doc__.splitlines()[0])
     parser.add_argument("export", type=Path, help="directory written by clova-train export")
     parser.add_argument("--records", type=Path, default=None, help="JSONL of {image, question, answer}")
     parser.add_argument("--top-k", type=int, default=None, help="ensemble the k most similar stored prompts")

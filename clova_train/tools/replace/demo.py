@@ -1,6 +1,6 @@
 """REPLACE quickstart report: what the exported token adds, measured on new images, and one edit to look at.
 
-``python -m clova_train.quickstart.demos.replace EXPORT [--images 24]`` (after ``make demo-replace`` fit and export):
+``python -m clova_train.tools.replace.demo EXPORT [--images 24]`` (after ``make demo-replace`` fit and export):
 
 1. renders ``--images`` new masked images of each exported concept (a seed the quickstart never used, so
    never trained or gated on) and reports the mean held-out noise-prediction loss (the gate's 10 timesteps x
@@ -26,11 +26,11 @@ from PIL import Image
 
 from clova_train.core.errors import ClovaTrainError
 from clova_train.core.pool import random_prompts_like
-from clova_train.synthetic.masked_concepts import masked_shape
+from clova_train.tools.replace.synthetic import masked_shape
 from clova_train.synthetic.shapes import COLOURS
 from clova_train.tools.base import NoPrompt
 from clova_train.tools.prompt_server import PromptToolServer
-from clova_train.tools.sd_inpaint_replace import (
+from clova_train.tools.replace.tool import (
     MaskedImage, ReplaceInstance, concept_words, ensembled_token, save_image_atomic,
 )
 
@@ -134,7 +134,7 @@ def colour_known(concept: str) -> bool:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m clova_train.quickstart.demos.replace", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m clova_train.tools.replace.demo", description=__doc__.split("\n")[0])
     parser.add_argument("export", help="directory written by clova-train export")
     parser.add_argument("--images", type=int, default=24, help="new images per concept for the loss table")
     parser.add_argument("--seed", type=int, default=0, help="seed of the repainting")

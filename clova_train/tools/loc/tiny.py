@@ -9,7 +9,7 @@ import numpy as np
 import torch
 
 from clova_train.synthetic.shapes import SHAPES
-from clova_train.quickstart.tiny.common import clip_bpe_tokenizer, pretraining_steps, single_thread, warmup_cosine
+from clova_train.tools.tiny_common import clip_bpe_tokenizer, pretraining_steps, single_thread, warmup_cosine
 
 
 def build_tiny_owlvit(image_size: int = 64, seed: int = 0, width: int = 64, layers: int = 3) -> tuple:
@@ -65,7 +65,7 @@ GROUNDING_PRETRAIN_PALETTE = {"purple": (205, 160, 240), "orange": (140, 80, 35)
 
 
 def _grounding_batch(rng: np.random.Generator, size: int, image_size: int) -> list:
-    from clova_train.synthetic.grounding import random_scene
+    from clova_train.tools.grounding.synthetic import random_scene
 
     return [random_scene(rng, image_size, None, list(GROUNDING_PRETRAIN_COLOURS), int(rng.integers(1, 3)),
                          palette=GROUNDING_PRETRAIN_PALETTE) for _ in range(size)]
@@ -76,7 +76,7 @@ def pretrain_owlvit(model: torch.nn.Module, processor: object, steps: int, batch
     """Train every weight to detect the shapes of :data:`GROUNDING_PRETRAIN_COLOURS` by name (OWL-ViT losses,
     AdamW with warm-up and cosine decay). The query texts are embedded once per step, not once per image.
     Runs on one thread (see :func:`single_thread`)."""
-    from clova_train.synthetic.grounding import category_name
+    from clova_train.tools.grounding.synthetic import category_name
 
     rng = np.random.default_rng(seed)
     names = [category_name(c, s) for c in GROUNDING_PRETRAIN_COLOURS for s in SHAPES]
@@ -98,10 +98,10 @@ def pretrain_owlvit(model: torch.nn.Module, processor: object, steps: int, batch
 def _owlvit_step(model: torch.nn.Module, processor: object, optimizer: torch.optim.Optimizer, schedule: object,
                  rng: np.random.Generator, names: list[str], text: dict, query_mask: torch.Tensor, batch_size: int,
                  image_size: int) -> float:
-    from clova_train.synthetic.grounding import scene_targets
+    from clova_train.tools.grounding.synthetic import scene_targets
     from torchvision.ops import box_convert
 
-    from clova_train.tools.detection_losses import BoxTargets, detection_losses
+    from clova_train.tools.loc.detection_losses import BoxTargets, detection_losses
 
     scenes = _grounding_batch(rng, batch_size, image_size)
     pixels = processor.image_processor(images=[s.image for s in scenes], return_tensors="pt")["pixel_values"]

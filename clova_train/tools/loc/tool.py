@@ -38,8 +38,8 @@ from clova_train.core.errors import DataError, ModelError
 from clova_train.core.pool import ensemble_prompt
 from clova_train.tools.base import NoPrompt, PromptLookup, PromptTool
 from clova_train.tools.contracts import GateResult, Rejection
-from clova_train.tools.detection_losses import BoxTargets, detection_losses
-from clova_train.tools.grounding import (
+from clova_train.tools.loc.detection_losses import BoxTargets, detection_losses
+from clova_train.tools.grounding.instances import (
     GroundedImage, GroundingInstance, best_box_iou, gate_results, instance_rng, prompts_of_views, queries_for,
 )
 from clova_train.tools.pretrained import load_pretrained, processed_pixels, weights_fingerprint

@@ -42,7 +42,7 @@ from torch import nn
 
 from clova_train.core.errors import DataError, ModelError
 from clova_train.tools.base import PromptLookup, PromptTool
-from clova_train.tools.clip_margin import classify_forwards, served_scores
+from clova_train.tools.clip.margin import classify_forwards, served_scores
 from clova_train.tools.contracts import GateResult, Rejection, TrainingInstance
 from clova_train.tools.pretrained import LOCAL_DIR_PREFIX
 
@@ -178,7 +178,7 @@ class PromptedClip(PromptTool):
             prompts ranks it first among all labels *and* gives it a probability above the unmodified forward's top
             probability plus this margin. So a label without prompts is judged by the same forward as in the
             unmodified tool, an all-zero ensembled prompt changes nothing (its forward is the unmodified one, see
-            ``clova_train.tools.clip_margin.classify_forwards``), and a prompt changes a prediction only by winning
+            ``clova_train.tools.clip.margin.classify_forwards``), and a prompt changes a prediction only by winning
             the whole prompted classification. The gate's ``serving`` rule applies the same test to one instance's
             prompt over its candidate labels (the served decision uses the ensembled prompts over the request's
             labels). A larger margin keeps more of the unmodified tool's predictions (fewer false switches to a

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import torch
 
-from clova_train.quickstart.tiny.common import pretraining_steps
+from clova_train.tools.tiny_common import pretraining_steps
 
 
 TINY_LLAMA_CONFIG: dict = {

@@ -2,7 +2,7 @@
 
 A CLIP prompt pool can correct a concept the tool gets wrong and, on the same images' look-alikes, take images
 that the unmodified tool classified right (purple prompts pulling blue images to purple). ``classify_margin``
-(:class:`~clova_train.tools.clip.PromptedClip`) sets how much surer the prompted forward must be than the
+(:class:`~clova_train.tools.clip.tool.PromptedClip`) sets how much surer the prompted forward must be than the
 unmodified one before it takes an image. :func:`choose_margin` scores a grid of margins on labelled validation
 images (never the test images) and returns the most accurate one among those that keep every label without
 prompts safe: the share of its images that the unmodified tool classifies right and the pool takes away must stay

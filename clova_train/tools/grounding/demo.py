@@ -1,6 +1,6 @@
 """Serve a LOC (OWL-ViT) or SEG (MaskFormer) export on held-out images, with and without the prompt pool.
 
-``python -m clova_train.quickstart.demos.grounding <export dir> [--picture out.png]`` loads the export the way a serving
+``python -m clova_train.tools.grounding.demo <export dir> [--picture out.png]`` loads the export the way a serving
 process would (no Lightning), takes the evaluation images of the run's concept (the ``num_eval_images``
 of its seeded split: never trained on, never gated on) and prints, per image set, how often the concept
 is found (LOC: detected with mean box IoU above the tool's ``gate_iou``; SEG: every mask covered by a
@@ -24,9 +24,9 @@ from scipy.ndimage import binary_erosion
 from clova_train.core.pool import control_pool
 from clova_train.core.safe_files import read_yaml
 from clova_train.tools.base import NoPrompt
-from clova_train.tools.coco_grounding import GroundingAnnotations, GroundingSplit
-from clova_train.tools.grounding import GroundedImage
-from clova_train.tools.maskformer_seg import mask_iou
+from clova_train.tools.grounding.coco import GroundingAnnotations, GroundingSplit
+from clova_train.tools.grounding.instances import GroundedImage
+from clova_train.tools.seg.tool import mask_iou
 from clova_train.tools.prompt_server import PromptToolServer
 
 
@@ -76,7 +76,7 @@ def matching_segments(masks: list | torch.Tensor, image: GroundedImage, concept:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m clova_train.quickstart.demos.grounding", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m clova_train.tools.grounding.demo", description=__doc__.splitlines()[0])
     parser.add_argument("export", type=Path, help="directory written by clova-train export")
     parser.add_argument("--picture", type=Path, default=None, help="where to save the picture (default: in the export)")
     args = parser.parse_args(argv)

@@ -1,1 +1,0 @@
-"""clova_train/quickstart/tiny."""
