@@ -1,5 +1,5 @@
-"""Layer 2, synthetic data: rendered shapes with known labels, boxes and question/answer pairs.
-
-Quickstarts, tests and benchmarks write their data with these generators in the same formats users bring
-(concept folders, VQA records), so everything goes through the real readers. No Lightning.
+"""Synthetic data every tool draws on, below the runtime layer: rendered shapes and scenes with known labels, boxes
+and masks (``shapes``), and the tiny Llama's pretraining documents (``skill_documents``, ``file_names``). Each tool's
+own writer, in the format users bring (concept folders, VQA records, COCO scenes, masked concepts), lives in its
+folder (``clova_train/tools/<name>/synthetic.py``), so everything goes through the real readers. No Lightning.
 """

@@ -1,4 +1,6 @@
-"""Layer 2, the prompt tools: the ``PromptTool`` base class (``base``), its typed contracts (``contracts``),
-one file per tool (``clip``: SELECT / CLASSIFY, ``blip_vqa``: VQA), ``check_tool`` (``check``), image
-reading (``images``) and the one server for every export (``serving``). No Lightning.
+"""Layer 2, the prompt tools: one folder per tool (``clip``: SELECT / CLASSIFY, ``vqa``, ``loc``, ``seg``,
+``replace``; ``grounding`` holds what LOC and SEG share), each with its recipe (``recipes``); the ``PromptTool`` base
+class (``base``), its typed contracts (``contracts``), ``check_tool`` (``check``), pretrained-model loading
+(``pretrained``), image reading (``images``), the tiny-model builders' shared pieces (``tiny_common``) and the one
+server for every export (``prompt_server``). No Lightning.
 """
