@@ -61,7 +61,7 @@ from clova_train.core.errors import ClovaTrainError, DataError, ExportError
 from clova_train.core.run_manifest import read_run_manifest
 from clova_train.serving.abandoned import AbandonedRequests
 from clova_train.serving.guard import RequestGuard, RequestLimits, error_body, install_error_handlers
-from clova_train.tooluse.served_llm import ChatRequest, check_messages
+from clova_train.tooluse.served_llm import ChatRequest
 from clova_train.tooluse.tool_calls import ToolSpec, instruction_from_chat, reply_from_step, specs_from_openai
 
 
@@ -246,6 +246,7 @@ class ChatRequestBody(ChatCompletionRequest):
     tool_choice: Optional[Any] = "auto"
     seed: Optional[int] = None
     _abandon_token: Optional[str] = PrivateAttr(default=None)  # set by the server, never by the client
+    _served: Optional[Any] = PrivateAttr(default=None)  # the request as checked once by the server
 
 
 class ToolChatSpec(OpenAISpec):
@@ -287,11 +288,7 @@ class ToolChatSpec(OpenAISpec):
         if request.tool_choice not in (None, "auto", "none"):
             raise HTTPException(400, "'tool_choice' must be 'auto' or 'none' (the model chooses its tool itself)")
         try:
-            messages = [m.model_dump() for m in request.messages]
-            if request.tools and request.tool_choice != "none":
-                instruction_from_chat(messages, specs_from_openai(request.tools))
-            else:
-                check_messages(messages)
+            request._served = served_chat(request)
         except DataError as err:
             raise HTTPException(400, str(err)) from err
         if self.abandoned is not None:
@@ -377,6 +374,22 @@ class ServedChat:
     stream: bool = False
 
 
+def served_chat(request: ChatCompletionRequest) -> ServedChat:
+    """The request as the model is asked it, checked once (a :class:`DataError` naming what is wrong): with tools,
+    the chat rendered into GPT4Tools' instruction, else its messages."""
+    stop = [request.stop] if isinstance(request.stop, str) else list(request.stop or [])
+    options = {"max_tokens": request.max_completion_tokens or request.max_tokens, "stop": stop,
+               "temperature": requested_temperature(request), "seed": request.seed or 0}
+    messages = [m.model_dump() for m in request.messages]
+    if request.tools and request.tool_choice != "none":
+        tools = specs_from_openai(request.tools)
+        instruction = instruction_from_chat(messages, tools)
+        return ServedChat(ChatRequest(messages=[{"role": "user", "content": instruction}], **options), tools,
+                          bool(request.stream))
+    return ServedChat(ChatRequest(messages=[{"role": m["role"], "content": m["content"]} for m in messages],
+                                  **options), stream=bool(request.stream))
+
+
 class ToolChatAPI(ls.LitAPI):
     """``POST /v1/chat/completions`` for a LoRA tool-LLM export.
 
@@ -410,20 +423,11 @@ class ToolChatAPI(ls.LitAPI):
             self.llm = ServedToolLLM.from_export(self.export, self.base_model, device)
 
     def decode_request(self, request: ChatRequestBody) -> ServedChat:
-        stop = [request.stop] if isinstance(request.stop, str) else list(request.stop or [])
-        options = {"max_tokens": request.max_completion_tokens or request.max_tokens, "stop": stop,
-                   "temperature": requested_temperature(request), "seed": request.seed or 0}
+        served = request._served or served_chat(request)  # checked by the server's spec; built here otherwise
         token = getattr(request, "_abandon_token", None)
         if token and self.abandoned is not None:
-            options["abandoned"] = functools.partial(self.abandoned.is_abandoned, token)
-        messages = [m.model_dump() for m in request.messages]
-        if request.tools and request.tool_choice != "none":
-            tools = specs_from_openai(request.tools)
-            instruction = instruction_from_chat(messages, tools)
-            return ServedChat(ChatRequest(messages=[{"role": "user", "content": instruction}], **options), tools,
-                              bool(request.stream))
-        return ServedChat(ChatRequest(messages=[{"role": m["role"], "content": m["content"]} for m in messages],
-                                      **options), stream=bool(request.stream))
+            served.request.abandoned = functools.partial(self.abandoned.is_abandoned, token)
+        return served
 
     def batch(self, inputs: list[ServedChat]) -> list[ServedChat]:
         return list(inputs)

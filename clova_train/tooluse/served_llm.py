@@ -50,6 +50,11 @@ class ChatRequest:
     seed: int = 0
     abandoned: Callable[[], bool] | None = None
 
+    def __post_init__(self) -> None:
+        # the one check of the messages, wherever the request comes from (the HTTP server builds it once, in the
+        # server process, and hands it to its worker)
+        self.messages = check_messages(self.messages)
+
 
 @dataclass
 class ChatReply:
@@ -209,7 +214,7 @@ class ServedToolLLM:
 
     def prompt(self, messages: list[dict[str, str]]) -> str:
         """The text the model sees for ``messages`` (the training prompt format)."""
-        return self.tokenizer.apply_chat_template(check_messages(messages), tokenize=False, add_generation_prompt=True)
+        return self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
 
     @torch.no_grad()
     def chat_batch(self, requests: list[ChatRequest]) -> list[ChatReply]:

@@ -377,3 +377,29 @@ def test_the_http_documentation_examples_run_against_a_live_server(clip_export: 
                 assert [m["id"] for m in reply["data"]] == [served]
             else:
                 assert reply["choices"][0]["finish_reason"] in ("stop", "length", "tool_calls"), reply
+
+
+def test_a_chat_request_is_checked_once_on_its_way_to_the_worker(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The server's spec checks a chat request (400 on a bad one) and hands the checked request to the worker's
+    decode step, which renders and checks nothing again; the model's prompt builder takes it as it is."""
+    from clova_train.serving import http
+    from clova_train.tooluse import served_llm
+
+    checks: list[str] = []
+    check_messages, instruction_from_chat = served_llm.check_messages, http.instruction_from_chat
+    monkeypatch.setattr(served_llm, "check_messages", lambda m: checks.append("messages") or check_messages(m))
+    monkeypatch.setattr(http, "instruction_from_chat", lambda m, t: checks.append("tools") or instruction_from_chat(m, t))
+    tool = {"type": "function", "function": {"name": "Detect", "description": "finds things",
+                                             "parameters": {"type": "object", "properties": {"image": {"type": "string"}}}}}
+    for body, expected in (({"messages": [{"role": "user", "content": "hi"}]}, ["messages"]),
+                           ({"messages": [{"role": "user", "content": "find the cat in a.png"}], "tools": [tool]},
+                            ["tools", "messages"])):
+        request = http.ChatRequestBody(**body)
+        checks.clear()
+        request._served = http.served_chat(request)  # what ToolChatSpec.chat_completion does
+        api = http.ToolChatAPI.__new__(http.ToolChatAPI)
+        api.abandoned = None
+        decoded = api.decode_request(request)
+        assert decoded is request._served and checks == expected, checks
+    with pytest.raises(served_llm.DataError, match="the last message must be the user's"):
+        http.served_chat(http.ChatRequestBody(messages=[{"role": "assistant", "content": "hi"}]))
