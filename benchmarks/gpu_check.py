@@ -43,8 +43,9 @@ NEEDED = ("torch", "lightning", "transformers", "peft", "open_clip", "diffusers"
 SMOKE_OUTPUT = REPO / "checkpoints" / "gpu-check"
 MODELS = REPO / "checkpoints" / "models" / "real-size"
 
-# The smoke cases, most telling first: LOC (never yet run on a GPU), SEG and CLIP (the phase table's open questions)
-# in the prompt tools' queue; the 13B LLM (whose export the serving stage loads) in the other.
+# The order the smoke cases run in, most telling first: LOC (never yet run on a GPU), SEG and CLIP (the phase table's
+# open questions) in the prompt tools' queue; the 13B LLM (whose export the serving stage loads) in the other. Any other
+# case smoke_real.py has (a tool recipe's not listed here, a plug-in's) runs after these.
 SMOKE_CASES = ["loc", "seg", "clip", "llm", "vqa", "replace", "controller", "llm-sharded"]
 
 
@@ -114,6 +115,17 @@ def build_model(name: str, seconds: float) -> int | None:
     return run_within([sys.executable, str(HERE / "real_size" / "models.py"), name, str(MODELS)], seconds)
 
 
+def smoke_case_names() -> list[str]:
+    """Every case of ``smoke_real.py`` (each tool recipe's, the LLM's and the controller's): those of
+    :data:`SMOKE_CASES` in its order, then the others in ``smoke_real.py``'s."""
+    if str(HERE) not in sys.path:
+        sys.path.insert(0, str(HERE))
+    import smoke_real
+
+    known = list(smoke_real.cases(MODELS))
+    return [name for name in SMOKE_CASES if name in known] + [name for name in known if name not in SMOKE_CASES]
+
+
 def why_not() -> str | None:
     """Why the check cannot run here (None when it can): no CUDA device, or packages missing."""
     missing = [name for name in NEEDED if importlib.util.find_spec(name) is None]
@@ -153,8 +165,9 @@ def main(argv: list[str] | None = None) -> int:
                         default=["smoke", "prompt", "serving", "lora"], help="which stages, in order")
     parser.add_argument("--tools", nargs="+", default=None,
                         help="the prompt stage's tools (default: loc clip), the serving stage's exports (clip, llm)")
-    parser.add_argument("--smoke-cases", nargs="+", choices=SMOKE_CASES, default=SMOKE_CASES,
-                        help="the smoke stage's paper configs (smoke_real.py's case names)")
+    parser.add_argument("--smoke-cases", nargs="+", default=None,
+                        help="the smoke stage's paper configs: smoke_real.py's case names, a tool recipe's name among "
+                             f"them (default: all of them, {', '.join(SMOKE_CASES)} first)")
     parser.add_argument("--smoke-minutes", type=float, default=None, help="the smoke stage's cap (default 4)")
     parsed = parser.parse_args(argv)
     print(f"gpu-check: stages {', '.join(parsed.stages)}; budget {parsed.budget_minutes:g} min", flush=True)
@@ -164,8 +177,12 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     import torch
 
+    known = smoke_case_names()
+    unknown = [name for name in parsed.smoke_cases or [] if name not in known]
+    if unknown:
+        parser.error(f"unknown smoke case(s) {', '.join(unknown)} (known: {', '.join(known)})")
     print(f"gpu-check: {torch.cuda.get_device_name(0)}, torch {torch.__version__}", flush=True)
-    planned = stages(parsed.smoke_cases)
+    planned = stages(parsed.smoke_cases or known)
     if parsed.tools:
         for stage_name in ("prompt", "serving"):
             planned[stage_name].commands = [c for c in planned[stage_name].commands if c.name in parsed.tools]

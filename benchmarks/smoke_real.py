@@ -1,8 +1,10 @@
 """Real-size smoke check (``make smoke-real``): every paper config at its real architecture and size, offline.
 
-For each ``configs/paper/*`` config: build its model at the real size with random weights in the real checkpoint's
-layout (:mod:`real_size.models` beside this file; cached under ``--models``), write a little synthetic data in
-the real formats at the paths the config names, run ``clova-train fit`` (``controller fit``) with the config as
+For each paper config (every tool recipe's with a smoke-real case: ``clova_train/tools/<name>/recipe.py``, or a
+plug-in's; then the tool-use LLM's and the controller's): build its model at the real size with random weights in the
+real checkpoint's layout (:mod:`real_size.models` beside this file, or the plug-in recipe's own builder; cached under
+``--models``), write a little synthetic data in the real formats at the paths the config names (the recipe's writer,
+which also gives the request its export serves), run ``clova-train fit`` (``controller fit``) with the config as
 shipped plus the overrides listed in the table (local model paths, a few steps, a few samples; nothing that changes
 a shape), export the run and load the export for serving (one request answered, one chat reply generated, the
 TorchScript and SB3 controller loaded). Each step runs in its own process, as a user runs it; the table gives
@@ -35,11 +37,12 @@ import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from real_size import model_folder  # noqa: E402
 from results_file import machine, publish  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
@@ -57,12 +60,14 @@ class Case:
     """One paper config as the smoke run drives it.
 
     Args:
-        name: short name (``--configs``).
-        config: file under ``configs/paper``.
-        model: the :data:`~real_size.models.REAL_SIZES` entry it runs on (None: no model file).
+        name: short name (``--configs``): the tool recipe's name for a prompt tool.
+        config: the config file, relative to the repository or absolute (a recipe's ``paper_config``).
+        model: the real-size model it runs on: a :data:`~real_size.models.REAL_SIZES` name or a plug-in's
+            ``"module:function"`` builder (None: no model file).
         overrides: what the run changes, ``{model}`` standing for the model directory.
         data: writes the synthetic data under the working directory, at the config's own paths (``full``: one whole
-            chunk of the config's).
+            chunk of the config's), and returns the JSON request a prompt tool's export serves (paths relative to the
+            working directory; None for the other kinds).
         kind: ``prompt`` (PromptTuning), ``lora`` (LoraToolLLM) or ``controller``.
         inner_steps: prompt tuning's optimisation steps per instance (the ``steps`` override).
         ranks: processes the run uses on CPU (the sharded config: 2 data-parallel ranks).
@@ -72,46 +77,36 @@ class Case:
     config: str
     model: str | None
     overrides: list[str]
-    data: Callable[[Path, bool], None]
+    data: Callable[[Path, bool], dict | None]
     kind: str = "prompt"
     inner_steps: int = 0
     ranks: int = 1
-    request: dict = field(default_factory=dict)
+
+    @property
+    def path(self) -> Path:
+        """The config file."""
+        return REPO / self.config
+
+    @property
+    def label(self) -> str:
+        """The config as the table names it: its path under ``configs/paper``, else the path as given."""
+        try:
+            return self.path.relative_to(CONFIGS).as_posix()
+        except ValueError:
+            return self.config
 
 
 # ------------------------------------------------------------------------------------------------- synthetic data
-# Each writer takes the working directory and whether to write one whole chunk of the config's (the GPU check, whose
-# memory figures must be the config's own) or the fewest instances that run every stage (CPU).
-def concept_folders(workdir: Path, full: bool) -> None:
-    from clova_train.tools.clip.synthetic import write_concept_folders
+# A prompt tool's writer is its recipe's (clova_train/tools/<name>/). Each takes the working directory and whether to
+# write one whole chunk of the config's (the GPU check, whose memory figures must be the config's own) or the fewest
+# instances that run every stage (CPU).
+def recipe_data(spec: str) -> Callable[[Path, bool], dict | None]:
+    """A recipe's ``"module:function"`` data writer, imported when the case runs."""
+    def write(workdir: Path, full: bool) -> dict | None:
+        from clova_train.tools.recipes import resolve
 
-    write_concept_folders(workdir / "data" / "concepts", ["red", "purple"], images_per_concept=17 if full else 2,
-                          image_size=224)
-
-
-def vqa_records(workdir: Path, full: bool) -> None:
-    from clova_train.tools.vqa.synthetic import write_vqa_records
-
-    write_vqa_records(workdir / "data" / "vqa", ["orange"], [], images_per_colour=32 if full else 2, wrong_answers=0,
-                      eval_per_colour=1, image_size=128)
-
-
-def coco_scenes(workdir: Path, full: bool) -> None:
-    from clova_train.tools.grounding.synthetic import write_coco_scenes
-
-    scenes = write_coco_scenes(workdir / "data" / "scenes", ["purple circle"], 34 if full else 4,
-                               distractor_colours=["red", "green"], objects_per_image=2, image_size=128, seed=1)
-    (workdir / "data" / "lvis").mkdir(parents=True, exist_ok=True)
-    (workdir / "data" / "coco").mkdir(parents=True, exist_ok=True)
-    os.symlink(scenes / "annotations.json", workdir / "data" / "lvis" / "lvis_v1_train.json")
-    os.symlink(scenes / "images", workdir / "data" / "coco" / "train2017")
-
-
-def masked_concepts(workdir: Path, full: bool) -> None:
-    from clova_train.tools.replace.synthetic import write_masked_concepts
-
-    write_masked_concepts(workdir / "data" / "replace_concepts", ["orange_circle"], images_per_concept=10 if full else 4,
-                          image_size=64)
+        return resolve(spec)(workdir, full)
+    return write
 
 
 def tool_instructions(model_dir: Path) -> Callable[[Path, bool], None]:
@@ -145,45 +140,41 @@ LLM_RUN = ["--model.init_args.model_name_or_path={model}", "--data.init_args.tok
            "--trainer.limit_val_batches=1", "--trainer.num_sanity_val_steps=0"]
 
 
-def cases(models_dir: Path, llm: str = "vicuna-stand-in") -> dict[str, Case]:
+def prompt_tool_cases() -> list[Case]:
+    """A case for every tool recipe with a smoke-real case (the package's tool folders, installed plug-ins, run-time
+    registrations): its paper config, its model, its overrides and the generic prompt-run ones."""
+    from clova_train.tools.recipes import tool_recipes
+
+    return [Case(recipe.name, recipe.paper_config, recipe.smoke_real.model,
+                 [*recipe.smoke_real.overrides, *PROMPT_RUN], recipe_data(recipe.smoke_real.data),
+                 inner_steps=recipe.smoke_real.inner_steps)
+            for recipe in tool_recipes().values() if recipe.smoke_real is not None]
+
+
+def other_cases(models_dir: Path, llm: str) -> list[Case]:
+    """The paper configs that are not prompt tools: the tool-use LLM (one rank and sharded) and the controller."""
     llm_data = tool_instructions(models_dir / llm)
-    listed = (
-        Case("clip", "clip_prompt_vit_l14.yaml", "clip-vit-l14",
-             ["--model.init_args.tool.init_args.model_name=local-dir:{model}",
-              "--model.init_args.tool.init_args.pretrained=null", "--model.init_args.steps=3", *PROMPT_RUN],
-             concept_folders, inner_steps=3,
-             request={"images": ["data/concepts/purple/purple_001.png"], "labels": ["purple", "red"]}),
-        Case("vqa", "vqa_prompt_blip.yaml", "blip-vqa-capfilt-large",
-             ["--model.init_args.tool.init_args.model_name={model}", "--model.init_args.steps=3", *PROMPT_RUN],
-             vqa_records, inner_steps=3, request={"image": "@vqa", "question": "what colour is the circle?"}),
-        Case("loc", "loc_prompt_owlvit.yaml", "owlvit-base-patch32",
-             ["--model.init_args.tool.init_args.model_name={model}", "--data.init_args.concept=purple circle",
-              "--data.init_args.num_val_images=1", "--data.init_args.num_eval_images=1", "--model.init_args.steps=3",
-              *PROMPT_RUN],
-             coco_scenes, inner_steps=3, request={"image": "data/coco/train2017/00001.png", "concept": "purple circle"}),
-        Case("seg", "seg_prompt_maskformer.yaml", "maskformer-swin-base-coco",
-             ["--model.init_args.tool.init_args.model_name={model}", "--data.init_args.concept=purple circle",
-              "--data.init_args.num_val_images=1", "--data.init_args.num_eval_images=1", "--model.init_args.steps=3",
-              *PROMPT_RUN],
-             coco_scenes, inner_steps=3, request={"image": "data/coco/train2017/00001.png", "concept": "purple circle"}),
-        Case("replace", "replace_prompt_sd_inpaint.yaml", "sd-inpainting",
-             ["--model.init_args.tool.init_args.model_name={model}", "--model.init_args.tool.init_args.gate_timesteps=1",
-              "--model.init_args.tool.init_args.gate_noise_draws=1",
-              "--model.init_args.tool.init_args.num_inference_steps=2", "--model.init_args.steps=2", *PROMPT_RUN],
-             masked_concepts, inner_steps=2,
-             request={"image": "data/replace_concepts/orange_circle/orange_circle_000.png",
-                      "mask": "data/replace_concepts/orange_circle/masks/orange_circle_000.png",
-                      "concept": "orange_circle", "output": "served.png", "seed": 0}),
-        Case("llm", "tool_llm_vicuna13b.yaml", llm, [*LLM_RUN], llm_data, kind="lora"),
-        Case("llm-sharded", "tool_llm_vicuna13b_sharded.yaml", llm, [*LLM_RUN], llm_data, kind="lora",
+    return [
+        Case("llm", "configs/paper/tool_llm_vicuna13b.yaml", llm, [*LLM_RUN], llm_data, kind="lora"),
+        Case("llm-sharded", "configs/paper/tool_llm_vicuna13b_sharded.yaml", llm, [*LLM_RUN], llm_data, kind="lora",
              ranks=2),
-        Case("controller", "controller_dqn_hydra.yaml", None,
+        Case("controller", "configs/paper/controller_dqn_hydra.yaml", None,
              ["--hydra.llm.kind=scripted", "--hydra.embedder.kind=hashing", "--train.total_timesteps=2000",
               "--train.eval_every=0", "--train.eval_episodes=20", "--train.checkpoint_every=2000",
               "--train.control_steps=0", "--train.progress_bar=false"],
              no_data, kind="controller"),
-    )
-    return {case.name: case for case in listed}
+    ]
+
+
+def cases(models_dir: Path, llm: str = "vicuna-stand-in") -> dict[str, Case]:
+    """Every case by name: the prompt tools' (from their recipes), then the LLM's and the controller's."""
+    chosen: dict[str, Case] = {}
+    for case in (*prompt_tool_cases(), *other_cases(models_dir, llm)):
+        if case.name in chosen:
+            raise ValueError(f"two smoke-real cases are named {case.name!r}: {chosen[case.name].config} and "
+                             f"{case.config}")
+        chosen[case.name] = case
+    return chosen
 
 
 # ------------------------------------------------------------------------------------------------------- running
@@ -271,7 +262,7 @@ def device_overrides(case: Case, device: str) -> list[str]:
 def config_setting(case: Case, dotted: str) -> object:
     import yaml
 
-    node: object = yaml.safe_load((CONFIGS / case.config).read_text(encoding="utf-8"))
+    node: object = yaml.safe_load(case.path.read_text(encoding="utf-8"))
     for key in dotted.split("."):
         node = node.get(key) if isinstance(node, dict) else None
     return node
@@ -291,12 +282,12 @@ class Budget:
         return max(1.0, min(self.per_process, self.left()))
 
 
-def build_stage(name: str, models_dir: Path, timeout: float, env: dict[str, str] | None = None) -> Stage:
-    """Build one real-size model in its own process (the runner stays small, and holds no GPU memory the runs need);
-    a finished build is reused."""
+def build_stage(model: str, models_dir: Path, timeout: float, env: dict[str, str] | None = None) -> Stage:
+    """Build one real-size model (a :data:`~real_size.models.REAL_SIZES` name or a plug-in's ``"module:function"``)
+    in its own process (the runner stays small, and holds no GPU memory the runs need); a finished build is reused."""
     models_dir.mkdir(parents=True, exist_ok=True)
-    return run_stage([sys.executable, str(HERE / "real_size" / "models.py"), name, str(models_dir)],
-                     models_dir, models_dir / f"{name}.log", timeout, env=env)
+    return run_stage([sys.executable, str(HERE / "real_size" / "models.py"), model, str(models_dir)],
+                     models_dir, models_dir / f"{model_folder(model)}.log", timeout, env=env)
 
 
 def build_ahead(models: list[str], models_dir: Path, jobs: int, timeout: Callable[[], float]) -> dict[str, Stage]:
@@ -317,29 +308,30 @@ def run_case(case: Case, models_dir: Path, out: Path, device: str, timeout: Call
     process may run."""
     from real_size.models import REAL_SIZES
 
-    row: dict = {"case": case.name, "config": case.config, "stages": {}}
+    row: dict = {"case": case.name, "config": case.label, "stages": {}}
     model_dir = None
     if case.model is not None:
-        model_dir = models_dir / case.model
+        model_dir = models_dir / model_folder(case.model)
         build = build_stage(case.model, models_dir, timeout())
         row["stages"]["build"] = build
         row["build_s"] = build.seconds
         if build.returncode != 0:
             return row
         row["parameters_m"] = json.loads((model_dir / "real_size.json").read_text())["parameters"] / 1e6
-        row["stand_in"] = REAL_SIZES[case.model].stand_in
+        listed = REAL_SIZES.get(case.model)
+        row["stand_in"] = listed.stand_in if listed else ""  # a plug-in's own builder states nothing
     workdir = out / case.name
     shutil.rmtree(workdir, ignore_errors=True)
     workdir.mkdir(parents=True)
-    case.data(workdir, device == "cuda")
+    request = case.data(workdir, device == "cuda")
     overrides = [o.replace("{model}", str(model_dir)) for o in case.overrides] + device_overrides(case, device)
     row["overrides"] = [o.replace(str(model_dir), "<model>") for o in overrides] if model_dir else overrides
     probe = workdir / "probe.json"
     if case.kind == "controller":
-        fit = clova("controller", "fit", "--config", str(CONFIGS / case.config), *overrides)
+        fit = clova("controller", "fit", "--config", str(case.path), *overrides)
     else:
         init = {"output": str(probe), "measure_activations": case.kind == "lora" and case.ranks == 1}
-        fit = clova("fit", "--config", str(CONFIGS / case.config), *overrides,
+        fit = clova("fit", "--config", str(case.path), *overrides,
                     "--trainer.callbacks+=" + json.dumps({"class_path": PROBE, "init_args": init}))
     stage = run_stage(fit, workdir, workdir / "fit.log", timeout())
     row["stages"]["fit"] = stage
@@ -354,7 +346,7 @@ def run_case(case: Case, models_dir: Path, out: Path, device: str, timeout: Call
         row["probe"] = json.loads(probe.read_text())
     if case.kind == "controller":
         row["probe"] = controller_speed(workdir / str(config_setting(case, "train.output_dir")))
-    export_and_serve(case, row, workdir, overrides, timeout, device)
+    export_and_serve(case, row, workdir, overrides, timeout, device, request)
     if case.kind == "prompt" and activation_modes:
         measure_activation_modes(case, row, workdir, overrides, timeout)
     return row
@@ -366,7 +358,7 @@ def measure_activation_modes(case: Case, row: dict, workdir: Path, overrides: li
     (:class:`~real_size.probe.ActivationMemory`; a fit that stops before its first step)."""
     output = workdir / "activation_memory.json"
     callback = {"class_path": MEMORY_PROBE, "init_args": {"output": str(output)}}
-    stage = run_stage(clova("fit", "--config", str(CONFIGS / case.config), *overrides, "--trainer.max_steps=0",
+    stage = run_stage(clova("fit", "--config", str(case.path), *overrides, "--trainer.max_steps=0",
                             "--trainer.precision=32-true", "--trainer.default_root_dir=activation-memory",
                             "--trainer.callbacks+=" + json.dumps(callback)),
                       workdir, workdir / "activation_memory.log", timeout())
@@ -387,11 +379,13 @@ def controller_speed(run_dir: Path) -> dict:
 
 
 def export_and_serve(case: Case, row: dict, workdir: Path, overrides: list[str], timeout: Callable[[], float],
-                     device: str) -> None:
+                     device: str, request: dict | None = None) -> None:
+    """Export the run and load the export in its own process: a prompt tool answers ``request`` (run in the working
+    directory, which its paths are relative to), the LLM writes a chat reply, the controller's networks load."""
     run_dir = workdir / str(config_setting(case, "trainer.default_root_dir") or config_setting(case, "train.output_dir"))
     export = workdir / "export"
     if case.kind == "controller":
-        stage = run_stage(clova("controller", "export", "--config", str(CONFIGS / case.config), *overrides,
+        stage = run_stage(clova("controller", "export", "--config", str(case.path), *overrides,
                                 "--output", str(export)), workdir, workdir / "export.log", timeout())
     else:
         source = run_dir / "checkpoints" / "last.ckpt" if case.ranks > 1 else run_dir
@@ -400,10 +394,6 @@ def export_and_serve(case: Case, row: dict, workdir: Path, overrides: list[str],
     if stage.returncode != 0:
         return
     if case.kind == "prompt":
-        request = dict(case.request)
-        if request.get("image") == "@vqa":
-            first = json.loads((workdir / "data" / "vqa" / "eval.jsonl").read_text().splitlines()[0])
-            request["image"] = str(workdir / "data" / "vqa" / first["image"])
         serve = clova("serve", str(export), "--device", device, "--request", json.dumps(request))
     elif case.kind == "lora":
         serve = [sys.executable, "-c", (
@@ -474,12 +464,12 @@ def table_row(case: Case, row: dict) -> str:
         per_step, throughput = f"{per_step} (b)", f"{throughput} (b)"
     fit = row["stages"].get("fit")
     if fit is None:
-        return f"| {case.config} | - | - | - | - | - | - | - | - | {outcome(row)} |"
+        return f"| {case.label} | - | - | - | - | - | - | - | - | {outcome(row)} |"
     serve = row["stages"].get("serve")
     gpu = (row.get("probe") or {}).get("peak_gpu_bytes")
     parameters = f"{row['parameters_m']:,.1f} M" if "parameters_m" in row else "-"
     model = f"{parameters}" + (f" ({row['stand_in']})" if row.get("stand_in") else "")
-    return (f"| {case.config} | {model} | {per_step} | {throughput} | "
+    return (f"| {case.label} | {model} | {per_step} | {throughput} | "
             f"{fit.peak_rss_gb:.1f} | {f'{serve.peak_rss_gb:.1f}' if serve else '-'} | "
             f"{f'{gpu / 1e9:.1f}' if gpu else '-'} | {activations(case, row)} | {fit.seconds:.0f} | {outcome(row)} |")
 
@@ -500,7 +490,7 @@ def phase_peak_row(case: Case, row: dict) -> str | None:
         return None
     cells = [f"{peaks[p] / 1e9:.1f}" if p in peaks else "-" for p in PHASES]
     whole = probe.get("peak_gpu_bytes")
-    return f"| {case.config} | " + " | ".join(cells) + f" | {f'{whole / 1e9:.1f}' if whole else '-'} |"
+    return f"| {case.label} | " + " | ".join(cells) + f" | {f'{whole / 1e9:.1f}' if whole else '-'} |"
 
 
 def queues(chosen: dict[str, Case], names: list[str], beside: bool) -> list[list[str]]:
@@ -558,11 +548,11 @@ def main(argv: list[str] | None = None) -> int:
         for name in queue:
             case = chosen[name]
             if budget.left() < 60:
-                row = {"case": name, "config": case.config, "stages": {},
+                row = {"case": name, "config": case.label, "stages": {},
                        "skipped": f"{max(budget.left(), 0):.0f} s of the {parsed.budget_minutes:g}-minute budget left"}
             else:
                 with lock:
-                    print(f"smoke-real: {name} ({case.config}) ...", flush=True)
+                    print(f"smoke-real: {name} ({case.label}) ...", flush=True)
                 row = run_case(case, models_dir, out, parsed.device, budget, parsed.activation_modes)
             row["beside"] = beside
             with lock:
@@ -585,7 +575,7 @@ def main(argv: list[str] | None = None) -> int:
             phase_rows.append(phase_row)
         if row.get("activation_modes"):
             modes = row["activation_modes"]
-            memory_rows.append(f"| {case.config} | " + " | ".join(
+            memory_rows.append(f"| {case.label} | " + " | ".join(
                 f"{modes[m]['mb_per_instance']:,.1f}" if m in modes else "-" for m in MEMORY_MODES) + " |")
         bad = [s for s in row["stages"].values() if s.returncode != 0]
         if row.get("skipped") or any(s.stopped for s in bad):

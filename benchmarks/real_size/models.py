@@ -24,8 +24,12 @@ from pathlib import Path
 
 import torch
 
-from clova_train.core.errors import ModelError
-from clova_train.tools.tiny_common import clip_bpe_tokenizer
+if not __package__:  # run as a script (one build in its own process): real_size is a package of benchmarks/
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from clova_train.core.errors import ModelError  # noqa: E402
+from clova_train.tools.tiny_common import clip_bpe_tokenizer  # noqa: E402
+from real_size import model_folder  # noqa: E402
 
 
 @dataclass(frozen=True)
@@ -313,21 +317,42 @@ def saved_parameters(directory: str | Path) -> int:
 MARKER = "real_size.json"
 
 
-def build_real_size(name: str, models_dir: str | Path) -> Path:
-    """``models_dir/<name>``, built unless a finished build is there (its marker file is written last)."""
-    size = REAL_SIZES[name]
-    directory = Path(models_dir) / name
+def build_real_size(model: str, models_dir: str | Path) -> Path:
+    """``models_dir/<folder>``, built unless a finished build is there (its marker file is written last). ``model`` is
+    a :data:`REAL_SIZES` name, or a plug-in tool's ``"module:function"`` taking the directory to write (its smoke-real
+    case names it); the folder is :func:`~real_size.model_folder`'s."""
+    directory = Path(models_dir) / model_folder(model)
     marker = directory / MARKER
     if marker.is_file():
         return directory
-    size.builder(directory)
-    parameters = saved_parameters(directory)
-    if abs(parameters / 1e6 - size.parameters) > 0.01 * size.parameters:
-        raise ModelError(f"the real-size {name} built in {directory} has {parameters / 1e6:,.1f} M parameters, not the "
-                         f"{size.parameters:,.1f} M of {size.checkpoint}")
-    marker.write_text(json.dumps({"checkpoint": size.checkpoint, "parameters": parameters}), encoding="utf-8")
+    if model in REAL_SIZES:
+        record = _build_listed(REAL_SIZES[model], directory)
+    elif ":" in model:
+        record = _build_plug_in(model, directory)
+    else:
+        raise ModelError(f"unknown real-size model {model!r}: neither one of {', '.join(REAL_SIZES)} nor a "
+                         "'module:function' builder")
+    marker.write_text(json.dumps(record), encoding="utf-8")
     return directory
 
 
-if __name__ == "__main__":  # python benchmarks/real_size/models.py NAME MODELS_DIR: one build in its own process
+def _build_listed(size: RealSize, directory: Path) -> dict:
+    """Build a :data:`REAL_SIZES` model and check its parameter count against the real checkpoint's."""
+    size.builder(directory)
+    parameters = saved_parameters(directory)
+    if abs(parameters / 1e6 - size.parameters) > 0.01 * size.parameters:
+        raise ModelError(f"the real-size {size.name} built in {directory} has {parameters / 1e6:,.1f} M parameters, "
+                         f"not the {size.parameters:,.1f} M of {size.checkpoint}")
+    return {"checkpoint": size.checkpoint, "parameters": parameters}
+
+
+def _build_plug_in(builder: str, directory: Path) -> dict:
+    """Build a plug-in tool's real-size model with its own builder (no published count to check it against)."""
+    from clova_train.tools.recipes import resolve
+
+    resolve(builder)(_fresh(directory))
+    return {"checkpoint": builder, "parameters": saved_parameters(directory)}
+
+
+if __name__ == "__main__":  # python benchmarks/real_size/models.py MODEL MODELS_DIR: one build in its own process
     build_real_size(sys.argv[1], sys.argv[2])

@@ -72,6 +72,37 @@ def test_gpu_check_skips_a_command_whose_export_is_missing_and_builds_missing_mo
                        str(BENCHMARKS / "prompt_tuning.py")]
 
 
+def test_gpu_check_smoke_cases_take_any_recipe_name_after_its_ordered_ones(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A recipe the ordering list does not name (a plug-in's, here registered at run time) is a smoke case: run last by
+    default, accepted by --smoke-cases; a name no recipe or case has is refused before anything starts."""
+    import dataclasses
+
+    import torch
+
+    from clova_train.tools.recipes import TinyModel, register_tool, tool_recipe, unregister_tool
+
+    check = _benchmark("gpu_check")
+    started: list[list[str]] = []
+    monkeypatch.setattr(check, "why_not", lambda: None)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda index: "a test GPU")
+    monkeypatch.setattr(check, "SMOKE_OUTPUT", tmp_path / "runs")
+    monkeypatch.setattr(check, "MODELS", tmp_path / "models")
+    monkeypatch.setattr(check, "run_within", lambda command, seconds, cwd=None: started.append(command) or 0)
+    register_tool(dataclasses.replace(tool_recipe("loc"), name="sixth",
+                                      tiny_model=TinyModel("sixth-tiny", "sixth:build", 0, "a test's plug-in")))
+    try:
+        assert check.smoke_case_names() == [*check.SMOKE_CASES, "sixth"]
+        assert check.main(["--stages", "smoke", "--smoke-cases", "sixth", "loc", "--budget-minutes", "5"]) == 0
+        with pytest.raises(SystemExit):
+            check.main(["--stages", "smoke", "--smoke-cases", "seventh"])
+    finally:
+        unregister_tool("sixth")
+    (command,) = started
+    assert command[1] == str(BENCHMARKS / "smoke_real.py")
+    assert command[command.index("--configs") + 1:command.index("--budget-minutes")] == ["sixth", "loc"]
+
+
 @pytest.mark.slow
 def test_serving_latency_measures_a_live_server_and_the_in_process_baseline(clip_export: Path, concept_root: Path,
                                                                             tmp_path: Path) -> None:

@@ -57,9 +57,95 @@ def test_real_size_architectures_have_the_real_checkpoints_parameter_counts() ->
 
 
 def test_every_paper_config_has_a_smoke_case() -> None:
+    """Each tool recipe's paper config runs through the case its recipe declares; the LLM's and the controller's
+    configs have theirs; the table names the shipped configs by their file names under configs/paper."""
+    from clova_train.tools.recipes import tool_recipes
+
     smoke_real = _smoke_real()
-    configs = {case.config for case in smoke_real.cases(Path("models")).values()}
-    assert configs == {path.name for path in (REPO / "configs" / "paper").glob("*.yaml")}
+    chosen = smoke_real.cases(Path("models"))
+    for name, recipe in tool_recipes().items():
+        assert recipe.smoke_real is not None, f"the {name} recipe has no smoke-real case"
+        case = chosen[name]
+        assert case.path == REPO / recipe.paper_config and case.kind == "prompt"
+        assert (case.model, case.inner_steps) == (recipe.smoke_real.model, recipe.smoke_real.inner_steps)
+        assert case.overrides == [*recipe.smoke_real.overrides, *smoke_real.PROMPT_RUN]
+    labels = {case.label for case in chosen.values()}
+    assert labels == {path.name for path in (REPO / "configs" / "paper").glob("*.yaml")}
+    assert all(case.path.is_file() for case in chosen.values())
+
+
+PLUG_IN = """
+from pathlib import Path
+
+import torch
+from safetensors.torch import save_file
+
+
+def build(directory):
+    save_file({"weight": torch.zeros(3, 4)}, str(Path(directory) / "model.safetensors"))
+    return directory
+
+
+def data(workdir, full):
+    (Path(workdir) / "data").mkdir(parents=True, exist_ok=True)
+    (Path(workdir) / "data" / "seen.txt").write_text("full" if full else "few")
+    return {"image": "data/seen.txt", "concept": "sixth"}
+"""
+
+
+@pytest.fixture
+def sixth_tool(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    """A plug-in recipe registered at run time: its paper config outside configs/paper, its real-size model built by
+    its own ``module:function`` (a module on PYTHONPATH, as a plug-in package is installed)."""
+    import dataclasses
+
+    from clova_train.tools.recipes import SmokeRealCase, TinyModel, register_tool, tool_recipe, unregister_tool
+
+    plug_ins = tmp_path / "plug_ins"
+    plug_ins.mkdir()
+    (plug_ins / "sixth_tool_plug_in.py").write_text(PLUG_IN)
+    monkeypatch.syspath_prepend(str(plug_ins))
+    monkeypatch.setenv("PYTHONPATH", str(plug_ins))
+    config = tmp_path / "sixth_prompt.yaml"
+    config.write_text("trainer:\n  default_root_dir: runs/sixth\n")
+    recipe = dataclasses.replace(
+        tool_recipe("clip"), name="sixth", paper_config=str(config),
+        tiny_model=TinyModel("sixth-tiny", "sixth_tool_plug_in:build", 0, "a test's plug-in"),
+        smoke_real=SmokeRealCase("sixth_tool_plug_in:build", ("--model.init_args.tool.init_args.model_name={model}",),
+                                 "sixth_tool_plug_in:data", 2))
+    register_tool(recipe)
+    yield recipe
+    unregister_tool("sixth")
+
+
+def test_a_plug_in_recipe_is_a_case_with_its_own_config_model_and_data(sixth_tool, tmp_path: Path) -> None:
+    from real_size import model_folder
+
+    smoke_real = _smoke_real()
+    case = smoke_real.cases(tmp_path / "models")["sixth"]
+    assert case.label == sixth_tool.paper_config and case.path == Path(sixth_tool.paper_config)
+    assert case.model == "sixth_tool_plug_in:build" and case.inner_steps == 2
+    assert case.overrides[0] == "--model.init_args.tool.init_args.model_name={model}"
+    assert case.data(tmp_path / "work", True) == {"image": "data/seen.txt", "concept": "sixth"}
+    assert (tmp_path / "work" / "data" / "seen.txt").read_text() == "full"
+    assert smoke_real.config_setting(case, "trainer.default_root_dir") == "runs/sixth"
+    # built as the listed models are, in its own process, and reused once finished
+    stage = smoke_real.build_stage(case.model, tmp_path / "models", timeout=300)
+    assert stage.returncode == 0, stage.tail
+    folder = tmp_path / "models" / model_folder(case.model)
+    assert json.loads((folder / "real_size.json").read_text()) == {"checkpoint": case.model, "parameters": 12}
+    assert smoke_real.build_stage(case.model, tmp_path / "models", timeout=300).returncode == 0
+
+
+def test_configs_take_a_plug_in_case_and_the_table_names_its_config(sixth_tool, tmp_path: Path,
+                                                                    capsys: pytest.CaptureFixture) -> None:
+    smoke_real = _smoke_real()
+    assert smoke_real.main(["--configs", "sixth", "--budget-minutes", "0", "--no-record",
+                            "--models", str(tmp_path / "models"), "--output", str(tmp_path / "runs")]) == 1
+    assert f"| {sixth_tool.paper_config} | - |" in capsys.readouterr().out
+    assert json.loads((tmp_path / "runs" / "sixth" / "row.json").read_text())["config"] == sixth_tool.paper_config
+    with pytest.raises(SystemExit):
+        smoke_real.main(["--configs", "seventh", "--no-record"])
 
 
 def _smoke_real():
@@ -101,7 +187,8 @@ def test_the_phase_table_has_a_row_only_where_phases_were_measured() -> None:
     gb = 10**9
     probe = {"phase_peak_bytes": {"prepare": 2 * gb, "inner steps": 5 * gb, "gate": 3 * gb, "validation": 7 * gb},
              "peak_gpu_bytes": 7.4 * gb}
-    assert smoke_real.phase_peak_row(case, {"probe": probe}) == f"| {case.config} | 2.0 | 5.0 | 3.0 | - | 7.0 | 7.4 |"
+    expected = "| seg_prompt_maskformer.yaml | 2.0 | 5.0 | 3.0 | - | 7.0 | 7.4 |"
+    assert smoke_real.phase_peak_row(case, {"probe": probe}) == expected
     assert len(smoke_real.PHASE_COLUMNS) == 7
     assert smoke_real.phase_peak_row(case, {"probe": {"phase_peak_bytes": None}}) is None
     assert smoke_real.phase_peak_row(case, {"skipped": "budget"}) is None
@@ -156,7 +243,9 @@ def _probed_toy_fit(tmp_path: Path, probe: object, accelerator: str = "cpu") -> 
     from lightning import Trainer
 
     from clova_train.models import PromptTuning
-    from helpers.toy_tool import SyntheticToyDataModule, ToyPromptClassifier, build_toy_model
+    from plugins.toy_tool.data import SyntheticToyDataModule
+    from plugins.toy_tool.tiny import build_toy_model
+    from plugins.toy_tool.tool import ToyPromptClassifier
 
     tool = ToyPromptClassifier(str(build_toy_model(tmp_path / "toy", pretrain_steps=0)))
     trainer = Trainer(accelerator=accelerator, devices=1, max_epochs=1, logger=False, enable_progress_bar=False,
