@@ -1,0 +1,1 @@
+"""Task sources in the visual-reasoning benchmarks' own file formats, and their metrics."""
