@@ -161,3 +161,39 @@ def test_a_large_file_without_one_usable_task_says_what_it_skipped(tmp_path: Pat
     path = _write(tmp_path / "train_all_questions.json", records)
     with pytest.raises(DataError, match=r"gave no usable gqa task: 200,000 records skipped: image missing \(first: 0"):
         load_tasks(TaskFiles("gqa", path, str(tmp_path / "images")))
+
+
+def test_the_offline_benchmark_reads_back_through_the_real_formats(tmp_path: Path) -> None:
+    """The shapes world written as GQA (training ids), OK-VQA (held-out ids) and RefCOCO files: each set reads back
+    with the world's own answers, and a referred object's box holds its colour in the rendered image."""
+    from PIL import Image
+
+    from clova_train.envs.common.world import make_task
+    from clova_train.envs.tasks.offline import RGB, write_offline_benchmark
+
+    train_ids, eval_ids = [1, 2, 3, 4, 6, 7], [0, 5, 10]
+    files = write_offline_benchmark(tmp_path, train_ids, eval_ids)
+    gqa, _ = load_tasks(files["gqa-train"])
+    assert [int(t.task_id) for t in gqa] == train_ids
+    assert all(t.answers == (make_task(int(t.task_id)).answer,) for t in gqa)
+    okvqa, skipped = load_tasks(files["okvqa-eval"])
+    assert [int(t.task_id) for t in okvqa] == eval_ids and skipped.total == 0
+    assert all(len(t.answers) == 10 and t.answers[0] == make_task(int(t.task_id)).answer for t in okvqa)
+    assert {t.answer_type for t in okvqa} <= {"yes/no", "number", "other"}
+    refs_train, _ = load_tasks(files["refcoco-train"])
+    refs_val, _ = load_tasks(files["refcoco-val"])
+    assert refs_train and refs_val and {t.image.name for t in refs_val} <= {t.image.name for t in okvqa}
+    checked = 0
+    for task in refs_train + refs_val:
+        x, y, w, h = task.box
+        colour = task.question.split()[1]
+        scene = make_task(int(task.image.stem.rsplit("_", 1)[1]))
+        top = scene.objects[-1]  # drawn last: nothing covers its centre
+        if (top.colour, top.shape) == tuple(task.question.split()[1:]):
+            with Image.open(task.image) as image:
+                pixel = image.convert("RGB").getpixel((int(x + w / 2), int(y + h / 2)))
+            assert max(abs(a - b) for a, b in zip(pixel, RGB[colour])) < 40, (task, pixel)
+            checked += 1
+    assert checked >= 3
+    with pytest.raises(ValueError, match="training ids must be the world's training tasks"):
+        write_offline_benchmark(tmp_path / "bad", [0], [5])

@@ -1,0 +1,123 @@
+"""A small offline benchmark in the real benchmarks' file formats, rendered from the shapes world's scenes.
+
+:func:`write_offline_benchmark` renders each task of :func:`~clova_train.envs.common.world.make_task` as a COCO-named
+JPEG and writes its question in GQA's format (training ids), OK-VQA's (held-out ids: ten annotator answers, the
+answer type of its question) and its objects as RefCOCO referring expressions ("the red circle", for objects
+no other shape of the scene shares colour and shape with; ``train`` and ``val`` splits by the world's held-out rule),
+so the readers of :mod:`clova_train.envs.tasks.formats` run on it as on the downloaded files: train on the GQA set,
+evaluate on the OK-VQA one, as HYDRA's Table 4 trains on one dataset and tests on another.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from pathlib import Path
+
+from PIL import Image, ImageDraw
+
+from clova_train.core.atomic import write_json_atomic
+from clova_train.envs.common.world import COLOURS, SIZE, SceneObject, Task, is_held_out, make_task
+from clova_train.envs.tasks.formats import TaskFiles
+
+RGB = {"red": (220, 30, 30), "green": (30, 180, 40), "blue": (30, 60, 220), "yellow": (235, 215, 30)}
+ANSWER_TYPES = {"count": "number", "exists": "yes/no", "compare": "yes/no", "colour": "other"}
+GQA_STRUCTURE = {"count": "query", "exists": "verify", "compare": "compare", "colour": "query"}
+ANSWERS_PER_QUESTION = 10  # VQA and OK-VQA collect ten answers per question
+SUBTYPE = "val2014"
+
+
+def image_name(task_id: int) -> str:
+    """The COCO 2014 file name of the task's scene (OK-VQA's naming; GQA's ``imageId`` is this without ``.jpg``)."""
+    return f"COCO_{SUBTYPE}_{task_id:012d}.jpg"
+
+
+def pixel_box(obj: SceneObject, scale: int) -> tuple[float, float, float, float]:
+    """The object's COCO box ``[x, y, width, height]`` in image pixels (y from the top; the world's is from the
+    bottom)."""
+    left, lower, right, upper = obj.box
+    return (float(left * scale), float((SIZE - upper) * scale), float((right - left) * scale),
+            float((upper - lower) * scale))
+
+
+def render(task: Task, scale: int) -> Image.Image:
+    """The scene at ``scale`` times the world's size, shapes drawn in task order on a grey background."""
+    image = Image.new("RGB", (SIZE * scale, SIZE * scale), (128, 128, 128))
+    draw = ImageDraw.Draw(image)
+    for obj in task.objects:
+        x, y, w, h = pixel_box(obj, scale)
+        box = (x, y, x + w - 1, y + h - 1)
+        if obj.shape == "circle":
+            draw.ellipse(box, fill=RGB[obj.colour])
+        elif obj.shape == "square":
+            draw.rectangle(box, fill=RGB[obj.colour])
+        else:
+            draw.polygon([((box[0] + box[2]) / 2, box[1]), (box[2], box[3]), (box[0], box[3])], fill=RGB[obj.colour])
+    return image
+
+
+def _unique_objects(task: Task) -> list[tuple[int, SceneObject]]:
+    kinds = [(o.colour, o.shape) for o in task.objects]
+    return [(k, o) for k, o in enumerate(task.objects) if kinds.count((o.colour, o.shape)) == 1]
+
+
+def write_offline_benchmark(root: str | Path, train_ids: Iterable[int], eval_ids: Iterable[int],
+                            scale: int = 4) -> dict[str, TaskFiles]:
+    """Write the images and the GQA (``train_ids``), OK-VQA (``eval_ids``) and RefCOCO (both, split by the world's
+    held-out rule) files under ``root``; the :class:`TaskFiles` that read each set.
+
+    Ids must not repeat across the two sets; a training id must not be held out and an evaluation id must be, so the
+    sets are the world's own split."""
+    root = Path(root)
+    train, evaluation = [int(i) for i in train_ids], [int(i) for i in eval_ids]
+    if set(train) & set(evaluation):
+        raise ValueError("a task id is in both the training and the evaluation set")
+    if any(is_held_out(i) for i in train) or not all(is_held_out(i) for i in evaluation):
+        raise ValueError("training ids must be the world's training tasks and evaluation ids its held-out ones")
+    images = root / "images"
+    images.mkdir(parents=True, exist_ok=True)
+    tasks = {i: make_task(i) for i in (*train, *evaluation)}
+    for task_id, task in tasks.items():
+        render(task, scale).save(images / image_name(task_id), quality=95)
+
+    gqa = {str(i): {"imageId": image_name(i)[:-4], "question": tasks[i].question, "answer": tasks[i].answer,
+                    "types": {"structural": GQA_STRUCTURE[tasks[i].question_type], "semantic": "attr",
+                              "detailed": tasks[i].question_type}} for i in train}
+    write_json_atomic(root / "gqa" / "train_balanced_questions.json", gqa)
+
+    questions = {"data_subtype": SUBTYPE, "questions": [
+        {"image_id": i, "question": tasks[i].question, "question_id": i} for i in evaluation]}
+    annotations = {"annotations": [
+        {"image_id": i, "question_id": i, "question_type": tasks[i].question_type,
+         "answer_type": ANSWER_TYPES[tasks[i].question_type],
+         "answers": [{"answer": tasks[i].answer, "answer_confidence": "yes", "answer_id": k + 1}
+                     for k in range(ANSWERS_PER_QUESTION)]} for i in evaluation]}
+    write_json_atomic(root / "okvqa" / f"OpenEnded_mscoco_{SUBTYPE}_questions.json", questions)
+    write_json_atomic(root / "okvqa" / f"mscoco_{SUBTYPE}_annotations.json", annotations)
+
+    refs, instances = [], {"images": [], "annotations": [], "categories": [
+        {"id": k + 1, "name": colour} for k, colour in enumerate(COLOURS)]}
+    for task_id, task in tasks.items():
+        instances["images"].append({"id": task_id, "file_name": image_name(task_id), "width": SIZE * scale,
+                                    "height": SIZE * scale})
+        for k, obj in _unique_objects(task):
+            ann_id = task_id * 100 + k
+            instances["annotations"].append({"id": ann_id, "image_id": task_id, "bbox": list(pixel_box(obj, scale)),
+                                             "category_id": COLOURS.index(obj.colour) + 1})
+            refs.append({"ref_id": ann_id, "ann_id": ann_id, "image_id": task_id, "file_name": image_name(task_id),
+                         "split": "val" if is_held_out(task_id) else "train",
+                         "sentences": [{"sent": f"the {obj.colour} {obj.shape}"}]})
+    (root / "refcoco").mkdir(exist_ok=True)
+    write_json_atomic(root / "refcoco" / "refs.json", refs)
+    write_json_atomic(root / "refcoco" / "instances.json", instances)
+
+    images_dir = str(images)
+    return {
+        "gqa-train": TaskFiles("gqa", str(root / "gqa" / "train_balanced_questions.json"), images_dir),
+        "okvqa-eval": TaskFiles("okvqa", str(root / "okvqa" / f"OpenEnded_mscoco_{SUBTYPE}_questions.json"),
+                                images_dir, str(root / "okvqa" / f"mscoco_{SUBTYPE}_annotations.json")),
+        "refcoco-train": TaskFiles("refcoco", str(root / "refcoco" / "refs.json"), images_dir,
+                                   str(root / "refcoco" / "instances.json"), split="train"),
+        "refcoco-val": TaskFiles("refcoco", str(root / "refcoco" / "refs.json"), images_dir,
+                                 str(root / "refcoco" / "instances.json"), split="val"),
+    }
+
