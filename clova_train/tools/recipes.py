@@ -218,13 +218,20 @@ def _installed_recipes() -> list[ToolRecipe]:
 
 def tool_recipes() -> dict[str, ToolRecipe]:
     """Every recipe by name: this package's tool folders, then installed plug-ins, then run-time registrations. Two
-    different recipes under one name are an error naming both."""
+    different recipes under one name are an error naming both, and so are two different tiny models of one kind (a
+    plug-in's would otherwise replace a shipped tool's model in ``clova-train tiny-model`` without a word)."""
     recipes: dict[str, ToolRecipe] = {}
+    kinds: dict[str, ToolRecipe] = {}
     for recipe in (*_shipped_recipes(), *_installed_recipes(), *_REGISTERED.values()):
         known = recipes.get(recipe.name)
         if known is not None and known != recipe:
             raise ClovaTrainError(f"two tool recipes are named {recipe.name!r}: {known.tool} and {recipe.tool}")
         recipes[recipe.name] = recipe
+        other = kinds.setdefault(recipe.tiny_model.kind, recipe)
+        if other.tiny_model != recipe.tiny_model:
+            raise ClovaTrainError(f"two tiny models are named {recipe.tiny_model.kind!r}: the {other.name!r} recipe's "
+                                  f"({other.tiny_model.builder}) and the {recipe.name!r} recipe's "
+                                  f"({recipe.tiny_model.builder})")
     return recipes
 
 

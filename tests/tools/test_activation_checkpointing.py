@@ -109,7 +109,8 @@ def test_checkpointing_keeps_losses_and_gradients_and_keeps_fewer_activations(
 
 def test_a_tool_without_blocks_trains_as_it_is_with_a_warning(tmp_path: Path) -> None:
     from clova_train.models import PromptTuning
-    from helpers.toy_tool import ToyPromptClassifier, build_toy_model
+    from plugins.toy_tool.tiny import build_toy_model
+    from plugins.toy_tool.tool import ToyPromptClassifier
 
     tool = ToyPromptClassifier(str(build_toy_model(tmp_path / "toy", pretrain_steps=0)))
     assert tool.checkpoint_blocks() == [] and tool.set_activation_checkpointing(True) == 0
