@@ -316,7 +316,7 @@ def answer_json_lines(export: str, lines: Iterable[str], top_k: int | None, devi
         print(json.dumps(server.serve(parse_request(line, f"request {number}"))), flush=True)
 
 
-def run_predict(args: Sequence[str]) -> None:
+def run_predict(args: Sequence[str]) -> int:
     parser = CommandParser(
         prog=f"{PROG} predict",
         description="Run an exported prompt tool with its prompt pool over inputs and write one JSON line per input "
@@ -338,7 +338,14 @@ def run_predict(args: Sequence[str]) -> None:
 
     written, failed = predict_to_file(parsed.export, parsed.inputs, parsed.output, parsed.field, parsed.top_k,
                                       parsed.device, parsed.base_model)
-    print(f"{written} predictions written to {parsed.output}" + (f" ({failed} inputs failed: see their 'error')" if failed else ""))
+    print(f"{written - len(failed)} predictions written to {parsed.output}")
+    if not failed:
+        return 0
+    hint = " (folder inputs take the rest of the request from --field NAME=VALUE)" if Path(parsed.inputs).is_dir() else ""
+    every = "every input" if len(failed) == written else f"{len(failed)} of {written} inputs"
+    print(f"{PROG}: error: {every} failed, each with its 'error' line in {parsed.output}; the first: {failed[0]}{hint}",
+          file=sys.stderr)
+    return 1
 
 
 def run_tiny_model(args: Sequence[str]) -> None:
@@ -486,7 +493,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if command in SUBCOMMANDS or command in LIGHTNING_COMMANDS:
             check_config_files(args[1:])
         if command in SUBCOMMANDS:
-            SUBCOMMANDS[command](args[1:])
+            return SUBCOMMANDS[command](args[1:]) or 0  # a subcommand returns its exit code, or None for success
         elif command in LIGHTNING_COMMANDS:
             run_lightning(None if argv is None else args)  # None: LightningCLI reads sys.argv itself
         elif command is None or command in ("-h", "--help"):

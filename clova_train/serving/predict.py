@@ -63,8 +63,8 @@ def _relative_to(folder: Path, value: Any) -> Any:
 def predict_to_file(
     export: str, inputs: str, output: str, fields: list[str], top_k: int | None = None, device: str = "cpu",
     base_model: str | None = None,
-) -> tuple[int, int]:
-    """Answer every input and write the JSONL; returns (lines written, inputs that failed)."""
+) -> tuple[int, list[str]]:
+    """Answer every input and write the JSONL; returns the lines written and the errors of the inputs that failed."""
     source = Path(inputs)
     extra = parse_fields(fields)
     if not source.exists():
@@ -77,12 +77,12 @@ def predict_to_file(
         if extra:
             raise DataError("--field applies to folder inputs; a JSONL line is a whole request")
         requests = list(requests_from_jsonl(source, tool.request_path_fields))
-    lines, failed = [], 0
+    lines, failed = [], []
     for request in _progress(requests):
         try:
             lines.append({"input": request, "output": server.serve(request)})
         except ClovaTrainError as err:
-            failed += 1
+            failed.append(str(err))
             lines.append({"input": request, "error": str(err)})
     write_text_atomic(output, "".join(json.dumps(line) + "\n" for line in lines))
     return len(lines), failed

@@ -82,6 +82,8 @@ def test_the_wheel_ships_only_the_package_and_requires_what_it_imports(tmp_path:
     assert shipped and all(f.startswith("clova_train/") for f in shipped), sorted(set(f.split("/")[0] for f in shipped))
     assert not [f for f in shipped if any(part in f for part in NOT_SHIPPED)]
     assert any(f.startswith("clova_train/envs/worlds/") and f.endswith(".yaml") for f in shipped)  # package data
+    assert "clova_train/py.typed" in shipped  # type checkers read the package's annotations (PEP 561)
+    assert any(f.startswith("clova_train/tools/clip/") and f.endswith("recipe.py") for f in shipped)  # tool folders
     required = {_requirement_name(line.split(":", 1)[1]) for line in metadata.splitlines()
                 if line.startswith("Requires-Dist:") and "extra ==" not in line}
 

@@ -269,12 +269,24 @@ def test_predict_over_a_folder_and_a_jsonl(clip_export: Path, concept_root: Path
     (tmp_path / "imgs" / "a.png").write_bytes((concept_root / IMAGES[1]).read_bytes())
     requests.write_text(json.dumps({"images": ["imgs/a.png"], "concept": "purple"}) + "\n"
                         + json.dumps({"images": ["imgs/missing.png"], "concept": "purple"}) + "\n")
-    assert main(["predict", str(clip_export), "--inputs", str(requests), "-o", str(out)]) == 0
+    assert main(["predict", str(clip_export), "--inputs", str(requests), "-o", str(out)]) == 1  # one input failed
     first, second = [json.loads(line) for line in out.read_text().splitlines()]
     alone = local.serve({"images": [str(tmp_path / "imgs" / "a.png")], "concept": "purple"})
     assert first["output"]["index"] == alone["index"]
     np.testing.assert_allclose(first["output"]["scores"], alone["scores"], atol=1e-5)
     assert "image not found" in second["error"] and "missing.png" in second["error"]
+
+
+def test_predict_exits_non_zero_and_says_how_many_inputs_failed(clip_export: Path, concept_root: Path, tmp_path: Path,
+                                                               capsys: pytest.CaptureFixture) -> None:
+    """A folder without the --field the tool's requests need: every input fails, the command says so and exits 1
+    (each line still records its error)."""
+    out = tmp_path / "preds.jsonl"
+    assert main(["predict", str(clip_export), "--inputs", str(concept_root / "red"), "-o", str(out)]) == 1
+    err = capsys.readouterr().err
+    assert "every input failed" in err and "--field NAME=VALUE" in err and "labels" in err, err
+    lines = [json.loads(line) for line in out.read_text().splitlines()]
+    assert lines and all("error" in line for line in lines)
 
 
 @pytest.mark.parametrize("name", ["/etc/passwd", "../outside.png", "a/../../b.png", "", 3])
