@@ -76,10 +76,15 @@ def embedder_from_description(identity: Mapping[str, object]) -> Embed:
                      "pass that function as embed")
 
 
+_PROBABILITY = r"(?:p\s*=\s*)?(?P<{name}>[0-9]*\.?[0-9]+)"
 _SAMPLE_LINE = re.compile(
-    r"^\s*(?:[-*]|\d+[.):]|\(\d+\))?\s*"  # optional list marker
-    r"(?:\[\s*(?:p\s*=\s*)?(?P<p1>[0-9]*\.?[0-9]+)\s*\]|\(\s*(?:p\s*=\s*)?(?P<p2>[0-9]*\.?[0-9]+)\s*\))?"  # [0.8] or (p=0.8)
-    r"\s*(?P<text>.*?)\s*$",
+    r"^\s*(?:(?:[-*]|\d+[.):]|\(\d+\))(?=\s))?\s*"  # optional list marker ("1." only before a space: not "0.7")
+    r"(?:\[\s*" + _PROBABILITY.format(name="p1") + r"\s*\]\s*:?"  # [0.8] or [p=0.8]
+    r"|\(\s*" + _PROBABILITY.format(name="p2") + r"\s*\)\s*:?"  # (0.8) or (p=0.8)
+    r"|(?P<p3>[01]?\.[0-9]+)\s*[:\-]?(?=\s))?"  # a bare decimal 0.8, 0.8: or 0.8 - before the text
+    r"\s*(?P<text>.*?)"
+    r"(?:\s*(?:\[\s*" + _PROBABILITY.format(name="p4") + r"\s*\]|\(\s*" + _PROBABILITY.format(name="p5")
+    + r"\s*\)))?\s*$",  # or after it: "find the cat (0.8)"
     re.IGNORECASE,
 )
 
@@ -87,8 +92,9 @@ _SAMPLE_LINE = re.compile(
 def parse_samples(reply: str, n: int) -> list[tuple[str, float]]:
     """Exactly ``n`` ``(instruction, probability)`` pairs from a planner reply.
 
-    One sample per non-empty line; a probability in ``[0.83]`` or ``(p=0.83)`` before the text is read and
-    clipped to [0, 1] (a missing one becomes 0); an instruction is cut at ``MAX_INSTRUCTION_CHARS`` (a reply
+    One sample per non-empty line; a probability in ``[0.83]``, ``(0.83)``, ``(p=0.83)`` or a bare ``0.83``
+    (``0.83:``) before the text, or ``[0.83]`` / ``(0.83)`` after it, is read and clipped to [0, 1] (a line without
+    one gets 0); an instruction is cut at ``MAX_INSTRUCTION_CHARS`` (a reply
     is untrusted: its size must not grow prompts and memory). Lines beyond ``n`` are dropped (the reply's order
     is kept); a short reply is padded with ``(no instruction)`` at probability 0, which the reasoner turns into a
     no-op step. The action index therefore always means the same slot.
@@ -100,7 +106,7 @@ def parse_samples(reply: str, n: int) -> list[tuple[str, float]]:
         text = match.group("text") if match else line.strip()
         if not text or text.startswith("```"):
             continue
-        raw = (match.group("p1") or match.group("p2")) if match else None
+        raw = next((match.group(g) for g in ("p1", "p2", "p3", "p4", "p5") if match.group(g)), None) if match else None
         probability = min(max(float(raw), 0.0), 1.0) if raw else 0.0
         samples.append((text[:MAX_INSTRUCTION_CHARS], probability))
         if len(samples) == n:

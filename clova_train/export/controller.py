@@ -51,6 +51,11 @@ def controller_card(description: dict, n_actions: int, rule: str) -> str:
                  + "".join(f'         "{name}": ...,\n' for name in names)
                  + f"}}  # flags over {flags}: observation.one_hot(names, chosen)")
     actions = "\n".join(f"| {index} | {meaning} |" for index, meaning in description["actions"].items())
+    planner_format = (
+        "\nThe planner's reply is read one instruction per line, at most `num_samples` lines, each with its probability "
+        "before or after it: `1. [0.83] find the red circles`, `(0.7) count them`, `0.6: compare the counts` or "
+        "`find the cat (0.4)`. A line without a probability gets 0 and a short reply is padded with "
+        "`(no instruction)` at 0, so action i always means the i-th line.\n\n" if environment == "hydra" else "")
     return f"""# {environment} controller (DQN, stable-baselines3)
 
 Exported by clova-train. Files: `controller.zip` (stable-baselines3 DQN), `q_network.pt` (TorchScript Q-network),
@@ -71,7 +76,7 @@ q_values = torch.jit.load("q_network.pt")(torch.from_numpy(x)[None])     # [1, {
 ```
 
 Action rule: {rule} (`controller.zip`'s plain `predict` takes the argmax over every action).
-Observation parts (`[start, end)`): {json.dumps(description["observation_parts"])}.
+{planner_format}Observation parts (`[start, end)`): {json.dumps(description["observation_parts"])}.
 
 | action | meaning |
 | --- | --- |

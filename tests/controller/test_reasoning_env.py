@@ -281,3 +281,15 @@ def test_baselines_report_every_rule_and_the_oracle_is_not_a_rule() -> None:
     assert results[names[4]]["accuracy"] >= 0.9  # the oracle: a ceiling, far above the rules
     name, accuracy = best_rule({**results, "trained controller": {"accuracy": 1.0}})
     assert name in names[:4] and accuracy == max(results[n]["accuracy"] for n in names[:4])
+
+
+@pytest.mark.parametrize(("line", "expected"), [
+    ("(0.7) find the cat", ("find the cat", 0.7)), ("find the cat (0.7)", ("find the cat", 0.7)),
+    ("0.7 find the cat", ("find the cat", 0.7)), ("0.7: find the cat", ("find the cat", 0.7)),
+    ("2) 0.6 - look left", ("look left", 0.6)), ("- count the circles [p=0.25]", ("count the circles", 0.25)),
+    ("1. [0.83] count", ("count", 0.83)), ("1. find 3 cats", ("find 3 cats", 0.0)), ("(7) find", ("find", 0.0)),
+])
+def test_parse_samples_reads_a_probability_before_or_after_the_instruction(line: str, expected: tuple) -> None:
+    """A planner writing "(0.7)" after its instruction, or a bare "0.7" before it, is read, not turned into probability
+    0 with the number left in the text (nor "0.7" taken for list item 0)."""
+    assert parse_samples(line, 1) == [expected]

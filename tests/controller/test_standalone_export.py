@@ -128,3 +128,10 @@ def test_export_builds_observations_and_actions_without_clova_train(name: str, t
     assert got["predicted"] == np.asarray(got["q_sb3"]).argmax(1).tolist()
     card = (tmp_path / "export" / "README.md").read_text()
     assert "observation.build_observation" in card and "Action rule" in card
+    if config.environment == "hydra":  # the card shows the planner-reply lines the exported reader takes
+        import re
+
+        from clova_train.core.observation_builder import parse_samples
+
+        shown = re.findall(r"`([^`]*\d\.\d[^`]*)`", card.split("The planner's reply")[1].split("\n\n")[0])
+        assert len(shown) == 4 and all(parse_samples(line, 1)[0][1] > 0 for line in shown), shown
