@@ -61,7 +61,7 @@ from clova_train.core.errors import ClovaTrainError, DataError, ExportError
 from clova_train.core.run_manifest import read_run_manifest
 from clova_train.serving.abandoned import AbandonedRequests
 from clova_train.serving.guard import RequestGuard, RequestLimits, error_body, install_error_handlers
-from clova_train.tooluse.served_llm import ChatRequest
+from clova_train.tooluse.served_llm import ChatRequest, ContextBudget
 from clova_train.tooluse.tool_calls import ToolSpec, instruction_from_chat, reply_from_step, specs_from_openai
 
 
@@ -263,6 +263,7 @@ class ToolChatSpec(OpenAISpec):
         self.served_name = served_name
         self.created = int(time.time())
         self.abandoned: Optional[AbandonedRequests] = None  # set by serve_http: where gone clients are marked
+        self.budget: Optional[ContextBudget] = None  # set by the API's check: the model's context, for a 400
 
     def pre_setup(self, lit_api: ls.LitAPI) -> None:
         super().pre_setup(lit_api)
@@ -289,6 +290,8 @@ class ToolChatSpec(OpenAISpec):
             raise HTTPException(400, "'tool_choice' must be 'auto' or 'none' (the model chooses its tool itself)")
         try:
             request._served = served_chat(request)
+            if self.budget is not None:  # before any generation: a prompt past the context is the client's error
+                self.budget.check(request._served.request)
         except DataError as err:
             raise HTTPException(400, str(err)) from err
         if self.abandoned is not None:
@@ -412,9 +415,7 @@ class ToolChatAPI(ls.LitAPI):
 
     def check(self) -> None:
         """Before the workers start: what can be checked without loading the model."""
-        from clova_train.tooluse.served_llm import ServedToolLLM
-
-        ServedToolLLM.check_export(self.export, self.base_model)
+        self.spec.budget = ContextBudget.from_export(self.export, self.base_model)  # checks the export too
 
     def setup(self, device: str) -> None:
         from clova_train.tooluse.served_llm import ServedToolLLM

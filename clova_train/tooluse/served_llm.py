@@ -49,6 +49,7 @@ class ChatRequest:
     temperature: float = 0.0
     seed: int = 0
     abandoned: Callable[[], bool] | None = None
+    context_checked: bool = False  # its length was checked against the model's context (the HTTP server does)
 
     def __post_init__(self) -> None:
         # the one check of the messages, wherever the request comes from (the HTTP server builds it once, in the
@@ -76,6 +77,70 @@ def check_messages(messages: Any) -> list[dict[str, str]]:
     if messages[-1]["role"] != "user":
         raise DataError("the last message must be the user's (the model answers it)")
     return messages
+
+
+def context_length(config: Any, tokenizer: Any = None) -> int | None:
+    """The most positions the model attends to (its config's ``max_position_embeddings`` or ``n_positions``, else
+    the tokenizer's ``model_max_length`` when it is a real bound), or None when neither says."""
+    for name in ("max_position_embeddings", "n_positions", "max_sequence_length"):
+        value = getattr(config, name, None)
+        if isinstance(value, int) and value > 0:
+            return value
+    value = getattr(tokenizer, "model_max_length", None)
+    return value if isinstance(value, int) and 0 < value < 1_000_000 else None
+
+
+@dataclass
+class ContextBudget:
+    """How long a chat may be: its prompt's tokens plus its generation budget within the model's context.
+
+    Args:
+        tokenizer: the served tokenizer, with the chat template the model was trained with.
+        context: the model's context length (None: unchecked).
+        default_max_tokens: the budget of a request that names none (the export's ``serving.json``).
+    """
+
+    tokenizer: Any
+    context: int | None
+    default_max_tokens: int
+
+    @classmethod
+    def from_export(cls, directory: str | os.PathLike[str], base_model: str | os.PathLike[str] | None = None
+                    ) -> ContextBudget:
+        """The budget of an export, from its tokenizer and model config alone (no weights: the HTTP server checks
+        requests with it before they reach a worker)."""
+        from transformers import AutoConfig, AutoTokenizer
+
+        directory = Path(directory)
+        base = ServedToolLLM.check_export(directory, base_model)
+        source = directory / "merged" if base is None else directory / "adapter"
+        with loading("the LoRA export's tokenizer and config", str(directory)):
+            tokenizer = AutoTokenizer.from_pretrained(str(source))
+            config = AutoConfig.from_pretrained(str(directory / "merged") if base is None else base)
+        return cls(tokenizer, context_length(config, tokenizer), serving_defaults(source)[1])
+
+    def prompt_tokens(self, request: ChatRequest) -> int:
+        text = self.tokenizer.apply_chat_template(request.messages, tokenize=False, add_generation_prompt=True)
+        return len(self.tokenizer(text, add_special_tokens=False)["input_ids"])
+
+    def check(self, request: ChatRequest) -> None:
+        """A :class:`DataError` naming both numbers when the prompt plus ``max_tokens`` exceeds the context."""
+        if self.context is None:
+            return
+        prompt = self.prompt_tokens(request)
+        budget = request.max_tokens or self.default_max_tokens
+        if prompt + budget > self.context:
+            raise DataError(f"the prompt is {prompt:,} tokens and max_tokens is {budget:,}: {prompt + budget:,} is "
+                            f"more than the model's context of {self.context:,} tokens (shorten the messages or ask "
+                            "for fewer tokens)")
+        request.context_checked = True
+
+
+def serving_defaults(source: Path) -> tuple[dict[str, Any], int]:
+    """The export's ``serving.json`` (stop strings, temperature, max_tokens) and its generation budget."""
+    defaults_file = source / SERVING_FILE
+    defaults = read_json_object(defaults_file, "serving defaults") if defaults_file.is_file() else {}
+    return defaults, int(defaults.get("max_tokens", 256))
 
 
 def _cut(text: str, stops: list[str]) -> tuple[str, bool]:
@@ -152,6 +217,7 @@ class ServedToolLLM:
             self.tokenizer.pad_token = self.tokenizer.eos_token
         self.stop = [str(s) for s in defaults.get("stop", [])]
         self.max_tokens = int(defaults.get("max_tokens", 256))
+        self.budget = ContextBudget(tokenizer, context_length(getattr(model, "config", None), tokenizer), self.max_tokens)
 
     @classmethod
     def check_export(cls, directory: str | os.PathLike[str], base_model: str | os.PathLike[str] | None = None
@@ -189,9 +255,7 @@ class ServedToolLLM:
                 source = adapter
                 model = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(base), str(adapter))
             tokenizer = AutoTokenizer.from_pretrained(str(source))
-        defaults_file = source / SERVING_FILE
-        defaults = read_json_object(defaults_file, "serving defaults") if defaults_file.is_file() else {}
-        return cls(model.to(device), tokenizer, defaults)
+        return cls(model.to(device), tokenizer, serving_defaults(source)[0])
 
     @staticmethod
     def _base_location(directory: Path, adapter: Path, base_model: str | os.PathLike[str] | None) -> str:
@@ -219,6 +283,7 @@ class ServedToolLLM:
     @torch.no_grad()
     def chat_batch(self, requests: list[ChatRequest]) -> list[ChatReply]:
         """Answer requests together: greedy ones in one left-padded batch, sampled ones one by one."""
+        self._check_context(requests)
         replies: dict[int, ChatReply] = {}
         greedy = [i for i, r in enumerate(requests) if r.temperature <= 0]
         if greedy:
@@ -229,6 +294,11 @@ class ServedToolLLM:
                 torch.manual_seed(request.seed)
                 replies[i] = self._generate([request], sample=True)[0]
         return [replies[i] for i in range(len(requests))]
+
+    def _check_context(self, requests: list[ChatRequest]) -> None:
+        for request in requests:
+            if not request.context_checked:
+                self.budget.check(request)
 
     def _generate(self, requests: list[ChatRequest], sample: bool) -> list[ChatReply]:
         encoded, options = self._inputs(requests, sample)
@@ -312,6 +382,7 @@ class ServedToolLLM:
         text is decoded while generating, so the consumer leaves ``generate``'s thread the interpreter (a
         consumer that decodes and hands on every step halves a GPU's decoding speed, which is bound by Python's
         kernel launches), while a closed consumer still stops the generation at the next step."""
+        self._check_context(requests)
         replies = [ChatReply("", 0, 0, None) for _ in requests]
         greedy = [i for i, r in enumerate(requests) if r.temperature <= 0]
         runs = ([greedy] if greedy else []) + [[i] for i, r in enumerate(requests) if r.temperature > 0]

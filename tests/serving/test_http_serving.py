@@ -106,6 +106,31 @@ def test_bad_chat_requests_get_400(server: str, messages: list, message: str) ->
     assert status in (400, 422) and message in json.dumps(reply), reply
 
 
+def test_a_chat_past_the_models_context_is_a_400_naming_both_numbers(server: str, lora_export: Path,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """Prompt plus max_tokens over the context length: refused before any generation, over HTTP (by the server, a
+    worker never sees it) and in process (ServedToolLLM checks what nobody checked before)."""
+    from clova_train.core.errors import DataError
+
+    served = ServedToolLLM.from_export(lora_export)
+    context = served.budget.context
+    assert context is not None and context == served.model.config.max_position_embeddings
+    long = [{"role": "user", "content": "word " * (context + 10)}]
+    status, reply = post(server + "/v1/chat/completions", {"model": "", "messages": long, "max_tokens": 5})
+    assert status == 400 and f"more than the model's context of {context:,} tokens" in json.dumps(reply), reply
+    assert "max_tokens is 5" in json.dumps(reply)
+    fits = [{"role": "user", "content": "hello"}]
+    prompt = served.budget.prompt_tokens(ChatRequest(messages=fits))
+    status, reply = post(server + "/v1/chat/completions", {"model": "", "messages": fits,
+                                                           "max_tokens": context - prompt + 1})
+    assert status == 400 and f"{context + 1:,} is more than" in json.dumps(reply), reply
+    monkeypatch.setattr(served.model, "generate", lambda *a, **k: pytest.fail("generated past the context"))
+    with pytest.raises(DataError, match="the prompt is .* tokens and max_tokens is 3"):
+        served.chat_batch([ChatRequest(messages=long, max_tokens=3)])
+    with pytest.raises(DataError, match="more than the model's context"):
+        next(served.stream_batch([ChatRequest(messages=long, max_tokens=3)]))
+
+
 def test_the_official_sdk_sees_the_model_finish_reasons_and_errors(server: str, lora_export: Path) -> None:
     """As vLLM serves it: /v1/models lists the served name (the export path as given), another model is a 404 in
     OpenAI's error shape, a reply that max_tokens cut ends with finish_reason 'length', and a request that names no
