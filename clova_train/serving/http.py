@@ -42,6 +42,7 @@ import functools
 import json
 import logging
 import os
+import signal
 import tempfile
 import time
 import uuid
@@ -61,6 +62,7 @@ from clova_train.core.errors import ClovaTrainError, DataError, ExportError
 from clova_train.core.run_manifest import read_run_manifest
 from clova_train.serving.abandoned import AbandonedRequests
 from clova_train.serving.guard import RequestGuard, RequestLimits, error_body, install_error_handlers
+from clova_train.serving.stop_signals import stop_children, stop_on_signals
 from clova_train.tooluse.served_llm import ChatRequest, ContextBudget
 from clova_train.tooluse.tool_calls import ToolSpec, instruction_from_chat, reply_from_step, specs_from_openai
 
@@ -559,8 +561,15 @@ def serve_http(
                               middlewares=[(RequestGuard, {"api_key": api_key, "limits": limits})])
         install_error_handlers(server.app)
         print(f"loading {', '.join(exports)} for http://{host}:{port} ...", flush=True)
-        try:
-            server.run(host=host, port=port, generate_client_file=False, num_api_servers=1, log_level="warning")
-        except WorkersFailed:
-            failures = [report.read_text(encoding="utf-8") for report in sorted(Path(reports).glob("*.txt"))]
-            raise ExportError("; ".join(failures) or "a server worker could not load its export") from None
+        with stop_on_signals() as received:
+            try:
+                server.run(host=host, port=port, generate_client_file=False, num_api_servers=1, log_level="warning")
+            except WorkersFailed:
+                failures = [report.read_text(encoding="utf-8") for report in sorted(Path(reports).glob("*.txt"))]
+                raise ExportError("; ".join(failures) or "a server worker could not load its export") from None
+            except KeyboardInterrupt:  # a stop signal before LitServe's own graceful path began (still loading)
+                pass
+            finally:
+                stop_children()
+        if received:
+            print(f"stopped ({signal.Signals(received[0]).name})", flush=True)

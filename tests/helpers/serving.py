@@ -24,32 +24,52 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-@contextmanager
-def serving(args: list[str], env: dict[str, str] | None = None,
-            cwd: Path = REPO) -> Iterator[tuple[str, subprocess.Popen]]:
-    """``clova-train serve ARGS`` on 127.0.0.1 in its own process group: (base URL, process) once /health answers;
-    stopped (SIGTERM, then SIGKILL) on exit."""
-    port = free_port()
+def start_server(args: list[str], env: dict[str, str] | None = None, cwd: Path = REPO,
+                 port: int | None = None) -> tuple[str, subprocess.Popen]:
+    """``clova-train serve ARGS`` on 127.0.0.1 in its own process group: (base URL, process) once /health answers."""
+    port = port or free_port()
     process = subprocess.Popen(
         [sys.executable, "-m", "clova_train", "serve", *args, "--port", str(port)],
         cwd=cwd, env={**os.environ, "PYTHONWARNINGS": "ignore", **(env or {})}, stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT, text=True, start_new_session=True,
     )
     base = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 180
-        while True:
-            if process.poll() is not None:
-                pytest.fail(f"the server exited: {process.stdout.read()[-3000:]}")
+    deadline = time.monotonic() + 180
+    while True:
+        if process.poll() is not None:
+            pytest.fail(f"the server exited: {process.stdout.read()[-3000:]}")
+        try:
+            with urllib.request.urlopen(base + "/health", timeout=2) as response:
+                if response.status == 200:
+                    return base, process
+        except OSError:
+            pass
+        if time.monotonic() > deadline:
+            os.killpg(process.pid, signal.SIGKILL)
+            pytest.fail("the server did not come up within 180 s")
+        time.sleep(0.5)
+
+
+def process_group(pgid: int) -> list[int]:
+    """The live processes of process group ``pgid`` (Linux /proc)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
             try:
-                with urllib.request.urlopen(base + "/health", timeout=2) as response:
-                    if response.status == 200:
-                        break
+                fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
             except OSError:
-                pass
-            if time.monotonic() > deadline:
-                pytest.fail("the server did not come up within 180 s")
-            time.sleep(0.5)
+                continue
+            if int(fields[2]) == pgid and fields[0] != "Z":  # state, ppid, pgrp: zombies are already gone
+                found.append(int(entry.name))
+    return found
+
+
+@contextmanager
+def serving(args: list[str], env: dict[str, str] | None = None,
+            cwd: Path = REPO) -> Iterator[tuple[str, subprocess.Popen]]:
+    """:func:`start_server`, stopped on exit (SIGTERM to the group, then SIGKILL)."""
+    base, process = start_server(args, env, cwd)
+    try:
         yield base, process
     finally:
         os.killpg(process.pid, signal.SIGTERM)

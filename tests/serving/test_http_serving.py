@@ -440,3 +440,90 @@ def test_a_chat_request_is_checked_once_on_its_way_to_the_worker(monkeypatch: py
         assert decoded is request._served and checks == expected, checks
     with pytest.raises(served_llm.DataError, match="the last message must be the user's"):
         http.served_chat(http.ChatRequestBody(messages=[{"role": "assistant", "content": "hi"}]))
+
+
+def _stopped(process, signals: tuple[int, ...], within: float = 60.0) -> tuple[int, str, float]:
+    """Send ``signals`` to the server's own process (as ``kill -TERM $PID``, systemd or Docker do, not to its group);
+    its exit code, output and how long it took."""
+    import os
+    import time
+
+    started = time.monotonic()
+    for number in signals:
+        os.kill(process.pid, number)
+        time.sleep(0.2)
+    code = process.wait(timeout=within)
+    return code, process.stdout.read(), time.monotonic() - started
+
+
+def _port_is_free(base: str) -> bool:
+    import socket
+
+    with socket.socket() as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind(("127.0.0.1", int(base.rsplit(":", 1)[1])))
+        except OSError:
+            return False
+    return True
+
+
+@pytest.mark.slow
+def test_a_server_stops_on_sigterm_and_sigint_with_its_workers_and_frees_its_port(clip_export: Path,
+                                                                                 lora_export: Path) -> None:
+    """Each export kind, with and without a key, twice in a row on the same port: the first signal stops the server
+    and every process it started within the grace period, exit code 0, and the port takes the next server."""
+    import signal
+    import time
+
+    from helpers.serving import process_group, start_server
+
+    port = free_port()
+    for export, key, number in ((clip_export, None, signal.SIGTERM), (clip_export, "k3y", signal.SIGINT),
+                                (lora_export, None, signal.SIGTERM)):
+        base, process = start_server([str(export), *(["--api-key", key] if key else [])], port=port)
+        assert len(process_group(process.pid)) >= 3  # the server, its API server and a worker (and LitServe's manager)
+        code, output, seconds = _stopped(process, (number,))
+        assert code == 0 and f"stopped ({signal.Signals(number).name})" in output, output[-2000:]
+        deadline = time.monotonic() + 10
+        while process_group(process.pid) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert process_group(process.pid) == [], "a worker outlived its server"
+        assert _port_is_free(base) and seconds < 45, seconds
+
+
+@pytest.mark.slow
+def test_a_second_signal_forces_the_stop_and_a_stream_in_flight_ends(lora_export: Path) -> None:
+    """A client streaming a long reply when the server is told to stop gets an end (the rest of its reply or a closed
+    connection), never a hang; a second signal ends the server at once."""
+    import signal
+    import threading
+
+    import openai
+
+    from helpers.serving import process_group, start_server
+
+    base, process = start_server([str(lora_export)])
+    ended: list[str] = []
+
+    def stream() -> None:
+        client = openai.OpenAI(base_url=base + "/v1", api_key="unused", max_retries=0, timeout=60)
+        try:
+            for _ in client.chat.completions.create(model=str(lora_export), stream=True, max_tokens=700,
+                                                    messages=[{"role": "user", "content": "hello"}]):
+                pass
+            ended.append("finished")
+        except Exception as error:  # the connection closed under it: an end, not a hang
+            ended.append(type(error).__name__)
+
+    reader = threading.Thread(target=stream)
+    reader.start()
+    import time
+
+    time.sleep(1.0)
+    code, output, seconds = _stopped(process, (signal.SIGTERM, signal.SIGTERM), within=30)
+    reader.join(timeout=60)
+    assert ended and not reader.is_alive(), "the streaming client hung"
+    assert code == 128 + signal.SIGTERM and seconds < 15, (code, seconds, output[-2000:])
+    time.sleep(1.0)
+    assert process_group(process.pid) == []
