@@ -27,6 +27,7 @@ import os
 import sys
 from collections.abc import Iterable, Sequence
 from pathlib import Path
+from typing import Any
 
 from clova_train.core.command_line import CommandParser, suggesting
 from clova_train.core.atomic import disk_full, storage_error
@@ -160,6 +161,10 @@ def run_lightning(args: Sequence[str] | None) -> None:
 
         before_validate = before_test = _guard_checkpoints
 
+        def before_instantiate_classes(self) -> None:
+            config = self.config[self.subcommand] if self.subcommand else self.config
+            follow_root_dir(config.trainer)
+
     PromptAwareCLI(
         LightningModule,
         LightningDataModule,
@@ -176,6 +181,19 @@ def run_lightning(args: Sequence[str] | None) -> None:
             + ", ".join(f"'{PROG} {c} --help'" for c in COMMANDS if c not in LIGHTNING_COMMANDS),
         },
     )
+
+
+ROOT_DIR_PLACEHOLDER = "{default_root_dir}"
+
+
+def follow_root_dir(trainer: Any) -> None:
+    """A logger whose ``save_dir`` is ``{default_root_dir}`` (the shipped configs') writes under the run's
+    ``trainer.default_root_dir``, whatever the command line set it to; a path given anywhere else is kept."""
+    loggers = trainer.logger if isinstance(trainer.logger, list) else [trainer.logger]
+    for logger in loggers:
+        init_args = getattr(logger, "init_args", None)
+        if init_args is not None and getattr(init_args, "save_dir", None) == ROOT_DIR_PLACEHOLDER:
+            init_args.save_dir = trainer.default_root_dir or "."
 
 
 def write_fit_manifest(run_dir: str, model: object, config_text: str) -> None:

@@ -206,18 +206,25 @@ def assert_loggers_wrote(workdir: Path, settings: dict) -> None:
         assert len(metrics) == 1 and len(metrics[0].read_text().splitlines()) > 1  # rank 0 writes, once
 
 
+MOVED_RUN = "runs/moved"  # the run directory check_shipped_config gives every config
+
+
 def check_shipped_config(config: str, request: pytest.FixtureRequest, workdir: Path) -> None:
-    """Run ``config`` on two ranks with its own bar, loggers and callbacks; every rank ran the batches Lightning
-    announced, the bar drew on rank 0, the loggers wrote once, and a prompt-tuning run pooled every instance."""
-    result, settings = launch(config, request, workdir)
+    """Run ``config`` on two ranks with its own bar, loggers and callbacks, in another run directory than its own
+    (``--trainer.default_root_dir``); every rank ran the batches Lightning announced, the bar drew on rank 0, the
+    loggers wrote once and inside that run directory (nothing under the config's own), and a prompt-tuning run pooled
+    every instance."""
+    result, settings = launch(config, request, workdir, f"--trainer.default_root_dir={MOVED_RUN}")
     output = assert_ran_cleanly(result)
     counts = assert_batch_counts_announced(workdir)
     assert all(c["has_bar"] == settings["trainer"].get("enable_progress_bar", True) for c in counts)
     if settings["trainer"].get("enable_progress_bar", True):
         assert "Epoch 0" in output  # the bar drew on rank 0
-    assert_loggers_wrote(workdir, settings)
+    assert_loggers_wrote(workdir / MOVED_RUN, settings)
+    own = settings["trainer"].get("default_root_dir")
+    assert own is None or not (workdir / own).exists(), f"the run wrote into the config's own {own}"
     if RECIPES[config].chunk_size is not None:  # prompt tuning: every instance reached rank 0's pool, once
-        run_dir = workdir / settings["trainer"].get("default_root_dir", ".")
+        run_dir = workdir / MOVED_RUN
         summary = json.loads((run_dir / "summary.json").read_text())
         assert summary["complete"] and summary["tried"] == len(summary["instances"]) >= 1
         chunks = math.ceil(summary["tried"] / RECIPES[config].chunk_size)
