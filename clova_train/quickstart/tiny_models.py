@@ -13,7 +13,12 @@ LLAMA = TinyModel("llama", "clova_train.quickstart.tiny_llama:build_quickstart_l
 
 def tiny_models() -> dict[str, TinyModel]:
     """The tiny models by kind: the tool recipes' in their order, then the Llama."""
-    models = {recipe.tiny_model.kind: recipe.tiny_model for recipe in tool_recipes().values()}
+    recipes = tool_recipes()
+    models = {recipe.tiny_model.kind: recipe.tiny_model for recipe in recipes.values()}
+    if LLAMA.kind in models:
+        taker = next(name for name, recipe in recipes.items() if recipe.tiny_model.kind == LLAMA.kind)
+        raise ClovaTrainError(f"the tool recipe {taker!r} names its tiny model {LLAMA.kind!r}, the tool-using LLM's "
+                              "kind: give it another")
     return {**models, LLAMA.kind: LLAMA}
 
 

@@ -95,3 +95,20 @@ def test_every_registry_builder_is_fingerprinted_with_its_shared_pieces() -> Non
         assert "tiny_common.py" in files, f"{model.kind}: the shared builder pieces are part of its fingerprint"
     maskformer = tiny_models()["maskformer"]
     assert maskformer.fingerprint() != TinyModel(**{**maskformer.__dict__, "environment": {}}).fingerprint()
+
+
+def test_a_recipe_cannot_take_the_llamas_kind(restored_registry_state: None) -> None:
+    from clova_train.quickstart.tiny_models import LLAMA
+
+    recipes.register_tool(ToolRecipe("probe-tool", "PROBE", "x.Tool", "x.Data", "x.Synthetic",
+                                     TinyModel(LLAMA.kind, "x:b", 1, "p"), "q.yaml", "p.yaml"))
+    with pytest.raises(ClovaTrainError, match="'probe-tool' names its tiny model 'llama'"):
+        tiny_models()
+
+
+@pytest.fixture
+def restored_registry_state() -> Iterator[None]:
+    registered = dict(recipes._REGISTERED)
+    yield
+    recipes._REGISTERED.clear()
+    recipes._REGISTERED.update(registered)
