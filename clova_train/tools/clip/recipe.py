@@ -27,6 +27,7 @@ RECIPE = ToolRecipe(
     demo="clova_train.tools.clip.demo",
     demo_request=None,
     example_request="clova_train.tools.clip.recipe:example_request",
+    benchmark="clova_train.tools.clip.benchmark",
     smoke_real=SmokeRealCase(
         model="clip-vit-l14",
         overrides=("--model.init_args.tool.init_args.model_name=local-dir:{model}",

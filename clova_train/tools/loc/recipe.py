@@ -23,6 +23,7 @@ RECIPE = ToolRecipe(
         "other_queries": ["red square", "blue triangle"],
     }),
     example_request="clova_train.tools.grounding.examples:example_request",
+    benchmark="clova_train.tools.loc.benchmark",
     smoke_real=SmokeRealCase(
         model="owlvit-base-patch32",
         overrides=("--model.init_args.tool.init_args.model_name={model}",

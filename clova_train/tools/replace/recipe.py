@@ -36,6 +36,7 @@ RECIPE = ToolRecipe(
         "seed": 0,
     }),
     example_request="clova_train.tools.replace.recipe:example_request",
+    benchmark="clova_train.tools.replace.benchmark",
     smoke_real=SmokeRealCase(
         model="sd-inpainting",
         overrides=("--model.init_args.tool.init_args.model_name={model}",

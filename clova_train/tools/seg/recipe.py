@@ -25,6 +25,7 @@ RECIPE = ToolRecipe(
         "concept": "purple circle",
     }),
     example_request="clova_train.tools.grounding.examples:example_request",
+    benchmark="clova_train.tools.seg.benchmark",
     smoke_real=SmokeRealCase(
         model="maskformer-swin-base-coco",
         overrides=("--model.init_args.tool.init_args.model_name={model}",

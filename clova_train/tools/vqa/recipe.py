@@ -31,6 +31,7 @@ RECIPE = ToolRecipe(
         "question": "what colour is the circle?",
     }),
     example_request="clova_train.tools.vqa.recipe:example_request",
+    benchmark="clova_train.tools.vqa.benchmark",
     smoke_real=SmokeRealCase(
         model="blip-vqa-capfilt-large",
         overrides=("--model.init_args.tool.init_args.model_name={model}",

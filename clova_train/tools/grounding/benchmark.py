@@ -1,0 +1,102 @@
+"""What LOC's and SEG's benchmark settings share: the prompt-tuning benchmark's scenes and public procedure
+(``benchmarks/prompt_tuning.py``) and the seed measurement of their quickstarts
+(``benchmarks/prompt_tool_seeds.py``)."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, ClassVar
+
+import torch
+
+from clova_train.tools.benchmark_settings import PromptTuningBenchmark, SeedMeasurement
+
+if TYPE_CHECKING:
+    from clova_train.tools.prompt_server import PromptToolServer
+
+CONCEPT = "purple circle"
+VAL_IMAGES = 4
+
+
+class GroundingPromptTuning(PromptTuningBenchmark):
+    """A grounding tool on synthetic COCO scenes of one concept (two objects per 64 px image), one instance per image.
+
+    The fair loop runs the detector on the pixels (and the query texts) once per instance. The reference is the
+    public CLOVA prompt training: one image at a time, the whole model re-run from the pixels every step with weights
+    that require gradients, and, where the public code had one (:attr:`checks_each_step`), the pass check after every
+    step (its result ignored so that every method takes the same number of steps).
+
+    Attributes:
+        model_directory: the small model's folder under the benchmark's work directory.
+        checks_each_step: the public code checked whether the prompt passes after every step.
+    """
+
+    synthetic_data = False
+    model_directory: ClassVar[str]
+    checks_each_step: ClassVar[bool] = False
+
+    def build_small_model(self, workdir: Path, args: argparse.Namespace) -> str:
+        model, processor = self.build_model()
+        directory = workdir / self.model_directory
+        model.save_pretrained(directory)
+        processor.save_pretrained(directory)
+        return str(directory)
+
+    def build_model(self) -> tuple[Any, Any]:
+        """The small model and its processor (random weights)."""
+        raise NotImplementedError
+
+    def write_data(self, workdir: Path, args: argparse.Namespace, datamodule_class: type) -> Path:
+        from clova_train.tools.grounding.synthetic import write_coco_scenes
+
+        return write_coco_scenes(workdir / "data", [CONCEPT], args.instances + VAL_IMAGES, objects_per_image=2,
+                                 image_size=64, seed=0)
+
+    def make_datamodule(self, datamodule_class: type, data: Path, chunk_size: int, args: argparse.Namespace) -> Any:
+        datamodule = datamodule_class(str(data / "annotations.json"), CONCEPT, max_images=args.instances,
+                                      num_val_images=VAL_IMAGES, chunk_size=chunk_size)
+        datamodule.setup()
+        return datamodule
+
+    def reference_prompt(self, module: Any, item: Any, device: str) -> torch.Tensor:
+        tool = module.tool
+        tool.model.requires_grad_(True)  # the public code never froze the tool
+        prompt = module.start_prompts([item])[0].float().to(device)[None].requires_grad_()
+        optimizer = torch.optim.Adam([prompt], lr=module.lr)
+        for _ in range(module.steps):
+            ctx = tool.prepare([item])  # the whole model from the pixels (and the query texts), every step
+            loss = tool.instance_losses(ctx, prompt).sum()
+            optimizer.zero_grad()
+            tool.model.zero_grad()
+            loss.backward()
+            optimizer.step()
+            if self.checks_each_step:
+                with torch.no_grad():  # the pass check after every step
+                    tool.gate(ctx, prompt)
+        return prompt.detach()[0].cpu()
+
+
+def measure_seed(server: PromptToolServer, export: Path, seed: int) -> dict[str, dict[str, float]]:
+    """The share of the export's held-out images of the concept the tool finds (its evaluation metrics), without
+    prompts, with the pool and with the random-prompt pool."""
+    from clova_train.core.pool import control_pool
+    from clova_train.tools.grounding.demo import eval_images
+    from clova_train.tools.prompt_server import PromptToolServer
+
+    concept, images = eval_images(export)
+    control = PromptToolServer(server.tool, control_pool(server.pool, "random", seed), server.top_k)
+    batch = [(image, concept) for image in images]
+    with torch.no_grad():
+        measured, random = server.tool.evaluate(server, batch), server.tool.evaluate(control, batch)
+    plain_key, pool_key = server.tool.evaluation_metrics
+    return {concept: {"no prompt": float(measured[plain_key].float().mean()),
+                      "pool": float(measured[pool_key].float().mean()),
+                      "random-prompt pool": float(random[pool_key].float().mean())}}
+
+
+def grounding_seeds(metric: str) -> SeedMeasurement:
+    """The seed measurement of a grounding quickstart whose score is ``metric`` (its scenes split by the seed too)."""
+    return SeedMeasurement(metric=metric, columns=("no prompt", "pool", "random-prompt pool"),
+                           contrasts=(("pool", "random-prompt pool"),), measure=measure_seed,
+                           seeded_data=("split_seed",))
