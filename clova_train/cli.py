@@ -155,6 +155,11 @@ def run_lightning(args: Sequence[str] | None) -> None:
 
         def before_fit(self) -> None:
             self._guard_checkpoints()
+            from clova_train.models.progress_lines import ProgressLines
+
+            if self.trainer.progress_bar_callback is not None and not any(
+                    isinstance(c, ProgressLines) for c in self.trainer.callbacks):
+                self.trainer.callbacks.append(ProgressLines())  # lines where the bar cannot draw (a log file)
             if self.trainer.is_global_zero:
                 write_fit_manifest(self.trainer.default_root_dir, self.model,
                                    self._parser(self.subcommand).dump(self.config[self.subcommand]))

@@ -220,6 +220,7 @@ def check_shipped_config(config: str, request: pytest.FixtureRequest, workdir: P
     assert all(c["has_bar"] == settings["trainer"].get("enable_progress_bar", True) for c in counts)
     if settings["trainer"].get("enable_progress_bar", True):
         assert "Epoch 0" in output  # the bar drew on rank 0
+        assert output.count("fit: epoch 1") >= 1  # and, its output not being a terminal, progress lines (rank 0's)
     assert_loggers_wrote(workdir / MOVED_RUN, settings)
     own = settings["trainer"].get("default_root_dir")
     assert own is None or not (workdir / own).exists(), f"the run wrote into the config's own {own}"
