@@ -22,7 +22,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from clova_train.core.errors import ModelError
 from clova_train.core.pool import PromptPool
-from clova_train.tools.recipes import ToolRecipe, tool_recipes
+from clova_train.tools.recipes import ToolRecipe, tool_recipe, tool_recipes
 from clova_train.tools.tiny_common import torch_threads
 from clova_train.tools.base import PromptTool
 from clova_train.tools.prompt_server import PromptToolServer
@@ -162,7 +162,7 @@ def test_the_check_sees_the_conversions_of_a_float32_tool_under_autocast(
         build: Callable[[ToolRecipe], BuiltTool], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The control of the test above: the same fit with the tool left in float32 converts weights at every step."""
     monkeypatch.setattr(PromptTool, "store_weights_in", lambda self, dtype: self)
-    built = build(TOOLS["clip"])
+    built = build(tool_recipe("clip"))
     _, steps = fit(built, tmp_path / "run", "bf16-mixed", monkeypatch)
     assert steps and all(step.found for step in steps)
     assert {(source, target) for step in steps for _, source, target in step.found} == {(torch.float32, torch.bfloat16)}
@@ -170,7 +170,7 @@ def test_the_check_sees_the_conversions_of_a_float32_tool_under_autocast(
 
 def test_32_true_keeps_the_tool_in_float32(build: Callable[[ToolRecipe], BuiltTool], tmp_path: Path,
                                             monkeypatch: pytest.MonkeyPatch) -> None:
-    built = build(TOOLS["clip"])
+    built = build(tool_recipe("clip"))
     model, steps = fit(built, tmp_path / "run", "32-true", monkeypatch)
     assert floating_dtypes(built.tool) == {torch.float32} and model.tool_dtype == torch.float32
     assert steps and all(not step.found for step in steps)
@@ -179,7 +179,7 @@ def test_32_true_keeps_the_tool_in_float32(build: Callable[[ToolRecipe], BuiltTo
 @pytest.mark.parametrize("precision", ["bf16-true", "16-true"])
 def test_true_low_precisions_are_refused(precision: str, build: Callable[[ToolRecipe], BuiltTool], tmp_path: Path,
                                          monkeypatch: pytest.MonkeyPatch) -> None:
-    built = build(TOOLS["clip"])
+    built = build(tool_recipe("clip"))
     with pytest.raises(ModelError, match=f"trainer.precision={precision} would convert the prompts.*use bf16-mixed"):
         fit(built, tmp_path / "run", precision, monkeypatch)
     assert floating_dtypes(built.tool) == {torch.float32}
