@@ -42,6 +42,7 @@ import functools
 import json
 import logging
 import os
+import secrets
 import signal
 import tempfile
 import time
@@ -247,6 +248,8 @@ class ChatRequestBody(ChatCompletionRequest):
     tools: Optional[list[dict[str, Any]]] = None
     tool_choice: Optional[Any] = "auto"
     seed: Optional[int] = None
+    logprobs: Optional[bool] = None  # declared so that asking for them is refused, not silently ignored
+    top_logprobs: Optional[int] = None
     _abandon_token: Optional[str] = PrivateAttr(default=None)  # set by the server, never by the client
     _served: Optional[Any] = PrivateAttr(default=None)  # the request as checked once by the server
 
@@ -379,13 +382,47 @@ class ServedChat:
     stream: bool = False
 
 
+def refuse_unsupported(request: ChatCompletionRequest) -> None:
+    """A :class:`DataError` naming the first parameter this server cannot honour (rather than accepting and
+    ignoring it): presence and frequency penalties other than 0, log probabilities, a JSON response format."""
+    for name in ("presence_penalty", "frequency_penalty"):
+        if getattr(request, name) not in (None, 0, 0.0):
+            raise DataError(f"'{name}' is not supported by this server (only 0)")
+    if getattr(request, "logprobs", None) or getattr(request, "top_logprobs", None):
+        raise DataError("'logprobs' and 'top_logprobs' are not supported by this server")
+    kind = getattr(request.response_format, "type", None)
+    if kind not in (None, "text"):
+        raise DataError(f"'response_format' of type {kind!r} is not supported: the model's output is not constrained "
+                        "to JSON (only 'text')")
+
+
+def message_text(content: Any, index: int) -> Any:
+    """A message's content as text: a string as it is, a list of text parts joined by newlines (as vLLM joins them);
+    any other part is a :class:`DataError` naming the message."""
+    if not isinstance(content, list):
+        return content
+    texts = []
+    for part in content:
+        kind = getattr(part, "type", None) or (part.get("type") if isinstance(part, dict) else None)
+        text = getattr(part, "text", None) if not isinstance(part, dict) else part.get("text")
+        if kind != "text" or not isinstance(text, str):
+            raise DataError(f"messages[{index}].content: only text parts are supported, got a {kind!r} part")
+        texts.append(text)
+    return "\n".join(texts)
+
+
 def served_chat(request: ChatCompletionRequest) -> ServedChat:
     """The request as the model is asked it, checked once (a :class:`DataError` naming what is wrong): with tools,
     the chat rendered into GPT4Tools' instruction, else its messages."""
+    refuse_unsupported(request)
     stop = [request.stop] if isinstance(request.stop, str) else list(request.stop or [])
+    top_p = 1.0 if request.top_p is None else float(request.top_p)
+    if not 0 < top_p <= 1:
+        raise DataError(f"'top_p' must be in (0, 1], got {top_p}")
+    seed = request.seed if request.seed is not None else secrets.randbelow(2**31)  # no seed: fresh randomness
     options = {"max_tokens": request.max_completion_tokens or request.max_tokens, "stop": stop,
-               "temperature": requested_temperature(request), "seed": request.seed or 0}
-    messages = [m.model_dump() for m in request.messages]
+               "temperature": requested_temperature(request), "seed": seed, "top_p": top_p}
+    messages = [{**m.model_dump(), "content": message_text(m.content, index)} for index, m in enumerate(request.messages)]
     if request.tools and request.tool_choice != "none":
         tools = specs_from_openai(request.tools)
         instruction = instruction_from_chat(messages, tools)

@@ -39,6 +39,7 @@ class ChatRequest:
         stop: extra stop strings (the export's are always applied).
         temperature: 0 for greedy decoding (the default), else sampling at this temperature.
         seed: sampling seed (``temperature > 0`` only).
+        top_p: nucleus sampling: the smallest set of tokens whose probabilities add up to ``top_p`` (sampling only).
         abandoned: asked after every decoding step; once it answers True the request's generation stops (its client
             went away: :class:`~clova_train.serving.abandoned.AbandonedRequests`).
     """
@@ -48,6 +49,7 @@ class ChatRequest:
     stop: list[str] = field(default_factory=list)
     temperature: float = 0.0
     seed: int = 0
+    top_p: float = 1.0
     abandoned: Callable[[], bool] | None = None
     context_checked: bool = False  # its length was checked against the model's context (the HTTP server does)
 
@@ -316,7 +318,7 @@ class ServedToolLLM:
         options: dict[str, Any] = {"do_sample": sample, "max_new_tokens": budget, "pad_token_id": self.tokenizer.pad_token_id,
                                    "eos_token_id": self.tokenizer.eos_token_id}
         if sample:
-            options.update(temperature=requests[0].temperature, top_p=1.0, top_k=0)
+            options.update(temperature=requests[0].temperature, top_p=requests[0].top_p, top_k=0)
         else:
             options.update(temperature=None, top_p=None, top_k=None)
         return encoded, options

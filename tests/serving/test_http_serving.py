@@ -527,3 +527,34 @@ def test_a_second_signal_forces_the_stop_and_a_stream_in_flight_ends(lora_export
     assert code == 128 + signal.SIGTERM and seconds < 15, (code, seconds, output[-2000:])
     time.sleep(1.0)
     assert process_group(process.pid) == []
+
+
+def test_sampling_parameters_are_honoured_or_refused_through_the_official_sdk(server: str, lora_export: Path) -> None:
+    """Without a seed, sampling draws fresh randomness (a seed repeats a reply); top_p is honoured (a vanishing
+    nucleus draws the same reply whatever the seed); text content parts are read as the text; penalties, log probabilities, a JSON
+    response format and non-text parts are a 400 naming the parameter, never accepted and ignored."""
+    import openai
+
+    client = openai.OpenAI(base_url=server + "/v1", api_key="unused", max_retries=0, timeout=120)
+    hello = [{"role": "user", "content": "hello"}]
+
+    def reply(**options) -> str:
+        options = {"model": str(lora_export), "messages": hello, "max_tokens": 12, **options}
+        return client.chat.completions.create(**options).choices[0].message.content
+
+    unseeded = {reply(temperature=1.0) for _ in range(3)}
+    assert len(unseeded) > 1, unseeded
+    assert reply(temperature=1.0, seed=7) == reply(temperature=1.0, seed=7)
+    narrow = {reply(temperature=1.0, top_p=1e-9, seed=seed) for seed in (1, 2, 3)}
+    assert len(narrow) == 1, narrow  # a one-token nucleus: every seed draws the same reply
+    greedy = reply()
+    assert reply(messages=[{"role": "user", "content": [{"type": "text", "text": "hello"}]}]) == greedy
+    for options, named in (({"presence_penalty": 0.5}, "presence_penalty"), ({"frequency_penalty": 1.0},
+                           "frequency_penalty"), ({"logprobs": True}, "logprobs"),
+                           ({"logprobs": True, "top_logprobs": 2}, "top_logprobs"),
+                           ({"response_format": {"type": "json_object"}}, "response_format"), ({"top_p": 0}, "top_p"),
+                           ({"messages": [{"role": "user", "content": [
+                               {"type": "image_url", "image_url": {"url": "data:image/png;base64,AA=="}}]}]},
+                            "messages[0].content")):
+        with pytest.raises(openai.BadRequestError, match=named.replace("[", r"\[").replace("]", r"\]")):
+            reply(**options)
