@@ -64,7 +64,7 @@ from clova_train.core.run_manifest import read_run_manifest
 from clova_train.serving.abandoned import AbandonedRequests
 from clova_train.serving.guard import RequestGuard, RequestLimits, error_body, install_error_handlers
 from clova_train.serving.stop_signals import stop_children, stop_on_signals
-from clova_train.tooluse.served_llm import ChatRequest, ContextBudget
+from clova_train.tooluse.served_llm import ChatRequest, ContextBudget, default_temperature
 from clova_train.tooluse.tool_calls import ToolSpec, instruction_from_chat, reply_from_step, specs_from_openai
 
 
@@ -269,6 +269,7 @@ class ToolChatSpec(OpenAISpec):
         self.created = int(time.time())
         self.abandoned: Optional[AbandonedRequests] = None  # set by serve_http: where gone clients are marked
         self.budget: Optional[ContextBudget] = None  # set by the API's check: the model's context, for a 400
+        self.default_temperature = 0.0  # set by the API's check: the export's (default_temperature)
 
     def pre_setup(self, lit_api: ls.LitAPI) -> None:
         super().pre_setup(lit_api)
@@ -294,7 +295,7 @@ class ToolChatSpec(OpenAISpec):
         if request.tool_choice not in (None, "auto", "none"):
             raise HTTPException(400, "'tool_choice' must be 'auto' or 'none' (the model chooses its tool itself)")
         try:
-            request._served = served_chat(request)
+            request._served = served_chat(request, self.default_temperature)
             if self.budget is not None:  # before any generation: a prompt past the context is the client's error
                 self.budget.check(request._served.request)
         except DataError as err:
@@ -366,10 +367,11 @@ class ToolChatSpec(OpenAISpec):
                 self.abandoned.mark(token)
 
 
-def requested_temperature(request: ChatCompletionRequest) -> float:
-    """The temperature the client asked for; 0 (greedy) when it named none (the request model defaults to 0.7)."""
+def requested_temperature(request: ChatCompletionRequest, default: float = 0.0) -> float:
+    """The temperature the client asked for; the export's ``default`` when it named none (the request model's own
+    default, 0.7, is not what the client said)."""
     if "temperature" not in request.model_fields_set or request.temperature is None:
-        return 0.0
+        return default
     return float(request.temperature) if request.temperature >= 1e-5 else 0.0  # a vanishing one: greedy
 
 
@@ -411,7 +413,7 @@ def message_text(content: Any, index: int) -> Any:
     return "\n".join(texts)
 
 
-def served_chat(request: ChatCompletionRequest) -> ServedChat:
+def served_chat(request: ChatCompletionRequest, default_temperature: float = 0.0) -> ServedChat:
     """The request as the model is asked it, checked once (a :class:`DataError` naming what is wrong): with tools,
     the chat rendered into GPT4Tools' instruction, else its messages."""
     refuse_unsupported(request)
@@ -421,7 +423,7 @@ def served_chat(request: ChatCompletionRequest) -> ServedChat:
         raise DataError(f"'top_p' must be in (0, 1], got {top_p}")
     seed = request.seed if request.seed is not None else secrets.randbelow(2**31)  # no seed: fresh randomness
     options = {"max_tokens": request.max_completion_tokens or request.max_tokens, "stop": stop,
-               "temperature": requested_temperature(request), "seed": seed, "top_p": top_p}
+               "temperature": requested_temperature(request, default_temperature), "seed": seed, "top_p": top_p}
     messages = [{**m.model_dump(), "content": message_text(m.content, index)} for index, m in enumerate(request.messages)]
     if request.tools and request.tool_choice != "none":
         tools = specs_from_openai(request.tools)
@@ -455,6 +457,7 @@ class ToolChatAPI(ls.LitAPI):
     def check(self) -> None:
         """Before the workers start: what can be checked without loading the model."""
         self.spec.budget = ContextBudget.from_export(self.export, self.base_model)  # checks the export too
+        self.spec.default_temperature = default_temperature(self.export)
 
     def setup(self, device: str) -> None:
         from clova_train.tooluse.served_llm import ServedToolLLM
@@ -463,7 +466,8 @@ class ToolChatAPI(ls.LitAPI):
             self.llm = ServedToolLLM.from_export(self.export, self.base_model, device)
 
     def decode_request(self, request: ChatRequestBody) -> ServedChat:
-        served = request._served or served_chat(request)  # checked by the server's spec; built here otherwise
+        # checked by the server's spec; built here otherwise
+        served = request._served or served_chat(request, default_temperature(self.export))
         token = getattr(request, "_abandon_token", None)
         if token and self.abandoned is not None:
             served.request.abandoned = functools.partial(self.abandoned.is_abandoned, token)

@@ -138,6 +138,27 @@ class ContextBudget:
         request.context_checked = True
 
 
+def default_temperature(directory: str | os.PathLike[str]) -> float:
+    """The temperature a chat request that names none is answered at, as the export says (vLLM's rule): its merged
+    model's ``generation_config.json`` (``do_sample: false``, as ``clova-train export`` writes it for the greedy
+    decoding the run was evaluated with: 0; else its ``temperature``, 1.0 when unset), else its ``serving.json``'s
+    ``temperature``, else 1.0."""
+    directory = Path(directory)
+    generation = directory / "merged" / "generation_config.json"
+    if generation.is_file():
+        config = read_json_object(generation, "generation config")
+        if not config.get("do_sample", False):
+            return 0.0
+        value = config.get("temperature")
+        return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else 1.0
+    for source in (directory / "merged", directory / "adapter"):
+        defaults = serving_defaults(source)[0] if (source / SERVING_FILE).is_file() else {}
+        value = defaults.get("temperature")
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return float(value)
+    return 1.0
+
+
 def serving_defaults(source: Path) -> tuple[dict[str, Any], int]:
     """The export's ``serving.json`` (stop strings, temperature, max_tokens) and its generation budget."""
     defaults_file = source / SERVING_FILE

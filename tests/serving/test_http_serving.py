@@ -558,3 +558,19 @@ def test_sampling_parameters_are_honoured_or_refused_through_the_official_sdk(se
                             "messages[0].content")):
         with pytest.raises(openai.BadRequestError, match=named.replace("[", r"\[").replace("]", r"\]")):
             reply(**options)
+
+
+def test_the_default_temperature_is_the_exports_own(tmp_path: Path, lora_export: Path) -> None:
+    """vLLM's rule: the merged model's generation_config.json (greedy when it does not sample), else serving.json,
+    else 1.0; the exports this package writes are greedy, as their runs were evaluated."""
+    from clova_train.tooluse.served_llm import default_temperature
+
+    assert default_temperature(lora_export) == 0.0
+    merged = tmp_path / "sampling" / "merged"
+    merged.mkdir(parents=True)
+    (merged / "generation_config.json").write_text(json.dumps({"do_sample": True, "temperature": 0.6}))
+    assert default_temperature(tmp_path / "sampling") == 0.6
+    (merged / "generation_config.json").write_text(json.dumps({"do_sample": False, "temperature": 0.6}))
+    assert default_temperature(tmp_path / "sampling") == 0.0
+    (tmp_path / "bare" / "adapter").mkdir(parents=True)
+    assert default_temperature(tmp_path / "bare") == 1.0
