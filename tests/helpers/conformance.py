@@ -4,9 +4,7 @@ from a test folder. See the suite's docstring for what they check."""
 
 from __future__ import annotations
 
-import inspect
 import json
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -19,6 +17,7 @@ from clova_train.core.safe_files import read_yaml
 from clova_train.datamodules import PromptTuningDataModule
 from clova_train.tools.recipes import TinyModel, ToolRecipe, resolve
 from clova_train.tools.base import PromptTool
+from clova_train.tools.benchmark_settings import accepted_arguments
 from clova_train.tools.contracts import TrainingInstance
 from clova_train.tools.pretrained import LOCAL_DIR_PREFIX
 
@@ -93,19 +92,6 @@ def check_recipe_configs(recipe: ToolRecipe) -> None:
 
 
 # ---------------------------------------------------------------------- building a tool and its data
-def accepted_arguments(cls: type) -> set[str]:
-    """The keyword arguments ``cls(...)`` takes, following ``**kwargs`` up to the base classes."""
-    names: set[str] = set()
-    for klass in cls.__mro__:
-        if "__init__" not in vars(klass):
-            continue
-        parameters = inspect.signature(vars(klass)["__init__"]).parameters.values()
-        names |= {p.name for p in parameters if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)} - {"self"}
-        if not any(p.kind is p.VAR_KEYWORD for p in parameters):
-            break
-    return names
-
-
 def _with_model(model_name: Any, model_dir: Path) -> str:
     """``model_name`` pointed at ``model_dir``, keeping open_clip's ``local-dir:`` prefix where it has one."""
     prefix = LOCAL_DIR_PREFIX if str(model_name).startswith(LOCAL_DIR_PREFIX) else ""
