@@ -24,9 +24,11 @@ import zlib
 from dataclasses import dataclass
 
 import numpy as np
+from PIL import Image, ImageDraw
 
 from clova_train.core.errors import DataError
 from clova_train.sandbox import PatchRef
+from clova_train.synthetic.shapes import COLOURS as RGB
 
 COLOURS = ("red", "green", "blue", "yellow")
 SHAPES = ("circle", "square", "triangle")
@@ -130,6 +132,23 @@ def make_task(task_id: int, kinds: dict[str, float] | None = None) -> Task:
         answer = "yes" if _count(objects_t, c1, s1) > _count(objects_t, c2, s2) else "no"
         question, groups, steps = f"Are there more {c1} {s1}s than {c2} {s2}s?", ((c1, s1), (c2, s2)), 2
     return Task(task_id, f"scene-{task_id}", objects_t, kind, question, answer, groups, steps)
+
+
+def draw_scene(task: Task, scale: int = 1, background: tuple[int, int, int] = (128, 128, 128)) -> Image.Image:
+    """The task's scene as an RGB picture ``scale`` times the world's size: its shapes in task order (a later one
+    covers an earlier one), boxes turned from the world's y-from-the-bottom to the picture's y-from-the-top."""
+    image = Image.new("RGB", (SIZE * scale, SIZE * scale), background)
+    draw = ImageDraw.Draw(image)
+    for obj in task.objects:
+        left, lower, right, upper = obj.box
+        box = (left * scale, (SIZE - upper) * scale, right * scale, (SIZE - lower) * scale)
+        if obj.shape == "circle":
+            draw.ellipse(box, fill=RGB[obj.colour])
+        elif obj.shape == "square":
+            draw.rectangle(box, fill=RGB[obj.colour])
+        else:
+            draw.polygon([((box[0] + box[2]) / 2, box[1]), (box[2], box[3]), (box[0], box[3])], fill=RGB[obj.colour])
+    return image
 
 
 def normalise_answer(answer: object) -> str:

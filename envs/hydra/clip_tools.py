@@ -17,27 +17,15 @@ from collections.abc import Callable, Sequence
 import numpy as np
 import torch
 import torch.nn.functional as F
-from PIL import Image, ImageDraw
 
-from clova_train.synthetic.shapes import COLOURS as RGB
 from clova_train.sandbox import PatchRef, ToolAPI
 from clova_train.tools.prompt_server import PromptToolServer
-from clova_train.envs.common.world import SIZE, SceneTools, Task
+from clova_train.envs.common.world import SceneTools, Task, draw_scene
 
 
 def render_task(task: Task, background: tuple[int, int, int] = (128, 128, 128)) -> torch.Tensor:
     """The task's scene as a ``[3, SIZE, SIZE]`` float image in [0, 1] (boxes have y from the bottom)."""
-    image = Image.new("RGB", (SIZE, SIZE), background)
-    draw = ImageDraw.Draw(image)
-    for obj in task.objects:
-        left, lower, right, upper = obj.box
-        box = (left, SIZE - upper, right, SIZE - lower)
-        if obj.shape == "circle":
-            draw.ellipse(box, fill=RGB[obj.colour])
-        elif obj.shape == "square":
-            draw.rectangle(box, fill=RGB[obj.colour])
-        else:
-            draw.polygon([((box[0] + box[2]) / 2, box[1]), (box[2], box[3]), (box[0], box[3])], fill=RGB[obj.colour])
+    image = draw_scene(task, background=background)
     return torch.from_numpy(np.asarray(image, dtype=np.float32) / 255.0).permute(2, 0, 1)
 
 

@@ -13,13 +13,10 @@ from __future__ import annotations
 from collections.abc import Iterable
 from pathlib import Path
 
-from PIL import Image, ImageDraw
-
 from clova_train.core.atomic import write_json_atomic
-from clova_train.envs.common.world import COLOURS, SIZE, SceneObject, Task, is_held_out, make_task
+from clova_train.envs.common.world import COLOURS, SIZE, SceneObject, Task, draw_scene, is_held_out, make_task
 from clova_train.envs.tasks.formats import TaskFiles
 
-RGB = {"red": (220, 30, 30), "green": (30, 180, 40), "blue": (30, 60, 220), "yellow": (235, 215, 30)}
 ANSWER_TYPES = {"count": "number", "exists": "yes/no", "compare": "yes/no", "colour": "other"}
 GQA_STRUCTURE = {"count": "query", "exists": "verify", "compare": "compare", "colour": "query"}
 ANSWERS_PER_QUESTION = 10  # VQA and OK-VQA collect ten answers per question
@@ -37,22 +34,6 @@ def pixel_box(obj: SceneObject, scale: int) -> tuple[float, float, float, float]
     left, lower, right, upper = obj.box
     return (float(left * scale), float((SIZE - upper) * scale), float((right - left) * scale),
             float((upper - lower) * scale))
-
-
-def render(task: Task, scale: int) -> Image.Image:
-    """The scene at ``scale`` times the world's size, shapes drawn in task order on a grey background."""
-    image = Image.new("RGB", (SIZE * scale, SIZE * scale), (128, 128, 128))
-    draw = ImageDraw.Draw(image)
-    for obj in task.objects:
-        x, y, w, h = pixel_box(obj, scale)
-        box = (x, y, x + w - 1, y + h - 1)
-        if obj.shape == "circle":
-            draw.ellipse(box, fill=RGB[obj.colour])
-        elif obj.shape == "square":
-            draw.rectangle(box, fill=RGB[obj.colour])
-        else:
-            draw.polygon([((box[0] + box[2]) / 2, box[1]), (box[2], box[3]), (box[0], box[3])], fill=RGB[obj.colour])
-    return image
 
 
 def _unique_objects(task: Task) -> list[tuple[int, SceneObject]]:
@@ -77,7 +58,7 @@ def write_offline_benchmark(root: str | Path, train_ids: Iterable[int], eval_ids
     images.mkdir(parents=True, exist_ok=True)
     tasks = {i: make_task(i) for i in (*train, *evaluation)}
     for task_id, task in tasks.items():
-        render(task, scale).save(images / image_name(task_id), quality=95)
+        draw_scene(task, scale).save(images / image_name(task_id), quality=95)
 
     gqa = {str(i): {"imageId": image_name(i)[:-4], "question": tasks[i].question, "answer": tasks[i].answer,
                     "types": {"structural": GQA_STRUCTURE[tasks[i].question_type], "semantic": "attr",

@@ -169,7 +169,8 @@ def test_the_offline_benchmark_reads_back_through_the_real_formats(tmp_path: Pat
     from PIL import Image
 
     from clova_train.envs.common.world import make_task
-    from clova_train.envs.tasks.offline import RGB, write_offline_benchmark
+    from clova_train.envs.common.world import RGB
+    from clova_train.envs.tasks.offline import write_offline_benchmark
 
     train_ids, eval_ids = [1, 2, 3, 4, 6, 7], [0, 5, 10]
     files = write_offline_benchmark(tmp_path, train_ids, eval_ids)
