@@ -17,6 +17,9 @@ Endpoints (one per export; a server can hold several exports of different kinds)
   (:mod:`clova_train.tooluse.tool_calls`); requests, streamed or not, are batched (``max_batch_size`` /
   ``batch_timeout``) into one left-padded ``generate`` run with a streamer, whose steps go to LitServe token by token
   only when a request of the batch streams;
+* a transformers depth-estimation model directory (no export needed; HYDRA's ``compute_depth``): ``POST /v1/depth``
+  with ``{"image": ..., "boxes": [[x0, y0, x1, y1], ...]}`` (pixels, y from the top), answered with the median depth
+  inside each box (of the whole image without boxes) and ``larger_is_nearer`` (:mod:`clova_train.tools.depth`);
 * ``GET /health`` and ``GET /info`` (LitServe's).
 
 Every request passes :class:`~clova_train.serving.guard.RequestGuard` first (API key, body size counted after
@@ -69,12 +72,17 @@ from clova_train.tooluse.tool_calls import ToolSpec, instruction_from_chat, repl
 
 
 def export_kind(directory: Path) -> str:
-    """``"lora"`` or ``"prompt_tool"`` for an export (or run) directory, or an :class:`ExportError`."""
+    """``"lora"`` or ``"prompt_tool"`` for an export (or run) directory, ``"depth"`` for a transformers depth-estimation
+    model directory (its config.json's ``model_type`` read, no weights loaded), or an :class:`ExportError`."""
+    from clova_train.tools.depth import depth_model_type
+
     if not directory.is_dir():
         raise ExportError(f"export directory not found: {directory}")
     try:
         manifest = read_run_manifest(directory)
     except DataError as err:
+        if depth_model_type(directory) is not None:
+            return "depth"
         raise ExportError(f"{directory} is not an export: {err}") from None
     if manifest.kind == "lora":
         return "lora"
@@ -223,6 +231,35 @@ class PromptToolAPI(ls.LitAPI):
 
     def encode_response(self, output):  # noqa: ANN001, ANN201 (unannotated: a plain JSON response)
         return output
+
+
+class DepthAPI(PromptToolAPI):
+    """``POST /v1/depth``: a frozen depth-estimation model (:class:`~clova_train.tools.depth.DepthEstimator`), its
+    requests read and refused as a prompt tool's are (``data:`` URLs, server paths, pixel limits, 400 naming the field).
+
+    Args:
+        model_dir: the model's directory (written by transformers' ``save_pretrained``).
+        max_image_pixels: largest image decoded (width x height, read from the header before any pixel).
+        max_request_pixels: most pixels of a request's image (read from its header).
+    """
+
+    def __init__(self, model_dir: Path, max_image_pixels: int = RequestLimits.max_image_pixels,
+                 max_request_pixels: int = RequestLimits.max_request_pixels) -> None:
+        super().__init__(model_dir, "depth", max_image_pixels=max_image_pixels, max_request_pixels=max_request_pixels)
+
+    def check(self) -> None:
+        from clova_train.tools.depth import check_depth_model_dir
+
+        check_depth_model_dir(self.export)
+
+    def setup(self, device: str) -> None:
+        from PIL import Image
+
+        from clova_train.tools.depth import DepthEstimator
+
+        Image.MAX_IMAGE_PIXELS = self.max_image_pixels
+        with reported_setup(self.setup_report):
+            self.server = DepthEstimator.from_pretrained(self.export, device)
 
 
 COUNTS = ("prompt_tokens", "completion_tokens", "total_tokens")
@@ -538,9 +575,13 @@ def build_apis(
     apis: dict[str, ls.LitAPI] = {}
     for name in exports:
         directory = Path(name)
-        if export_kind(directory) == "lora":
+        kind = export_kind(directory)
+        if kind == "lora":
             api: ls.LitAPI = ToolChatAPI(directory, base_model, max_batch_size, batch_timeout, served_model_name)
             path = "/v1/chat/completions"
+        elif kind == "depth":
+            api = DepthAPI(directory, max_image_pixels, max_request_pixels)
+            path = api.api_path
         else:
             tool = str(read_tool_description(directory).get("tool", "tool"))
             api = PromptToolAPI(directory, tool, top_k, base_model, output_dir, max_image_pixels, max_request_pixels)
