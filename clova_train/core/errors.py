@@ -38,6 +38,11 @@ class UnsafeFileError(ClovaTrainError):
     """A file asks for code to be loaded (a pickled global) that no legitimate file of its kind needs."""
 
 
+class ToolServiceError(ClovaTrainError):
+    """A visual tool could not answer a request, in-process or behind ``clova-train serve``; the message names the
+    tool's role, where it was asked (export or URL) and why."""
+
+
 @contextmanager
 def loading(label: str, name: str) -> Iterator[None]:
     """Turn any failure of loading a model into one :class:`ModelError` naming the model and the underlying cause
