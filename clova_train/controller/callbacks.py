@@ -32,6 +32,7 @@ from clova_train.controller.evaluation import (
 )
 from clova_train.controller.fitted_controls import MLP_HIDDEN
 from clova_train.envs import EnvConfig
+from clova_train.envs.common.episode import episode_score
 
 LATEST = "latest.json"
 BEST_MODEL = "best_model.zip"
@@ -74,7 +75,7 @@ class EpisodeStats(BaseCallback):
     def _on_step(self) -> bool:
         for done, info in zip(self.locals["dones"], self.locals["infos"]):
             if done:
-                self.logger.record_mean("rollout/accuracy", float(info.get("correct", False)))
+                self.logger.record_mean("rollout/accuracy", episode_score(info))
                 self.logger.record_mean("rollout/episode_steps", info.get("iteration", 0))
                 self.logger.record_mean("rollout/rejects", info.get("rejects", 0))
                 if "cache_hit_rate" in info:

@@ -21,6 +21,7 @@ import numpy as np
 
 from clova_train.controller.fitted_controls import MLP_HIDDEN, fitted_controls
 from clova_train.envs import EnvConfig, ReasoningLoopEnv, make_env
+from clova_train.envs.common.episode import episode_score
 from clova_train.envs.hydra.scripted import GOOD, ScriptedReasoningLLM
 
 Policy = Callable[[np.ndarray, Any], int]
@@ -36,9 +37,10 @@ def make_env_fn(config: EnvConfig, split: str | None = None) -> Callable[[], Any
 
 
 def run_episodes(env: Any, policy: Policy, episodes: int, seed: int) -> dict[str, Any]:
-    """Mean accuracy, steps, rejects (HYDRA) or infeasible actions (AVIS, HAMMR), LLM calls and return of
-    ``policy``, plus per-episode ``returns``/``lengths``/``correct``."""
-    correct, steps, rejects, returns, llm_calls = [], [], [], [], []
+    """Mean accuracy (the benchmark's metric where the environment scores with one, see
+    :func:`~clova_train.envs.common.episode.episode_score`), steps, rejects (HYDRA) or infeasible actions (AVIS,
+    HAMMR), LLM calls and return of ``policy``, plus per-episode ``returns``/``lengths``/``correct``."""
+    correct, scores, steps, rejects, returns, llm_calls = [], [], [], [], [], []
     for episode in range(episodes):
         obs, _ = env.reset(seed=seed + episode)
         total, done, n, info, calls, infeasible = 0.0, False, 0, {}, 0, 0
@@ -48,11 +50,12 @@ def run_episodes(env: Any, policy: Policy, episodes: int, seed: int) -> dict[str
             calls += info.get("costs", {}).get("llm_calls", 0)
             infeasible += bool(info.get("infeasible", False))
         correct.append(bool(info.get("correct", False)))
+        scores.append(episode_score(info))
         steps.append(n)
         rejects.append(info.get("rejects", infeasible))
         returns.append(total)
         llm_calls.append(calls)
-    return {"accuracy": float(np.mean(correct)), "steps": float(np.mean(steps)),
+    return {"accuracy": float(np.mean(scores)), "steps": float(np.mean(steps)),
             "rejects": float(np.mean(rejects)), "return": float(np.mean(returns)),
             "llm_calls": float(np.mean(llm_calls)), "episodes": episodes,
             "returns": returns, "lengths": steps, "correct": correct}

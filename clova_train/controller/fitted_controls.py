@@ -32,6 +32,7 @@ from typing import Any
 import numpy as np
 
 from clova_train.envs import ReasoningLoopEnv
+from clova_train.envs.common.episode import episode_score
 
 REPLAN = "re-plan"
 QUESTION_WORDS = 2
@@ -113,7 +114,7 @@ def log_episodes(env: Any, steps: int, seed: int) -> EpisodeLog:
             log.descriptions.append(describe_action(env, action))
             obs, _, terminated, truncated, info = env.step(action)
             done = terminated or truncated
-        outcome = float(bool(info.get("correct", False)))
+        outcome = episode_score(info)
         log.success.extend([outcome] * (len(log.actions) - start))
         log.episode.extend([episode] * (len(log.actions) - start))
         episode += 1

@@ -33,7 +33,7 @@ from typing import Any, Literal
 import gymnasium as gym
 import numpy as np
 
-from clova_train.llm.backends import ChatBackend, EmbeddingBackend
+from clova_train.llm.backends import ChatBackend, EmbeddingBackend, ask
 from clova_train.llm.config import EmbedderConfig, LLMConfig
 from clova_train.llm.cache import CacheMode, CachedChat, CachedEmbedding, CallCache
 from clova_train.sandbox import Sandbox, ToolAPI
@@ -45,6 +45,11 @@ from clova_train.envs.hydra.reasoning_world import ReasoningWorld, load_world
 from clova_train.envs.hydra.scripted import ScriptedReasoningLLM
 from clova_train.envs.common.selection import ObservationTail, part_offsets
 from clova_train.envs.common.world import COLOURS, SIZE, SceneTools, Task, make_task, normalise_answer, task_id_option
+from clova_train.envs.tasks.records import BenchmarkTask
+from clova_train.envs.tasks.source import (
+    BenchmarkTasksConfig, as_benchmark_answer, benchmark_tasks, episode_index, gold_text, image_dimensions, score_answer,
+    task_by_id,
+)
 
 MAX_ANSWER_CHARS = 200
 PAPER_REWARDS = {"r1": 100.0, "alpha": 100.0, "error_penalty": 10.0, "reject_penalty": 0.0}  # HYDRA Sec. 4 (r1, alpha)
@@ -86,7 +91,11 @@ class ReasoningLoopConfig:
         layout: observation layout, ``per_part`` or ``joint`` (see ObservationEncoder).
         probability_features: ``joint`` layout: append the N planner probabilities to the embedding (what HYDRA's
             Eq. 2 selection reads; the ``per_part`` layout always ends with them).
-        split: ``train`` draws tasks with id % 5 != 0, ``eval`` the held-out rest.
+        split: ``train`` draws tasks with id % 5 != 0, ``eval`` the held-out rest (with ``tasks``: the train or the
+            eval task files).
+        tasks: episodes from a benchmark's own task files (GQA, OK-VQA, A-OKVQA, RefCOCO...) with model-backed
+            ``ImagePatch`` tools, scored by the benchmark's metric (``clova_train.envs.tasks.source``); null: the
+            offline world's scenes and annotation tools.
         llm: planner/reasoner LLM (``scripted``: the offline world's).
         embedder: observation embedder (default: 64-d hashing).
         cache_path: SQLite file recording every LLM call (and embedding call if cache_embeddings); none: no cache.
@@ -106,6 +115,7 @@ class ReasoningLoopConfig:
     layout: Literal["per_part", "joint"] = "per_part"
     probability_features: bool = False
     split: Literal["train", "eval"] = "train"
+    tasks: BenchmarkTasksConfig | None = None
     llm: LLMConfig = field(default_factory=LLMConfig)
     embedder: EmbedderConfig = field(default_factory=observation_embedder)
     cache_path: str | None = None
@@ -116,6 +126,8 @@ class ReasoningLoopConfig:
 
     def __post_init__(self) -> None:
         coerce_models(self)
+        if isinstance(self.tasks, dict):
+            self.tasks = BenchmarkTasksConfig(**self.tasks)
         # only while a reward is unresolved: copies of a resolved config (dataclasses.replace) read no file
         if isinstance(self.world, str) and any(getattr(self, key) is None for key in PAPER_REWARDS):
             try:
@@ -165,6 +177,8 @@ class ReasoningLoopConfig:
         else:
             if is_integer(self.num_samples) and self.num_samples >= 1:
                 found.messages += world.sample_count_problems(self.num_samples, f"{found.key('world')}: {self.world}")
+        if self.tasks is not None:
+            found.messages += self.tasks.problems(self.split, found.key("tasks"))
         found.positive("sandbox_timeout_s", self.sandbox_timeout_s)
         found.at_least("sandbox_memory_mb", self.sandbox_memory_mb, 32)
         return [*found.messages, *shared_problems(self, prefix)]
@@ -183,14 +197,14 @@ class ReasoningLoopEnv(gym.Env):
         embedder: an embedding backend to use instead of ``config.embedder``.
         render_mode: ``ansi`` returns the observation text from ``render()``.
         tools_factory: builds the tool API for a task (default: :class:`SceneTools`, the annotation oracle, with
-            the world's guessers); plug in model-backed tools (e.g. prompt-tuned CLIP for ``verify_property``) here.
+            the world's guessers; with ``config.tasks``, the model-backed ``ImagePatchTools`` of its ``tools``).
     """
 
     metadata = {"render_modes": ["ansi"]}
 
     def __init__(self, config: ReasoningLoopConfig | dict | None = None, llm: ChatBackend | None = None,
                  embedder: EmbeddingBackend | None = None, render_mode: str | None = None,
-                 tools_factory: Callable[[Task], ToolAPI] | None = None) -> None:
+                 tools_factory: Callable[[Any], ToolAPI] | None = None) -> None:
         if isinstance(config, dict):
             config = ReasoningLoopConfig(**config)
         self.config = config = config or ReasoningLoopConfig()
@@ -213,22 +227,63 @@ class ReasoningLoopEnv(gym.Env):
         self.sandbox = Sandbox(config.sandbox_timeout_s, config.sandbox_memory_mb)
         self.action_space = gym.spaces.Discrete(config.num_samples + 1)
         self.observation_space = gym.spaces.Box(-1.0, 1.0, shape=(self.encoder.dim,), dtype=np.float32)
-        self.task: Task | None = None
+        self.task: Task | BenchmarkTask | None = None
+        self.image_size = (SIZE, SIZE)
+        self.benchmark_tasks: tuple[BenchmarkTask, ...] | None = None
+        if config.tasks is not None:
+            self.task_files = config.tasks.files(config.split)
+            self.benchmark_tasks, self.skipped_records = benchmark_tasks(self.task_files)
+            if tools_factory is None:
+                self.tools_factory = self._image_patch_tools
+
+    def _image_patch_tools(self, task: BenchmarkTask) -> ToolAPI:
+        """Model-backed tools over the task's image (the process's shared models or tool server)."""
+        from clova_train.tools.image_patch import ImagePatchTools
+
+        tools = self.config.tasks.tools
+        return ImagePatchTools(task.image, tools.client(), tools.labels, tools.crop_margin, llm=self._llm_query)
+
+    def _llm_query(self, question: str) -> str:
+        """``llm_query``: the environment's LLM (through its call cache), asked one question."""
+        return ask(self.llm, [{"role": "user", "content": question}])
 
     # ------------------------------------------------------------------ episode
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[np.ndarray, dict]:
         super().reset(seed=seed)
         options = options or {}
-        if isinstance(options.get("task"), Task):  # a task given whole (an agent calling this one as a tool)
+        if isinstance(options.get("task"), (Task, BenchmarkTask)):  # given whole (an agent calling this one as a tool)
             self.task = options["task"]
+        elif self.benchmark_tasks is not None:
+            self.task = self._benchmark_task(seed, options)
         else:
             self.task = make_task(task_id_option(options, self.np_random, self.config.split), self.world.questions)
+        self.image_size = image_dimensions(self.task) if isinstance(self.task, BenchmarkTask) else (SIZE, SIZE)
         self.tools = self.tools_factory(self.task)
         self.iteration, self.attempt, self.rejects = 0, 0, 0
         self.memory = MemoryBank()
         self.variables: dict[str, Any] = {}
         self._propose()
         return self._observation(), {"task_id": self.task.task_id, "question": self.task.question}
+
+    def _benchmark_task(self, seed: int | None, options: dict[str, Any]) -> BenchmarkTask:
+        tasks = self.benchmark_tasks
+        if options.get("task_id") is not None:
+            return task_by_id(tasks, options["task_id"], f"tasks.{self.config.split} ({self.task_files.questions})")
+        return tasks[episode_index(len(tasks), self.config.split, seed, self.np_random.integers)]
+
+    def _judge(self, final: Any) -> tuple[str, bool, float]:
+        """A program's ``final_answer`` as shown, whether it is related to the question, and Eq. 3's ``m``."""
+        if isinstance(final, str):
+            final = normalise_answer(final[:MAX_ANSWER_CHARS])
+        task = self.task
+        if isinstance(task, BenchmarkTask):
+            answer = as_benchmark_answer(final, task, self.image_size[1])
+            if not isinstance(answer, (str, tuple)):
+                answer = normalise_answer(short_repr(answer))
+            related, m = score_answer(self.task_files, task, answer)
+            return (answer if isinstance(answer, str) else str(list(answer))), related, m
+        answer = final if isinstance(final, str) else normalise_answer(short_repr(final))
+        return answer, is_related(task, answer), float(answer == task.answer)
 
     def _propose(self) -> None:
         self.samples = self.planner.propose(self.task.question, self.memory, self.attempt)
@@ -250,8 +305,9 @@ class ReasoningLoopEnv(gym.Env):
         cfg = self.config
         self.iteration += 1
         t = self.iteration
-        info: dict[str, Any] = {"task_id": self.task.task_id, "iteration": t, "answer": None,
-                                "gold": self.task.answer, "correct": False, "instruction": None, "code": None,
+        gold = gold_text(self.task) if isinstance(self.task, BenchmarkTask) else self.task.answer
+        info: dict[str, Any] = {"task_id": self.task.task_id, "iteration": t, "answer": None, "gold": gold,
+                                "correct": False, "score": 0.0, "instruction": None, "code": None,
                                 "status": None, "error": "", "rejected": action == cfg.num_samples}
         terminated, failed, outcome, m = False, False, "continue", 0.0
         if action == cfg.num_samples:
@@ -260,17 +316,16 @@ class ReasoningLoopEnv(gym.Env):
         else:
             instruction = self.samples[action][0]
             code = self.reasoner.write_code(self.task.question, instruction, self.variables, self.memory)
-            result = self.sandbox.run(code, self.variables, self.tools, self.task.image_id, (SIZE, SIZE))
+            image_id = self.task.image.name if isinstance(self.task, BenchmarkTask) else self.task.image_id
+            result = self.sandbox.run(code, self.variables, self.tools, image_id, self.image_size)
             failed = not result.ok
             info.update(instruction=instruction, code=code, status=result.status, error=result.error,
                         tool_calls=result.tool_calls)
             if result.ok and "final_answer" in result.variables:
-                final = result.variables["final_answer"]
-                answer = normalise_answer(final[:MAX_ANSWER_CHARS] if isinstance(final, str) else short_repr(final))
-                correct = answer == self.task.answer
-                info.update(answer=answer, correct=correct)
-                terminated, m = True, float(correct)
-                outcome = "related" if is_related(self.task, answer) else "unrelated"
+                answer, related, m = self._judge(result.variables["final_answer"])
+                info.update(answer=answer, correct=m >= 1.0, score=m)
+                terminated = True
+                outcome = "related" if related else "unrelated"
             else:
                 if result.ok:
                     self.variables = result.variables

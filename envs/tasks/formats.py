@@ -28,6 +28,7 @@ from typing import Any
 from clova_train.core.errors import DataError
 from clova_train.core.safe_files import printable, read_bytes, read_json
 from clova_train.core.safe_pickle import AllowlistUnpickler
+from clova_train.envs.tasks.metrics import METRICS
 from clova_train.envs.tasks.records import BenchmarkTask, SkippedRecords
 
 VQA_FORMATS = ("vqav2", "okvqa")
@@ -50,6 +51,9 @@ class TaskFiles:
             ``split`` field elsewhere); None keeps all. Train and evaluate on different files or splits.
         limit: stop after this many usable tasks (None: all).
         missing_images: ``skip`` (count and leave out a record whose image is not on disk) or ``error``.
+        metric: the metric scoring these tasks, a name of ``clova_train.envs.tasks.metrics.METRICS`` (``vqav2``,
+            ``okvqa``, ``aokvqa``, ``aokvqa-mc``, ``gqa``, ``refcoco``: IoU, ``refcoco@0.5``: accuracy at IoU >= 0.5,
+            ...); None: the format's own (VQA accuracy, A-OKVQA direct answer, GQA exact match, RefCOCO IoU).
     """
 
     format: str
@@ -59,6 +63,7 @@ class TaskFiles:
     split: str | None = None
     limit: int | None = None
     missing_images: str = "skip"
+    metric: str | None = None
 
     def __post_init__(self) -> None:
         if self.format not in FORMATS:
@@ -71,6 +76,18 @@ class TaskFiles:
                             "instances for the boxes, are in two files)")
         if self.limit is not None and self.limit < 1:
             raise DataError(f"limit must be at least 1, got {self.limit}")
+        if self.metric is not None and self.metric not in METRICS:
+            raise DataError(f"unknown metric {self.metric!r} (known: {', '.join(METRICS)})")
+        grounding_metric = self.metric_name.split("@")[0] in REFERRING_FORMATS
+        if grounding_metric != (self.format in REFERRING_FORMATS) or (
+                self.metric == "aokvqa-mc" and self.format != "aokvqa"):
+            raise DataError(f"metric {self.metric!r} cannot score {self.format} tasks (a box metric scores referring "
+                            "expressions, aokvqa-mc A-OKVQA's choices, the others text answers)")
+
+    @property
+    def metric_name(self) -> str:
+        """The metric that scores these tasks: ``metric``, or the format's own."""
+        return self.metric or self.format
 
 
 def load_tasks(files: TaskFiles) -> tuple[list[BenchmarkTask], SkippedRecords]:

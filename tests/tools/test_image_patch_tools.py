@@ -20,14 +20,12 @@ import pytest
 from PIL import Image
 
 from clova_train.core.errors import ToolServiceError
-from clova_train.core.pool import PromptPool
 from clova_train.sandbox import PatchRef, Sandbox
 from clova_train.tools.image_patch import (NO_DEPTH, UNKNOWN, ImagePatchTools, ImageToolsConfig, close_clients,
                                            crop_around)
 from clova_train.tools.prompt_server import PromptToolServer
-from clova_train.tools.recipes import tool_recipes
 from clova_train.tools.tool_clients import CLASSIFY, DEPTH, LOC, VQA, HttpToolClient, LocalToolClient
-from helpers.conformance import build_tool
+from helpers.tool_exports import write_tiny_exports
 from helpers.serving import free_port
 
 WIDTH, HEIGHT = 64, 48
@@ -46,19 +44,8 @@ def image(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def exports(tiny_models: Any, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    """Exports (tool.json + an empty pool: the unmodified tool) of the random-weight tiny CLIP, OWL-ViT and BLIP VQA,
-    by role."""
-    recipes = tool_recipes()
-    root = tmp_path_factory.mktemp("exports")
-    found = {}
-    for role, name in ((CLASSIFY, "clip"), (LOC, "loc"), (VQA, "vqa")):
-        tool = build_tool(recipes[name], tiny_models(recipes[name].tiny_model))
-        directory = root / name
-        directory.mkdir()
-        PromptPool(tool.pool_spec()).save(directory / "pool.safetensors")
-        (directory / "tool.json").write_text(json.dumps(tool.describe()), encoding="utf-8")
-        found[role] = directory
-    return found
+    """Exports of the random-weight tiny CLIP, OWL-ViT and BLIP VQA, by role."""
+    return write_tiny_exports(tiny_models, tmp_path_factory.mktemp("exports"))
 
 
 @pytest.fixture(scope="module")

@@ -1,0 +1,264 @@
+"""The HYDRA environment on benchmark task files (envs/tasks/source.py): episodes, Eq. 3 with the benchmark's metric,
+grounding answers, the evaluation walk over the file, and bad input."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from clova_train.controller.evaluation import oracle_policy, planner_top_policy, run_episodes
+from clova_train.core.errors import DataError
+from clova_train.envs import ReasoningLoopConfig, ReasoningLoopEnv
+from clova_train.envs.common.world import SceneTools, make_task
+from clova_train.envs.tasks.formats import TaskFiles
+from clova_train.envs.tasks.offline import write_offline_benchmark
+from clova_train.envs.tasks.source import BenchmarkTasksConfig, as_benchmark_answer, benchmark_tasks
+from clova_train.llm.backends import ChatBackend
+from clova_train.sandbox import PatchRef
+from clova_train.tools.depth.tiny import make_tiny_depth_anything
+from clova_train.tools.image_patch import ImageToolsConfig
+from clova_train.tools.tool_clients import CLASSIFY, LOC, VQA
+from helpers.tool_exports import write_tiny_exports
+
+TRAIN_IDS = [1, 2, 3, 4, 6, 7, 8, 9]
+EVAL_IDS = [5, 10, 15, 20, 25, 30]
+
+
+@pytest.fixture(scope="module")
+def offline(tmp_path_factory: pytest.TempPathFactory) -> dict[str, TaskFiles]:
+    return write_offline_benchmark(tmp_path_factory.mktemp("bench"), TRAIN_IDS, EVAL_IDS, scale=2)
+
+
+def scene_oracle(task) -> SceneTools:  # noqa: ANN001
+    """The offline benchmark's images are the shapes world's scenes: its annotation tools answer for them."""
+    return SceneTools(make_task(int(task.task_id)))
+
+
+def benchmark_env(files: dict[str, TaskFiles], split: str = "eval") -> ReasoningLoopEnv:
+    config = ReasoningLoopConfig(split=split, tasks=BenchmarkTasksConfig(train=files["gqa-train"],
+                                                                         eval=files["okvqa-eval"]))
+    return ReasoningLoopEnv(config, tools_factory=scene_oracle)
+
+
+def test_training_draws_gqa_tasks_and_evaluation_walks_the_okvqa_file_once(offline) -> None:
+    train, evaluation = benchmark_env(offline, "train"), benchmark_env(offline, "eval")
+    try:
+        drawn = {train.reset(seed=seed)[1]["task_id"] for seed in range(40)}
+        assert drawn <= {str(i) for i in TRAIN_IDS} and len(drawn) > 3
+        walked = [evaluation.reset(seed=seed)[1]["task_id"] for seed in range(len(EVAL_IDS))]
+        assert walked == [str(i) for i in EVAL_IDS]  # seed s plays task s mod n: every task once, in file order
+        assert evaluation.reset(seed=len(EVAL_IDS))[1]["task_id"] == str(EVAL_IDS[0])
+        assert evaluation.reset(options={"task_id": "15"})[1]["question"] == make_task(15).question
+    finally:
+        train.close()
+        evaluation.close()
+
+
+def test_the_task_files_are_read_once_per_process(offline) -> None:
+    before = benchmark_tasks.cache_info().misses
+    for _ in range(3):
+        benchmark_env(offline).close()
+    assert benchmark_tasks.cache_info().misses <= before + 1
+
+
+def test_oracle_choices_with_annotation_tools_score_full_vqa_accuracy(offline) -> None:
+    env = benchmark_env(offline)
+    try:
+        oracle = run_episodes(env, oracle_policy, len(EVAL_IDS), 0)
+        top = run_episodes(env, planner_top_policy, len(EVAL_IDS), 0)
+    finally:
+        env.close()
+    # the offline benchmark's ten annotators agree, so a right answer scores 1 and a wrong one 0
+    assert oracle["accuracy"] >= 5 / 6
+    assert top["accuracy"] <= oracle["accuracy"]
+
+
+def _write_okvqa(root: Path, answers: list[str]) -> TaskFiles:
+    images = root / "images"
+    images.mkdir(parents=True)
+    Image.new("RGB", (40, 30), (90, 90, 90)).save(images / "COCO_val2014_000000000007.jpg")
+    questions = {"data_subtype": "val2014", "questions": [
+        {"image_id": 7, "question": "How many red circles are there?", "question_id": 70}]}
+    annotations = {"annotations": [{"image_id": 7, "question_id": 70, "answer_type": "number",
+                                    "answers": [{"answer": a, "answer_id": k + 1} for k, a in enumerate(answers)]}]}
+    (root / "q.json").write_text(json.dumps(questions))
+    (root / "a.json").write_text(json.dumps(annotations))
+    return TaskFiles("okvqa", str(root / "q.json"), str(images), str(root / "a.json"))
+
+
+class TwoCircles:
+    """Tools that find two red circles anywhere (the answer a split panel of annotators half agrees with)."""
+
+    def __init__(self, task) -> None:  # noqa: ANN001
+        self.task = task
+
+    def find(self, patch: PatchRef, name: str) -> list[tuple[int, int, int, int]]:
+        return [(1, 1, 5, 5), (10, 10, 15, 15)]
+
+    def exists(self, patch: PatchRef, name: str) -> bool:
+        return True
+
+    def verify_property(self, patch: PatchRef, name: str, attribute: str) -> bool:
+        return False
+
+    def simple_query(self, patch: PatchRef, question: str) -> str:
+        return "many"
+
+    def compute_depth(self, patch: PatchRef) -> float:
+        return 1.0
+
+    def llm_query(self, patch: PatchRef | None, question: str) -> str:
+        return "unknown"
+
+
+def test_eq3_gives_alpha_times_the_vqa_accuracy_of_a_partly_agreed_answer(tmp_path: Path) -> None:
+    files = _write_okvqa(tmp_path, ["2", "2", "3", "3", "3", "3", "3", "3", "3", "3"])
+    config = ReasoningLoopConfig(split="eval", tasks=BenchmarkTasksConfig(eval=files), r1=100.0, alpha=100.0)
+    env = ReasoningLoopEnv(config, tools_factory=TwoCircles)
+    try:
+        env.reset(seed=0)
+        _, reward, terminated, _, info = env.step(oracle_policy(None, env))
+    finally:
+        env.close()
+    # two of ten annotators said "2": min(1, matches/3) averaged over the ten leave-one-out subsets = 0.6
+    assert terminated and info["answer"] == "2" and info["score"] == pytest.approx(0.6)
+    assert reward == pytest.approx(100.0 + 100.0 * 0.6)
+    assert info["correct"] is False and info["gold"] == "3"
+
+
+class GroundingLLM(ChatBackend):
+    """A planner with one instruction and a coder that answers with the first patch LOC finds."""
+
+    def chat(self, messages: list[dict]) -> str:
+        if "Write Python code" in messages[-1]["content"]:
+            return "```python\nfinal_answer = image_patch.find('red circle')[0]\n```"
+        return "\n".join(f"{i}. [0.5] Find the referred object." for i in range(1, 6))
+
+    def identity(self) -> dict:
+        return {"kind": "grounding-test"}
+
+
+def test_a_grounding_answer_patch_becomes_a_coco_box_scored_by_iou(offline) -> None:
+    files = offline["refcoco-val"]
+    task = benchmark_tasks(files)[0][0]
+    x, y, w, h = task.box
+    height = task.image_size[1]
+
+    class FindsTheTarget(TwoCircles):
+        def find(self, patch: PatchRef, name: str) -> list[tuple[int, int, int, int]]:
+            return [(int(x), int(height - y - h), int(x + w), int(height - y))]  # (left, lower, right, upper)
+
+    config = ReasoningLoopConfig(split="eval", tasks=BenchmarkTasksConfig(eval=files))
+    env = ReasoningLoopEnv(config, llm=GroundingLLM(), tools_factory=FindsTheTarget)
+    try:
+        env.reset(options={"task_id": task.task_id})
+        _, reward, terminated, _, info = env.step(0)
+    finally:
+        env.close()
+    assert terminated and info["score"] == pytest.approx(1.0) and info["correct"]
+    assert reward == pytest.approx(config.r1 + config.alpha)
+    # the box as ImagePatch coordinates (y from the bottom) and as a patch give the same COCO box
+    assert as_benchmark_answer(PatchRef("i", 0, 10, 20, 30), task, 100) == (0.0, 70.0, 20.0, 20.0)
+    assert as_benchmark_answer([0, 10, 20, 30], task, 100) == (0.0, 70.0, 20.0, 20.0)
+    assert as_benchmark_answer("the red circle", task, 100) == "the red circle"
+
+
+def test_a_text_answer_to_a_grounding_task_is_unrelated(offline) -> None:
+    config = ReasoningLoopConfig(split="eval", tasks=BenchmarkTasksConfig(eval=offline["refcoco-val"]))
+    env = ReasoningLoopEnv(config, tools_factory=TwoCircles)  # the scripted planner cannot parse "the red circle"
+    try:
+        env.reset(seed=0)
+        _, reward, terminated, _, info = env.step(0)  # "guess the answer directly": simple_query's text
+    finally:
+        env.close()
+    assert terminated and info["score"] == 0.0 and reward == pytest.approx(config.r1 - config.alpha)
+
+
+def test_config_problems_name_missing_task_files_and_the_split_without_files(tmp_path: Path, offline) -> None:
+    missing = TaskFiles("gqa", str(tmp_path / "nowhere.json"), str(tmp_path / "no-images"))
+    config = ReasoningLoopConfig(split="eval", tasks={"train": missing})
+    problems = " | ".join(config.problems("hydra"))
+    assert "hydra.tasks.eval: give the task files of the eval split" in problems
+    config = ReasoningLoopConfig(split="train", tasks={"train": {"format": "gqa", "questions": missing.questions,
+                                                                  "images": missing.images}})
+    problems = " | ".join(config.problems("hydra"))
+    assert f"hydra.tasks.train.questions = {missing.questions}: file not found" in problems
+    assert "hydra.tasks.train.images" in problems
+
+
+@pytest.mark.parametrize("settings, message", [
+    ({"format": "coco-captions", "questions": "q.json", "images": "i"}, "unknown task format 'coco-captions'"),
+    ({"format": "gqa", "questions": "q.json", "images": "i", "metric": "refcoco"}, "cannot score gqa tasks"),
+    ({"format": "refcoco", "questions": "r.json", "images": "i", "annotations": "a.json", "metric": "gqa"},
+     "cannot score refcoco tasks"),
+    ({"format": "gqa", "questions": "q.json", "images": "i", "shots": 3}, "unexpected keyword argument 'shots'"),
+])
+def test_bad_task_settings_are_one_message_naming_the_split(settings: dict, message: str) -> None:
+    with pytest.raises(DataError, match="tasks.train") as caught:
+        ReasoningLoopConfig(tasks={"train": settings})
+    assert message in str(caught.value)
+
+
+def test_an_unknown_task_id_names_the_file(offline) -> None:
+    env = benchmark_env(offline)
+    try:
+        with pytest.raises(DataError, match="task_id '999' is not a task of tasks.eval"):
+            env.reset(options={"task_id": 999})
+    finally:
+        env.close()
+
+
+def test_the_shapes_world_still_reports_a_score_per_episode() -> None:
+    env = ReasoningLoopEnv(ReasoningLoopConfig(split="eval"))
+    try:
+        result = run_episodes(env, oracle_policy, 10, 0)
+    finally:
+        env.close()
+    assert result["accuracy"] == pytest.approx(float(np.mean(result["correct"])))
+
+
+@pytest.fixture(scope="module")
+def model_tools(tiny_models, tmp_path_factory: pytest.TempPathFactory) -> ImageToolsConfig:  # noqa: ANN001
+    """The tiny tool exports (random weights) and a tiny depth model, loaded in-process."""
+    root = tmp_path_factory.mktemp("tool-exports")
+    exports = write_tiny_exports(tiny_models, root)
+    depth = make_tiny_depth_anything(root / "depth")
+    return ImageToolsConfig(loc=str(exports[LOC]), classify=str(exports[CLASSIFY]), vqa=str(exports[VQA]),
+                            depth=str(depth))
+
+
+class DepthAndQueries(ChatBackend):
+    """A coder whose programs call every ImagePatch method the tools serve, then answer from them."""
+
+    def chat(self, messages: list[dict]) -> str:
+        if "Write Python code" in messages[-1]["content"]:
+            return ("```python\nfound = image_patch.find('red circle')\nnear = image_patch.compute_depth()\n"
+                    "shown = image_patch.verify_property('circle', 'red')\nthere = image_patch.exists('square')\n"
+                    "crop = image_patch.crop(0, 0, 10, 10)\nreply = crop.simple_query('what colour?')\n"
+                    "final_answer = str(len(found)) if near > -1e9 and isinstance(shown, bool) else reply\n```")
+        return "\n".join(f"{i}. [0.5] Look and count." for i in range(1, 6))
+
+    def identity(self) -> dict:
+        return {"kind": "every-tool-test"}
+
+
+def test_model_backed_tools_answer_every_imagepatch_call_of_an_episode(offline, model_tools) -> None:
+    config = ReasoningLoopConfig(split="eval", max_iterations=2,
+                                 tasks=BenchmarkTasksConfig(train=offline["gqa-train"], eval=offline["okvqa-eval"],
+                                                            tools=model_tools))
+    assert config.problems("hydra") == []
+    env = ReasoningLoopEnv(config, llm=DepthAndQueries())
+    try:
+        env.reset(seed=0)
+        _, _, terminated, _, info = env.step(0)
+        second = ReasoningLoopEnv(config, llm=DepthAndQueries())
+        assert second.tools_factory(second.benchmark_tasks[0]).client is env.tools.client  # models loaded once
+        second.close()
+    finally:
+        env.close()
+    assert info["status"] == "ok" and terminated, info["error"]
+    assert info["tool_calls"] >= 5 and info["answer"].isdigit()
