@@ -81,18 +81,22 @@ class BenchmarkTasksConfig:
         return files
 
     def problems(self, split: str, prefix: str = "") -> list[str]:
-        """What stops an environment of ``split`` from running on these tasks (files, tools)."""
+        """What stops an environment of ``split`` from running on these tasks: no files for ``split``, a file or
+        folder of either split that is not there, the tools' settings."""
         found = Problems(prefix)
-        files = self.train if split == "train" else self.eval
-        if files is None:
-            found.add(f"{found.key(split)}: give the task files of the {split} split (format, questions, images, ...)")
-        else:
-            for name in ("questions", "annotations"):
-                path = getattr(files, name)
+        for name in SPLITS:
+            files = self.train if name == "train" else self.eval
+            if files is None:
+                if name == split:
+                    found.add(f"{found.key(name)}: give the task files of the {name} split (format, questions, "
+                              "images, ...)")
+                continue
+            for key in ("questions", "annotations"):
+                path = getattr(files, key)
                 if path is not None and not Path(path).is_file():
-                    found.add(f"{found.key(split)}.{name} = {path}: file not found")
+                    found.add(f"{found.key(name)}.{key} = {path}: file not found")
             if not Path(files.images).is_dir():
-                found.add(f"{found.key(split)}.images = {files.images}: folder not found")
+                found.add(f"{found.key(name)}.images = {files.images}: folder not found")
         return [*found.messages, *self.tools.problems(found.key("tools"))]
 
 
