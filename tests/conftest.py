@@ -85,6 +85,32 @@ def tiny_llama_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="session")
+def lora_export(tiny_llama_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """An exported adapter (``--merged``) on the tiny Llama with seeded random LoRA weights (serving does not care
+    how they were learned; its replies, plans included, are poor), built once per test run: what the HTTP serving
+    tests and the environments' served-LLM tests serve with ``clova-train serve``."""
+    return built_once(tmp_path_factory, "lora-export", lambda d: _write_lora_export(tiny_llama_dir, d))
+
+
+def _write_lora_export(tiny_llama_dir: Path, root: Path) -> Path:
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from clova_train.tooluse.prompt_template import TEMPLATE_FILE, PromptTemplate
+
+    run_dir = root / "lora-run"
+    torch.manual_seed(0)
+    model = get_peft_model(AutoModelForCausalLM.from_pretrained(str(tiny_llama_dir)),
+                           LoraConfig(r=4, target_modules=["q_proj", "v_proj"], init_lora_weights=False, task_type="CAUSAL_LM"))
+    model.save_pretrained(str(run_dir / "adapter"))
+    AutoTokenizer.from_pretrained(str(tiny_llama_dir)).save_pretrained(str(run_dir / "adapter"))
+    (run_dir / "adapter" / TEMPLATE_FILE).write_text(json.dumps(PromptTemplate().to_dict()))
+    out = root / "lora-run-export"
+    assert main(["export", str(run_dir), "-o", str(out), "--merged"]) == 0
+    return out
+
+
+@pytest.fixture(scope="session")
 def tool_data_root(tmp_path_factory: pytest.TempPathFactory, tiny_llama_dir: Path) -> Path:
     from clova_train.datamodules import SyntheticToolDataModule
 

@@ -14,30 +14,10 @@ import pytest
 
 from clova_train.cli import main
 from clova_train.tools.prompt_server import PromptToolServer
-from clova_train.tooluse.prompt_template import TEMPLATE_FILE, PromptTemplate
 from clova_train.tooluse.served_llm import ChatRequest, ServedToolLLM
 from helpers.serving import free_port, serving
 
 IMAGES = ["red/red_000.png", "purple/purple_001.png", "blue/blue_002.png"]
-
-
-@pytest.fixture(scope="module")
-def lora_export(tiny_llama_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """An exported adapter with seeded random LoRA weights (serving does not care how they were learned)."""
-    import torch
-    from peft import LoraConfig, get_peft_model
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    run_dir = tmp_path_factory.mktemp("lora-run")
-    torch.manual_seed(0)
-    model = get_peft_model(AutoModelForCausalLM.from_pretrained(str(tiny_llama_dir)),
-                           LoraConfig(r=4, target_modules=["q_proj", "v_proj"], init_lora_weights=False, task_type="CAUSAL_LM"))
-    model.save_pretrained(str(run_dir / "adapter"))
-    AutoTokenizer.from_pretrained(str(tiny_llama_dir)).save_pretrained(str(run_dir / "adapter"))
-    (run_dir / "adapter" / TEMPLATE_FILE).write_text(json.dumps(PromptTemplate().to_dict()))
-    out = run_dir.parent / f"{run_dir.name}-export"
-    assert main(["export", str(run_dir), "-o", str(out), "--merged"]) == 0
-    return out
 
 
 def post(url: str, body: object, timeout: float = 60) -> tuple[int, dict]:
