@@ -16,7 +16,7 @@ demo demo-%: export ATEN_CPU_CAPABILITY = default
 # oneDNN below AMX: on an AMX host its bf16 attention asks ATen's portable kernels for VNNI packing and fails
 demo demo-%: export ONEDNN_MAX_CPU_ISA ?= AVX512_CORE_FP16
 
-.PHONY: demo demo-llm demo-controller demo-controller-joint demo-avis demo-hammr demo-loop test test-learning test-fast install benchmark smoke-real gpu-check clean
+.PHONY: demo demo-llm demo-controller demo-controller-joint demo-avis demo-hammr demo-hydra-benchmark demo-loop test test-learning test-fast install benchmark smoke-real gpu-check clean
 
 install: $(STAMP)
 
@@ -78,6 +78,15 @@ demo-hammr: $(STAMP)
 	$(BIN)/clova-train controller export --config configs/quickstart/controller_hammr.yaml --output checkpoints/controller_hammr/export
 	$(BIN)/clova-train report checkpoints/controller_hammr
 
+# HYDRA on a benchmark's own files, offline: a GQA-format training set and an OK-VQA-format evaluation set rendered
+# from the shapes world, tiny OWL-ViT / CLIP / BLIP tools (pretrained once, exported unprompted) and a tiny depth
+# model (clova_train/quickstart/hydra_benchmark.py); trains on the one and evaluates on the other. Starts afresh.
+demo-hydra-benchmark: $(STAMP)
+	$(BIN)/python -m clova_train.quickstart.hydra_benchmark
+	rm -rf checkpoints/controller_hydra_benchmark
+	$(BIN)/clova-train controller fit --config configs/quickstart/controller_hydra_benchmark.yaml
+	$(BIN)/clova-train report checkpoints/controller_hydra_benchmark
+
 # CLOVA's closed loop on the offline world (tiny CLIP, scripted LLM): the test stage, the training stage
 # (reflection, data collection, one `clova-train fit` per blamed concept) and the test stage again; about a
 # minute on 2 cores. Starts afresh.
@@ -127,4 +136,4 @@ gpu-check: $(STAMP)
 	$(BIN)/python benchmarks/gpu_check.py
 
 clean:
-	rm -rf $(VENV) checkpoints/quickstart_* checkpoints/controller_quickstart checkpoints/controller_quickstart_joint checkpoints/controller_avis checkpoints/controller_hammr checkpoints/quickstart_loop checkpoints/models checkpoints/data
+	rm -rf $(VENV) checkpoints/quickstart_* checkpoints/controller_quickstart checkpoints/controller_quickstart_joint checkpoints/controller_avis checkpoints/controller_hammr checkpoints/controller_hydra_benchmark checkpoints/quickstart_loop checkpoints/models checkpoints/data

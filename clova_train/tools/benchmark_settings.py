@@ -27,10 +27,8 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 
-from clova_train.core.safe_files import read_yaml
 from clova_train.tools.base import PromptTool
 from clova_train.tools.contracts import TrainingInstance
-from clova_train.tools.pretrained import LOCAL_DIR_PREFIX
 from clova_train.tools.recipes import ToolRecipe
 
 if TYPE_CHECKING:
@@ -42,11 +40,8 @@ SEEDS_ATTRIBUTE = "SEEDS"
 
 def config_init_args(recipe: ToolRecipe, *keys: str) -> dict[str, Any]:
     """The ``init_args`` of the recipe's quickstart config at ``keys`` (``"model"``, ``"tool"``: the tool's), each
-    level's own ``init_args`` entered."""
-    section: Any = read_yaml(Path(recipe.quickstart_config), "quickstart config")
-    for key in keys:
-        section = ((section or {}).get(key) or {}).get("init_args") or {}
-    return dict(section)
+    level's own ``init_args`` entered (:meth:`ToolRecipe.quickstart_arguments`)."""
+    return recipe.quickstart_arguments(*keys)
 
 
 def accepted_arguments(cls: type) -> set[str]:
@@ -99,8 +94,7 @@ class PromptTuningBenchmark:
     def model_dir_name(self, directory: Path) -> str:
         """The tool's model name for a saved model directory (``--model-dir``). Here: with open_clip's ``local-dir:``
         prefix where the quickstart config's model name has it."""
-        configured = str(config_init_args(self.recipe, "model", "tool").get("model_name", ""))
-        return f"{LOCAL_DIR_PREFIX if configured.startswith(LOCAL_DIR_PREFIX) else ''}{directory}"
+        return self.recipe.model_name_for(directory)
 
     def write_data(self, workdir: Path, args: argparse.Namespace, datamodule_class: type) -> Path:
         """Write the benchmark's data (``args.instances`` training instances at least) under ``workdir``; its path.

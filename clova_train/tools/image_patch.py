@@ -40,7 +40,7 @@ from clova_train.core.errors import ClovaTrainError, DataError, ToolServiceError
 from clova_train.tools.data_urls import as_data_url
 from clova_train.tools.images import load_image_uint8
 from clova_train.tools.tool_clients import (CLASSIFY, DEFAULT_API_KEY_ENV, DEPTH, LOC, VQA, HttpToolClient,
-                                            LocalToolClient, ToolClient, describe_export)
+                                            LocalToolClient, MemoizedToolClient, ToolClient, describe_export)
 
 Box = tuple[int, int, int, int]
 
@@ -260,6 +260,8 @@ class ImageToolsConfig:
         device: where in-process tools run (``cpu``, ``cuda``, ``cuda:1``).
         top_k: in-process tools: ensemble only the ``top_k`` most similar stored prompts (null: each tool's own
             default; a server uses its own setting).
+        remembered_answers: answers to repeated requests kept in memory per process (the tools are frozen: the same
+            crop asked the same thing gets the same answer; training revisits its tasks); 0: ask every time.
     """
 
     loc: str | None = None
@@ -273,6 +275,7 @@ class ImageToolsConfig:
     timeout_s: float = 30.0
     device: str = "cpu"
     top_k: int | None = None
+    remembered_answers: int = 4096
 
     def problems(self, prefix: str = "") -> list[str]:
         """Every bad value, as ``<prefix>.<field> = <value>: <rule>`` (``prefix``: where this section sits)."""
@@ -316,6 +319,7 @@ class ImageToolsConfig:
         found.need(_is_device(self.device), "device", self.device, "must be a torch device (cpu, cuda, cuda:1, ...)")
         found.need(self.top_k is None or (is_integer(self.top_k) and self.top_k >= 1), "top_k", self.top_k,
                    "must be an integer >= 1 or null")
+        found.integer_at_least("remembered_answers", self.remembered_answers, 0)
         return found.messages
 
     def client_key(self) -> tuple[Any, ...]:
@@ -325,9 +329,9 @@ class ImageToolsConfig:
 
         if self.server_url is not None:
             return ("http", str(self.server_url).rstrip("/"), place(self.loc), place(self.classify), place(self.vqa),
-                    self.depth is not None, str(self.api_key_env), repr(self.timeout_s))
+                    self.depth is not None, str(self.api_key_env), repr(self.timeout_s), self.remembered_answers)
         return ("local", place(self.loc), place(self.classify), place(self.vqa), place(self.depth), str(self.device),
-                repr(self.top_k))
+                repr(self.top_k), self.remembered_answers)
 
     def client(self) -> ToolClient:
         """This process's client for these tools: loaded (or connected) on the first call, the same object for every
@@ -343,10 +347,13 @@ class ImageToolsConfig:
         return client
 
     def _new_client(self) -> ToolClient:
+        client: ToolClient
         if self.server_url is not None:
-            return HttpToolClient.for_exports(self.server_url, self.loc, self.classify, self.vqa, self.depth,
-                                              self.api_key_env, self.timeout_s)
-        return LocalToolClient.load(self.loc, self.classify, self.vqa, self.depth, self.device, self.top_k)
+            client = HttpToolClient.for_exports(self.server_url, self.loc, self.classify, self.vqa, self.depth,
+                                                self.api_key_env, self.timeout_s)
+        else:
+            client = LocalToolClient.load(self.loc, self.classify, self.vqa, self.depth, self.device, self.top_k)
+        return MemoizedToolClient(client, self.remembered_answers) if self.remembered_answers else client
 
     def tools(self, image: str | os.PathLike[str], llm: Callable[[str], str] | None = None) -> ImagePatchTools:
         """The tools of one image on this process's shared client."""

@@ -186,6 +186,29 @@ class ToolRecipe:
         """The datamodule class (imports its module)."""
         return resolve(self.synthetic_datamodule if synthetic else self.datamodule)
 
+    def quickstart_arguments(self, *keys: str) -> dict[str, Any]:
+        """The ``init_args`` of the quickstart config at ``keys`` (``"model", "tool"``: the tool's; ``"data"``: the
+        datamodule's), each level's own ``init_args`` entered; ``{}`` where the config has none."""
+        from clova_train.core.safe_files import read_yaml
+
+        section: Any = read_yaml(Path(self.quickstart_config), "quickstart config")
+        for key in keys:
+            section = ((section or {}).get(key) or {}).get("init_args") or {}
+        return dict(section)
+
+    def model_name_for(self, directory: str | Path) -> str:
+        """The tool's ``model_name`` for a saved model directory: with open_clip's ``local-dir:`` prefix where the
+        quickstart config's model name has it."""
+        from clova_train.tools.pretrained import LOCAL_DIR_PREFIX
+
+        configured = str(self.quickstart_arguments("model", "tool").get("model_name", ""))
+        return f"{LOCAL_DIR_PREFIX if configured.startswith(LOCAL_DIR_PREFIX) else ''}{directory}"
+
+    def quickstart_tool(self, model_dir: str | Path, **overrides: Any) -> Any:
+        """The tool with the quickstart config's arguments on the model saved in ``model_dir`` (``overrides`` last)."""
+        arguments = {**self.quickstart_arguments("model", "tool"), "model_name": self.model_name_for(model_dir)}
+        return self.tool_class()(**{**arguments, **overrides})
+
 
 _REGISTERED: dict[str, ToolRecipe] = {}
 

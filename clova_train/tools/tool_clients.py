@@ -23,12 +23,16 @@ image inlined as a ``data:`` URL (the server may not share this machine's disk).
 
 from __future__ import annotations
 
+import copy
+import hashlib
 import json
 import mimetypes
+import threading
 import os
 import urllib.error
 import urllib.parse
 import urllib.request
+from collections import OrderedDict
 from collections.abc import Mapping
 from http.client import HTTPException
 from pathlib import Path
@@ -171,6 +175,66 @@ class LocalToolClient:
         """Drop the loaded models (a closed client answers no request)."""
         self.servers.clear()
         self.roles = frozenset()
+
+
+class MemoizedToolClient:
+    """A client that answers a request it has answered before from memory, without asking the tool again.
+
+    The tools are frozen and their prompt ensembles deterministic, so one request gets one answer; an agent's programs
+    ask the same things of the same images again and again (every training episode of a task re-runs its programs).
+    Only requests whose images are all inline ``data:`` URLs are remembered, so the key holds the pixels themselves
+    (a file path's content could change); the :data:`max_entries` most recently used answers are kept.
+
+    Args:
+        client: the client asked on a miss.
+        max_entries: answers kept (least recently used dropped first).
+    """
+
+    def __init__(self, client: ToolClient, max_entries: int) -> None:
+        self.client, self.max_entries = client, max_entries
+        self.answers: OrderedDict[bytes, dict[str, Any]] = OrderedDict()
+        self.hits = self.misses = 0
+        self._lock = threading.Lock()
+
+    @property
+    def roles(self) -> frozenset[str]:
+        return self.client.roles
+
+    @staticmethod
+    def key(role: str, payload: dict[str, Any]) -> bytes | None:
+        """What identifies a request (a digest of the role and the whole payload), or None when an image is a path."""
+        for name in IMAGE_FIELDS:
+            value = payload.get(name)
+            values = value if isinstance(value, list) else [value] if value is not None else []
+            if not all(isinstance(item, str) and item.startswith("data:") for item in values):
+                return None
+        try:
+            text = json.dumps([role, payload], sort_keys=True, allow_nan=False)
+        except (TypeError, ValueError):
+            return None
+        return hashlib.sha256(text.encode("utf-8", "surrogatepass")).digest()
+
+    def request(self, role: str, payload: dict[str, Any]) -> dict[str, Any]:
+        key = self.key(role, payload)
+        if key is not None:
+            with self._lock:
+                answer = self.answers.get(key)
+                if answer is not None:
+                    self.answers.move_to_end(key)
+                    self.hits += 1
+                    return copy.deepcopy(answer)
+        answer = self.client.request(role, payload)
+        if key is not None:
+            with self._lock:
+                self.misses += 1
+                self.answers[key] = copy.deepcopy(answer)
+                while len(self.answers) > self.max_entries:
+                    self.answers.popitem(last=False)
+        return answer
+
+    def close(self) -> None:
+        self.answers.clear()
+        self.client.close()
 
 
 class _NoRedirects(urllib.request.HTTPRedirectHandler):

@@ -234,6 +234,7 @@ class ReasoningLoopEnv(gym.Env):
             self.task_files = config.tasks.files(config.split)
             self.benchmark_tasks, self.skipped_records = benchmark_tasks(self.task_files)
             if tools_factory is None:
+                config.tasks.tools.client()  # load (or connect) now: a program's time limit must not pay for it
                 self.tools_factory = self._image_patch_tools
 
     def _image_patch_tools(self, task: BenchmarkTask) -> ToolAPI:

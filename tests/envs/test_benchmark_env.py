@@ -247,7 +247,7 @@ class DepthAndQueries(ChatBackend):
 
 
 def test_model_backed_tools_answer_every_imagepatch_call_of_an_episode(offline, model_tools) -> None:
-    config = ReasoningLoopConfig(split="eval", max_iterations=2,
+    config = ReasoningLoopConfig(split="eval", max_iterations=2, sandbox_timeout_s=60.0,
                                  tasks=BenchmarkTasksConfig(train=offline["gqa-train"], eval=offline["okvqa-eval"],
                                                             tools=model_tools))
     assert config.problems("hydra") == []
@@ -262,3 +262,34 @@ def test_model_backed_tools_answer_every_imagepatch_call_of_an_episode(offline, 
         env.close()
     assert info["status"] == "ok" and terminated, info["error"]
     assert info["tool_calls"] >= 5 and info["answer"].isdigit()
+
+
+def test_the_quickstart_benchmark_config_runs_on_what_its_preparation_writes(tmp_path: Path, tiny_models) -> None:  # noqa: ANN001
+    """configs/quickstart/controller_hydra_benchmark.yaml's hydra section, re-rooted under tmp_path, on the files
+    clova_train.quickstart.hydra_benchmark writes (the session's random-weight tiny models here, where
+    make demo-hydra-benchmark pretrains them)."""
+    import yaml
+
+    from clova_train.quickstart import hydra_benchmark
+
+    (tmp_path / "models").mkdir()
+    for kind in ("owlvit", "clip", "blip"):
+        (tmp_path / "models" / f"tiny-{kind}").symlink_to(tiny_models(kind), target_is_directory=True)
+    written = hydra_benchmark.prepare(tmp_path / "data", tmp_path / "models", train_tasks=6, eval_tasks=4,
+                                      pretrain_steps=0)
+    assert set(written) == {"root", "loc", "classify", "vqa", "depth"}
+    text = (Path(__file__).resolve().parents[2] / "configs/quickstart/controller_hydra_benchmark.yaml").read_text()
+    text = text.replace(hydra_benchmark.DEFAULT_ROOT, str(tmp_path / "data"))
+    text = text.replace(hydra_benchmark.DEFAULT_MODELS, str(tmp_path / "models"))
+    section = yaml.safe_load(text)["hydra"]
+    config = ReasoningLoopConfig(**{**section, "split": "eval", "cache_path": None, "sandbox_timeout_s": 60.0})
+    assert config.problems("hydra") == []
+    env = ReasoningLoopEnv(config)
+    try:
+        ids = [env.reset(seed=seed)[1]["task_id"] for seed in range(4)]
+        _, _, terminated, truncated, info = env.step(0)
+    finally:
+        env.close()
+    assert ids == ["5", "10", "15", "20"] and info["status"] in ("ok", "error")
+    assert hydra_benchmark.prepare(tmp_path / "data", tmp_path / "models", train_tasks=6, eval_tasks=4,
+                                   pretrain_steps=0) == written  # a rerun reuses what is there

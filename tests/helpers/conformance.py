@@ -19,7 +19,6 @@ from clova_train.tools.recipes import TinyModel, ToolRecipe, resolve
 from clova_train.tools.base import PromptTool
 from clova_train.tools.benchmark_settings import accepted_arguments
 from clova_train.tools.contracts import TrainingInstance
-from clova_train.tools.pretrained import LOCAL_DIR_PREFIX
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -92,20 +91,10 @@ def check_recipe_configs(recipe: ToolRecipe) -> None:
 
 
 # ---------------------------------------------------------------------- building a tool and its data
-def _with_model(model_name: Any, model_dir: Path) -> str:
-    """``model_name`` pointed at ``model_dir``, keeping open_clip's ``local-dir:`` prefix where it has one."""
-    prefix = LOCAL_DIR_PREFIX if str(model_name).startswith(LOCAL_DIR_PREFIX) else ""
-    return f"{prefix}{model_dir}"
-
-
 def build_tool(recipe: ToolRecipe, model_dir: Path) -> PromptTool:
     """The recipe's tool with its quickstart config's arguments, on the model in ``model_dir``."""
-    tool_cls = recipe.tool_class()
-    arguments = _init_args(_init_args(read_config(recipe.quickstart_config)["model"]).get("tool"))
-    accepted = accepted_arguments(tool_cls)
-    arguments.update({k: v for k, v in SMALL_TOOL.items() if k in accepted})
-    arguments["model_name"] = _with_model(arguments.get("model_name", ""), model_dir)
-    return tool_cls(**arguments)
+    accepted = accepted_arguments(recipe.tool_class())
+    return recipe.quickstart_tool(model_dir, **{k: v for k, v in SMALL_TOOL.items() if k in accepted})
 
 
 def synthetic_datamodule(recipe: ToolRecipe, data_root: Path) -> PromptTuningDataModule:

@@ -22,9 +22,10 @@ from PIL import Image
 from clova_train.core.errors import ToolServiceError
 from clova_train.sandbox import PatchRef, Sandbox
 from clova_train.tools.image_patch import (NO_DEPTH, UNKNOWN, ImagePatchTools, ImageToolsConfig, close_clients,
-                                           crop_around)
+                                           crop_around, png_data_url)
 from clova_train.tools.prompt_server import PromptToolServer
-from clova_train.tools.tool_clients import CLASSIFY, DEPTH, LOC, VQA, HttpToolClient, LocalToolClient
+from clova_train.tools.tool_clients import (CLASSIFY, DEPTH, LOC, VQA, HttpToolClient, LocalToolClient,
+                                            MemoizedToolClient)
 from helpers.tool_exports import write_tiny_exports
 from helpers.serving import free_port
 
@@ -339,12 +340,12 @@ def test_equal_configs_share_one_client_per_process(exports: dict[str, Path]) ->
     try:
         first = ImageToolsConfig(loc=str(exports[LOC]), classify=str(exports[CLASSIFY]), labels=["red"])
         same = ImageToolsConfig(loc=f"{exports[LOC]}/", classify=str(exports[CLASSIFY]), crop_margin=3.0)
-        assert isinstance(first.client(), LocalToolClient) and first.client() is same.client()
+        assert isinstance(first.client().client, LocalToolClient) and first.client() is same.client()
         assert first.client().roles == {LOC, CLASSIFY}
         other = ImageToolsConfig(classify=str(exports[CLASSIFY]), loc=str(exports[LOC]), top_k=3)
         assert other.client() is not first.client()
         remote = ImageToolsConfig(loc=str(exports[LOC]), server_url="http://127.0.0.1:9")
-        assert isinstance(remote.client(), HttpToolClient)
+        assert isinstance(remote.client().client, HttpToolClient)
         assert remote.client() is ImageToolsConfig(**vars(remote)).client()
         tools = same.tools(Path("scene.png"))
         assert tools.client is first.client() and tools.crop_margin == 3.0
@@ -367,3 +368,48 @@ def test_a_live_clova_train_serve_answers_as_the_in_process_tools(exports: dict[
         patch = PatchRef("t", 8, 16, 40, 48)
         assert (ImagePatchTools(image, remote, LABELS).simple_query(patch, "what is it?")
                 == ImagePatchTools(image, local, LABELS).simple_query(patch, "what is it?"))
+
+
+class CountingClient:
+    """A client that answers every request with a fresh list and counts what it was asked."""
+
+    roles = frozenset({CLASSIFY})
+
+    def __init__(self) -> None:
+        self.asked = 0
+
+    def request(self, role: str, payload: dict) -> dict:
+        self.asked += 1
+        return {"labels": ["red"] * len(payload.get("images", [])), "call": self.asked}
+
+    def close(self) -> None:
+        pass
+
+
+def test_repeated_inline_requests_are_answered_from_memory_and_paths_never_are(image: Path) -> None:
+    counting = CountingClient()
+    memo = MemoizedToolClient(counting, max_entries=2)
+    crop = png_data_url(np.zeros((4, 4, 3), dtype=np.uint8))
+    first = memo.request(CLASSIFY, {"images": [crop], "labels": ["red", "blue"]})
+    first["labels"].append("tampered")  # a caller changing its answer does not change the remembered one
+    again = memo.request(CLASSIFY, {"labels": ["red", "blue"], "images": [crop]})
+    assert counting.asked == 1 and again == {"labels": ["red"], "call": 1} and (memo.hits, memo.misses) == (1, 1)
+    assert memo.request(CLASSIFY, {"images": [crop], "labels": ["blue", "red"]})["call"] == 2  # another question
+    for _ in range(2):  # a file's content may change between calls: never remembered
+        memo.request(CLASSIFY, {"images": [str(image)], "labels": ["red"]})
+    assert counting.asked == 4
+    other = png_data_url(np.ones((4, 4, 3), dtype=np.uint8))
+    memo.request(CLASSIFY, {"images": [other], "labels": ["red"]})  # a third answer: the oldest is dropped
+    assert memo.request(CLASSIFY, {"images": [crop], "labels": ["red", "blue"]})["call"] == 6
+
+
+def test_the_config_wraps_its_client_in_memory_unless_told_not_to(exports: dict[str, Path]) -> None:
+    remembering = ImageToolsConfig(vqa=str(exports[VQA]))
+    forgetting = ImageToolsConfig(vqa=str(exports[VQA]), remembered_answers=0)
+    try:
+        assert isinstance(remembering.client(), MemoizedToolClient)
+        assert isinstance(forgetting.client(), LocalToolClient)
+        assert "remembered_answers = -1: must be an integer >= 0" in " ".join(
+            ImageToolsConfig(remembered_answers=-1).problems())
+    finally:
+        close_clients()

@@ -25,6 +25,7 @@ weights; if none is kept the detector runs unmodified.
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -45,6 +46,7 @@ from clova_train.tools.grounding.instances import (
 from clova_train.tools.pretrained import load_pretrained, processed_pixels, weights_fingerprint
 
 DEFAULT_MODEL = "google/owlvit-base-patch32"
+SERVED_QUERIES_KEPT = 512  # query lists whose text embeddings detect() keeps
 
 
 @dataclass
@@ -134,6 +136,7 @@ class OwlVitLoc(PromptTool):
         self.width = int(model.config.vision_config.hidden_size)
         self.max_text_length = int(model.config.text_config.max_position_embeddings)
         self.identity = self._fingerprint()
+        self._served_queries: OrderedDict[tuple[Any, ...], tuple[torch.Tensor, torch.Tensor]] = OrderedDict()
 
     # ------------------------------------------------------------------ description
     @property
@@ -351,9 +354,7 @@ class OwlVitLoc(PromptTool):
         """
         if not images or not isinstance(concept, str) or not concept.strip():
             raise DataError("detect needs at least one image and a concept name")
-        names = [concept, *other_queries]
-        ids, attention, mask = self.tokenize_queries([names])
-        queries = self.embed_queries(ids, attention, mask)
+        queries, mask = self._query_embeddings([concept, *other_queries])
         results = []
         for image in images:
             pixel_values = self.pixel_values([image])
@@ -365,6 +366,24 @@ class OwlVitLoc(PromptTool):
             order = nms(found, scores, self.nms_iou) if self.nms_iou < 1 else scores.argsort(descending=True)
             results.append({"boxes": found[order].tolist(), "scores": scores[order].tolist(), "prompted": prompt is not None})
         return results
+
+    def _query_embeddings(self, names: list[str]) -> tuple[torch.Tensor, torch.Tensor]:
+        """(queries ``[1, Q, D]``, mask ``[1, Q]``) of ``names``, remembered for the last
+        :data:`SERVED_QUERIES_KEPT` lists: the text encoder is frozen and prompts only enter the image side, so a
+        served detector asked for the same names again (an agent's programs ask for "red circle" over and over)
+        skips the text encoder."""
+        device_type = self.device.type
+        autocast = torch.get_autocast_dtype(device_type) if torch.is_autocast_enabled(device_type) else None
+        key = (str(self.device), autocast, *names)
+        found = self._served_queries.get(key)
+        if found is None:
+            ids, attention, mask = self.tokenize_queries([names])
+            found = self._served_queries[key] = (self.embed_queries(ids, attention, mask).detach(), mask)
+            if len(self._served_queries) > SERVED_QUERIES_KEPT:
+                self._served_queries.popitem(last=False)
+        else:
+            self._served_queries.move_to_end(key)
+        return found
 
     def evaluate(self, lookup: PromptLookup, batch: list[tuple[GroundedImage, str]]) -> dict[str, torch.Tensor]:
         """Per image, whether the concept is detected with mean IoU above ``gate_iou`` (without / with the pool)."""
