@@ -12,6 +12,11 @@ tasks as the DQN trains for (``clova_train.controller.fitted_controls``: a quest
 of the DQN's width). Reported per policy: the mean held-out accuracy over seeds with a 95% Student t interval from
 the seed-to-seed variation, and the paired difference DQN - control per seed, with its t interval (scipy).
 
+HYDRA on task files (``--environments hydra-benchmark``): ``configs/quickstart/controller_hydra_benchmark.yaml``,
+trained on the GQA-format set and evaluated by VQA accuracy on the OK-VQA-format set that
+``clova_train.quickstart.hydra_benchmark`` writes, with model-backed tools (tiny OWL-ViT, CLIP, BLIP pretrained on
+synthetic shapes, unprompted).
+
 HYDRA worlds: ``quickstart`` (the shipped ``shapes`` world with the quickstart's rewards, re-plans cost 30: where the
 DQN's settings were chosen), every world named with ``--worlds`` with that world file's own rewards (default:
 ``shapes-replan``, where a re-plan pays off a step later), and ``--random-worlds K`` worlds drawn by
@@ -47,7 +52,9 @@ from results_file import add_seeded_run_arguments, machine, publish, runs_direct
 from clova_train.controller.evaluation import FITTED_PREFIXES  # noqa: E402
 from clova_train.envs.hydra.reasoning_world import REWARD_KEYS, STEPS  # noqa: E402
 
-CONFIGS = {"hydra": "controller_dqn.yaml", "avis": "controller_avis.yaml", "hammr": "controller_hammr.yaml"}
+CONFIGS = {"hydra": "controller_dqn.yaml", "avis": "controller_avis.yaml", "hammr": "controller_hammr.yaml",
+           "hydra-benchmark": "controller_hydra_benchmark.yaml"}
+SECTIONS = {"hydra-benchmark": "hydra"}  # the config section of an environment not named like its section
 OWN = "trained controller"
 
 
@@ -78,9 +85,10 @@ def run(environment: str, world: str | None, seed: int, runs: Path) -> dict[str,
         world_args = [f"--hydra.world={world}", *(f"--hydra.{key}=null" for key in REWARD_KEYS)]
     else:
         world_args = [f"--{environment}.world={world}"]
+    section = SECTIONS.get(environment, environment)
     return controller_evaluation(  # the world's own rewards, not the quickstart's
         out, "--config", str(REPO / "configs/quickstart" / CONFIGS[environment]), f"--train.seed={seed}",
-        f"--{environment}.cache_path=null", "--train.eval_every=0", "--train.log_formats=[csv]", "--force", *world_args,
+        f"--{section}.cache_path=null", "--train.eval_every=0", "--train.log_formats=[csv]", "--force", *world_args,
         env={"OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")})
 
 
@@ -100,9 +108,14 @@ def table(environment: str, world: str | None, seeds: list[int], runs: Path, rec
         difference = "-" if name == OWN else seed_interval([a - b for a, b in zip(ours, values)], signed=True)
         rows.append(f"| {name} | {seed_interval(values)} | {difference} | {', '.join(f'{v:.3f}' for v in values)} |")
     label = f"{environment}, {'the quickstart' if world is None else 'world ' + Path(world).stem}"
+    if environment == "hydra-benchmark":
+        label = ("hydra on task files: trained on the GQA-format set, evaluated on the OK-VQA-format set (VQA "
+                 "accuracy), tiny OWL-ViT / CLIP / BLIP tools")
     shown = f"<runs-dir>/random-{drawn}.yaml (random_world({drawn}))" if drawn else world
     nulls = " ".join(f"--hydra.{key}=null" for key in REWARD_KEYS)
-    if environment != "hydra":
+    if environment == "hydra-benchmark":
+        setting, option = "", ""
+    elif environment != "hydra":
         setting = "" if world is None else f" with `--{environment}.world={world}`"
         option = " --seeking-worlds" if world is None else f" --seeking-worlds {world}"
     else:
@@ -121,7 +134,8 @@ def table(environment: str, world: str | None, seeds: list[int], runs: Path, rec
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--environments", nargs="+", default=["hydra", "avis", "hammr"], choices=list(CONFIGS))
+    parser.add_argument("--environments", nargs="+", default=["hydra", "avis", "hammr"], choices=list(CONFIGS),
+                        help="hydra-benchmark: HYDRA on the GQA- and OK-VQA-format files of make demo-hydra-benchmark")
     parser.add_argument("--worlds", nargs="*", default=["shapes-replan"],
                         help="HYDRA worlds besides the quickstart's (presets or files; each with its own rewards)")
     parser.add_argument("--random-worlds", type=int, default=2, help="HYDRA worlds drawn by random_world (seeds 1..K)")
@@ -131,6 +145,12 @@ def main() -> None:
     args = parser.parse_args()
     with runs_directory(args.runs_dir) as runs:
         for environment in args.environments:
+            if environment == "hydra-benchmark":
+                from clova_train.quickstart.hydra_benchmark import prepare
+
+                prepare()  # the quickstart config's task files and tool exports (reused when already written)
+                table(environment, None, args.seeds, runs, not args.no_record)
+                continue
             if environment != "hydra":
                 for world in [None, *args.seeking_worlds]:
                     table(environment, world, args.seeds, runs, not args.no_record)

@@ -1,7 +1,7 @@
 """Held-out evaluation of a controller against rules that need no training, on the same tasks.
 
 The rules (:func:`baselines`): the planner's highest-probability sample (HYDRA without RL), its lowest, a
-random sample, the best fixed sample slot (each slot tried, the best one kept: an upper bound for that rule),
+random sample, one program from the planner's top sample with no memory and no re-plan (ViperGPT-like), the best fixed sample slot (each slot tried, the best one kept: an upper bound for that rule),
 and, in the offline world, an oracle that knows which instruction kinds are right (a ceiling, not a rule). Beside
 them, :func:`fitted_baselines` gives the controls that read what the controller reads and learn from logged play of
 training tasks (:mod:`clova_train.controller.fitted_controls`: a question rule, logistic regression, an MLP).
@@ -103,6 +103,13 @@ def oracle_policy(obs: np.ndarray, env: ReasoningLoopEnv) -> int:
     return env.config.num_samples
 
 
+def single_program_env(env: ReasoningLoopEnv) -> ReasoningLoopEnv:
+    """The same environment (LLM and its cache, embedder, tools) stopped after one program: a planner that writes one
+    plan and a coder that runs it once, with no memory of a step before and no re-plan (ViperGPT's single program)."""
+    config = replace(env.config, max_iterations=1, cache_path=None)  # env.llm already goes through the cache
+    return ReasoningLoopEnv(config, llm=env.llm, embedder=env.embedder, tools_factory=env.tools_factory)
+
+
 def other_selection(env: ReasoningLoopEnv, model: Any, episodes: int, seed: int) -> dict[str, dict[str, Any]]:
     """The same Q-network under the other greedy rule (HYDRA's Eq. 2 beside argmax-Q), when the model has
     both rules and the observation carries the planner probabilities; else nothing."""
@@ -125,6 +132,12 @@ def baselines(env: Any, episodes: int, seed: int, random_seed: int) -> dict[str,
         "planner lowest-probability": run_episodes(env, planner_bottom_policy, episodes, seed),
         "random sample": run_episodes(env, random_policy(random_seed), episodes, seed),
     }
+    single = single_program_env(env)
+    try:
+        results["one program from the planner's top sample, no memory (ViperGPT-like)"] = run_episodes(
+            single, planner_top_policy, episodes, seed)
+    finally:
+        single.close()
     slots = [run_episodes(env, fixed_slot_policy(slot), episodes, seed) for slot in range(env.config.num_samples)]
     best = max(range(len(slots)), key=lambda slot: slots[slot]["accuracy"])
     results[f"best fixed sample slot ({best + 1} of {len(slots)})"] = slots[best]
@@ -151,6 +164,7 @@ def fitted_baselines(env_config: EnvConfig, eval_env: Any, episodes: int, seed: 
 def short_name(name: str) -> str:
     """The metric key of a rule of :func:`baselines` (``eval/baseline_<key>_accuracy`` in the training logs)."""
     for prefix, key in (("planner top", "planner_top"), ("planner lowest", "planner_lowest"), ("random", "random"),
+                        ("one program", "single_program"),
                         ("best fixed", "best_fixed_slot"), ("oracle", "oracle"), ("planner's own", "planner_own"),
                         ("LLM dispatcher", "llm_dispatcher"),
                         ("question rule", "question_rule"), ("logistic regression", "logistic_regression"),

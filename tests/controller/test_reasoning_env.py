@@ -277,10 +277,13 @@ def test_baselines_report_every_rule_and_the_oracle_is_not_a_rule() -> None:
         env.close()
     names = list(results)
     assert names[:3] == ["planner top-probability (HYDRA without RL)", "planner lowest-probability", "random sample"]
-    assert names[3].startswith("best fixed sample slot (") and names[4].startswith("oracle")
-    assert results[names[4]]["accuracy"] >= 0.9  # the oracle: a ceiling, far above the rules
+    assert names[3] == "one program from the planner's top sample, no memory (ViperGPT-like)"
+    assert names[4].startswith("best fixed sample slot (") and names[5].startswith("oracle")
+    assert results[names[5]]["accuracy"] >= 0.9  # the oracle: a ceiling, far above the rules
+    # one program: never a second step, so a comparison (two counts) is never answered
+    assert results[names[3]]["steps"] == 1.0 and results[names[3]]["accuracy"] <= results[names[0]]["accuracy"]
     name, accuracy = best_rule({**results, "trained controller": {"accuracy": 1.0}})
-    assert name in names[:4] and accuracy == max(results[n]["accuracy"] for n in names[:4])
+    assert name in names[:5] and accuracy == max(results[n]["accuracy"] for n in names[:5])
 
 
 @pytest.mark.parametrize(("line", "expected"), [
