@@ -1,16 +1,17 @@
 """Real-size smoke check (``make smoke-real``): every paper config at its real architecture and size, offline.
 
 For each paper config (every tool recipe's with a smoke-real case: ``clova_train/tools/<name>/recipe.py``, or a
-plug-in's; then the tool-use LLM's and the controller's): build its model at the real size with random weights in the
+plug-in's; then the tool-use LLM's and the controllers'): build its model at the real size with random weights in the
 real checkpoint's layout (:mod:`real_size.models` beside this file, or the plug-in recipe's own builder; cached under
 ``--models``), write a little synthetic data in the real formats at the paths the config names (the recipe's writer,
-which also gives the request its export serves), run ``clova-train fit`` (``controller fit``) with the config as
-shipped plus the overrides listed in the table (local model paths, a few steps, a few samples; nothing that changes
-a shape), export the run and load the export for serving (one request answered, one chat reply generated, the
-TorchScript and SB3 controller loaded). Each step runs in its own process, as a user runs it; the table gives
-seconds per step, peak resident memory, parameters and the activations one training instance (one sample) keeps,
-measured, next to whether each stage succeeded. Not part of ``make test``; ``tests/project/test_smoke_real.py``
-runs one config.
+which also gives the request its export serves; for HYDRA's controller on a benchmark's task files, the shapes world's
+scenes in the benchmark's formats and the exports its ImagePatch tools load, see :func:`hydra_benchmark`), run
+``clova-train fit`` (``controller fit``) with the config as shipped plus the overrides listed in the table (local
+model paths, a few steps, a few samples; nothing that changes a shape), export the run and load the export for
+serving (one request answered, one chat reply generated, the TorchScript and SB3 controller loaded). Each step runs in
+its own process, as a user runs it; the table gives seconds per step, peak resident memory, parameters and the
+activations one training instance (one sample) keeps, measured, next to whether each stage succeeded. Not part of
+``make test``; ``tests/project/test_smoke_real.py`` runs one config.
 
 The same runner serves ``make gpu-check`` (``--device cuda``: bf16-mixed on one GPU, peak GPU memory recorded).
 
@@ -71,6 +72,7 @@ class Case:
         kind: ``prompt`` (PromptTuning), ``lora`` (LoraToolLLM) or ``controller``.
         inner_steps: prompt tuning's optimisation steps per instance (the ``steps`` override).
         ranks: processes the run uses on CPU (the sharded config: 2 data-parallel ranks).
+        stand_in: what differs from the config's own models, where ``model`` does not say (printed in the table).
     """
 
     name: str
@@ -81,6 +83,7 @@ class Case:
     kind: str = "prompt"
     inner_steps: int = 0
     ranks: int = 1
+    stand_in: str = ""
 
     @property
     def path(self) -> Path:
@@ -129,6 +132,61 @@ def no_data(workdir: Path, full: bool) -> None:
     return None
 
 
+# HYDRA's controller on a benchmark's task files: the shapes world's scenes (its training tasks for training, its
+# held-out ones for evaluation, each walked once by eval_episodes 10) in the files' formats, at 512 px (8 x 64: about
+# a GQA or COCO image's size); its ImagePatch tools: ImageToolsConfig field -> tool recipe. The tools are the recipes'
+# tiny random-weight models, not the real-size ones: on 2 CPU cores a real-size OWL-ViT B/32 + CLIP ViT-L/14 + BLIP
+# VQA program takes several seconds per environment step (the case would run for most of an hour).
+HYDRA_TRAIN_IDS = [i for i in range(1, 50) if i % 5]
+HYDRA_EVAL_IDS = list(range(5, 55, 5))
+HYDRA_SCALE = 8
+HYDRA_TOOLS = {"loc": "loc", "classify": "clip", "vqa": "vqa"}
+HYDRA_TOOL_EXPORTS = "tool-exports"  # under the working directory; the overrides point hydra.tasks.tools here
+HYDRA_DEPTH = f"{HYDRA_TOOL_EXPORTS}/tiny-depth-anything"
+HYDRA_STAND_IN = ("ImagePatch tools: tiny random-weight OWL-ViT, CLIP and BLIP VQA exports and a tiny Depth Anything, "
+                  "not the real-size tools")
+
+
+def _place(source: str | Path, target: Path) -> None:
+    target.parent.mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(source, target)
+
+
+def hydra_benchmark(config: str) -> Callable[[Path, bool], None]:
+    """Writes the benchmark a HYDRA controller config reads (``hydra.tasks.train`` / ``eval``: each split's files in
+    its format, at its paths, with its images) from the offline shapes world, and the tools the case's overrides name:
+    unprompted exports (an empty prompt pool) of the LOC, CLASSIFY and VQA tools on their recipes' tiny random-weight
+    models (built under ``tool-models/``), as ``make demo-hydra-benchmark`` writes them, and a tiny random Depth
+    Anything."""
+    def write(workdir: Path, full: bool) -> None:
+        import yaml
+
+        from clova_train.envs.tasks.formats import load_tasks
+        from clova_train.envs.tasks.offline import write_offline_benchmark
+        from clova_train.quickstart.hydra_benchmark import write_unprompted_export
+        from clova_train.tools.depth.tiny import make_tiny_depth_anything
+        from clova_train.tools.recipes import tool_recipe
+
+        tasks = yaml.safe_load((REPO / config).read_text(encoding="utf-8"))["hydra"]["tasks"]
+        scratch = workdir / "data" / "offline-scenes"
+        written = write_offline_benchmark(scratch, HYDRA_TRAIN_IDS, HYDRA_EVAL_IDS, HYDRA_SCALE,
+                                          train_format=tasks["train"]["format"], eval_format=tasks["eval"]["format"])
+        for split in ("train", "eval"):
+            source, target = written[f"{tasks[split]['format']}-{split}"], tasks[split]
+            for key in ("questions", "annotations"):
+                if target.get(key):
+                    _place(getattr(source, key), workdir / target[key])
+            for task in load_tasks(source)[0]:
+                _place(task.image, workdir / target["images"] / task.image.name)
+        shutil.rmtree(scratch)
+        for field, name in HYDRA_TOOLS.items():
+            tiny = tool_recipe(name).tiny_model
+            model_dir = tiny.build(workdir / "tool-models" / tiny.kind, seed=0, pretrain_steps=0)
+            write_unprompted_export(name, model_dir, workdir / HYDRA_TOOL_EXPORTS / field)
+        make_tiny_depth_anything(workdir / HYDRA_DEPTH)
+    return write
+
+
 # ------------------------------------------------------------------------------------------------------ the cases
 # validation_gate false: random weights pass no gate, and the export's pool must hold prompts for serving to run the
 # prompt ensemble (the gate still runs, its verdicts recorded, its time and memory measured)
@@ -152,8 +210,19 @@ def prompt_tool_cases() -> list[Case]:
 
 
 def other_cases(models_dir: Path, llm: str) -> list[Case]:
-    """The paper configs that are not prompt tools: the tool-use LLM (one rank and sharded) and the controller."""
+    """The paper configs that are not prompt tools: the tool-use LLM (one rank and sharded) and the controllers: the
+    offline world's, and HYDRA's on GQA's and on OK-VQA's files (:func:`hydra_benchmark`), its tools in-process instead
+    of the configs' shared ``clova-train serve``, so its environments in one process (``vec_env: dummy``: subprocess
+    environments would each load their own copy of the tools)."""
     llm_data = tool_instructions(models_dir / llm)
+    # one JSON value for the tools: jsonargparse reads a dotted ``--hydra.tasks.tools.server_url=null`` (a key under
+    # the optional tasks section) as the string 'None'
+    tools = {**{field: f"{HYDRA_TOOL_EXPORTS}/{field}" for field in HYDRA_TOOLS}, "depth": HYDRA_DEPTH,
+             "server_url": None}
+    hydra_run = ["--hydra.llm.kind=scripted", "--hydra.embedder.kind=hashing",
+                 f"--hydra.tasks.tools={json.dumps(tools)}", "--train.vec_env=dummy", "--train.total_timesteps=240",
+                 "--dqn.learning_starts=120", "--train.eval_every=0", "--train.eval_episodes=10",
+                 "--train.checkpoint_every=240", "--train.control_steps=0", "--train.progress_bar=false"]
     return [
         Case("llm", "configs/paper/tool_llm_vicuna13b.yaml", llm, [*LLM_RUN], llm_data, kind="lora"),
         Case("llm-sharded", "configs/paper/tool_llm_vicuna13b_sharded.yaml", llm, [*LLM_RUN], llm_data, kind="lora",
@@ -163,6 +232,9 @@ def other_cases(models_dir: Path, llm: str) -> list[Case]:
               "--train.eval_every=0", "--train.eval_episodes=20", "--train.checkpoint_every=2000",
               "--train.control_steps=0", "--train.progress_bar=false"],
              no_data, kind="controller"),
+        *(Case(name, config, None, hydra_run, hydra_benchmark(config), kind="controller", stand_in=HYDRA_STAND_IN)
+          for name, config in (("hydra-gqa", "configs/paper/controller_dqn_hydra_gqa.yaml"),
+                               ("hydra-okvqa", "configs/paper/controller_dqn_hydra_okvqa.yaml"))),
     ]
 
 
@@ -308,7 +380,7 @@ def run_case(case: Case, models_dir: Path, out: Path, device: str, timeout: Call
     process may run."""
     from real_size.models import REAL_SIZES
 
-    row: dict = {"case": case.name, "config": case.label, "stages": {}}
+    row: dict = {"case": case.name, "config": case.label, "stages": {}, "stand_in": case.stand_in}
     model_dir = None
     if case.model is not None:
         model_dir = models_dir / model_folder(case.model)

@@ -198,3 +198,29 @@ def test_the_offline_benchmark_reads_back_through_the_real_formats(tmp_path: Pat
     assert checked >= 3
     with pytest.raises(ValueError, match="training ids must be the world's training tasks"):
         write_offline_benchmark(tmp_path / "bad", [0], [5])
+
+
+def test_the_offline_benchmark_writes_either_set_in_either_format(tmp_path: Path) -> None:
+    """GQA for both sets (train and testdev files), OK-VQA for both (train2014 and val2014 files, the training images
+    named as the train2014 questions file's subtype says); each set reads back with the world's answers."""
+    from clova_train.envs.common.world import make_task
+    from clova_train.envs.tasks.offline import write_offline_benchmark
+
+    train_ids, eval_ids = [1, 2, 3], [5, 10]
+    gqa = write_offline_benchmark(tmp_path / "gqa", train_ids, eval_ids, scale=1, train_format="gqa",
+                                  eval_format="gqa")
+    okvqa = write_offline_benchmark(tmp_path / "okvqa", train_ids, eval_ids, scale=1, train_format="okvqa",
+                                    eval_format="okvqa")
+    assert Path(gqa["gqa-eval"].questions).name == "testdev_balanced_questions.json"
+    assert Path(okvqa["okvqa-train"].questions).name == "OpenEnded_mscoco_train2014_questions.json"
+    for files, key, ids in ((gqa, "gqa-train", train_ids), (gqa, "gqa-eval", eval_ids),
+                            (okvqa, "okvqa-train", train_ids), (okvqa, "okvqa-eval", eval_ids)):
+        tasks, skipped = load_tasks(files[key])
+        assert sorted(int(t.task_id) for t in tasks) == ids and skipped.total == 0, key  # GQA: keys sorted as text
+        assert all(t.answers[0] == make_task(int(t.task_id)).answer for t in tasks), key
+    assert {t.image.name for t in load_tasks(okvqa["okvqa-train"])[0]} == {
+        f"COCO_train2014_{i:012d}.jpg" for i in train_ids}
+    refs, _ = load_tasks(okvqa["refcoco-train"])
+    assert refs and all(t.image.name.startswith("COCO_train2014_") for t in refs)
+    with pytest.raises(ValueError, match="eval_format must be one of gqa, okvqa"):
+        write_offline_benchmark(tmp_path / "bad", train_ids, eval_ids, eval_format="vqav2")
