@@ -215,12 +215,9 @@ def other_cases(models_dir: Path, llm: str) -> list[Case]:
     of the configs' shared ``clova-train serve``, so its environments in one process (``vec_env: dummy``: subprocess
     environments would each load their own copy of the tools)."""
     llm_data = tool_instructions(models_dir / llm)
-    # one JSON value for the tools: jsonargparse reads a dotted ``--hydra.tasks.tools.server_url=null`` (a key under
-    # the optional tasks section) as the string 'None'
-    tools = {**{field: f"{HYDRA_TOOL_EXPORTS}/{field}" for field in HYDRA_TOOLS}, "depth": HYDRA_DEPTH,
-             "server_url": None}
-    hydra_run = ["--hydra.llm.kind=scripted", "--hydra.embedder.kind=hashing",
-                 f"--hydra.tasks.tools={json.dumps(tools)}", "--train.vec_env=dummy", "--train.total_timesteps=240",
+    tools = [*(f"--hydra.tasks.tools.{field}={HYDRA_TOOL_EXPORTS}/{field}" for field in HYDRA_TOOLS),
+             f"--hydra.tasks.tools.depth={HYDRA_DEPTH}", "--hydra.tasks.tools.server_url=null"]
+    hydra_run = ["--hydra.llm.kind=scripted", "--hydra.embedder.kind=hashing", *tools, "--train.vec_env=dummy", "--train.total_timesteps=240",
                  "--dqn.learning_starts=120", "--train.eval_every=0", "--train.eval_episodes=10",
                  "--train.checkpoint_every=240", "--train.control_steps=0", "--train.progress_bar=false"]
     return [

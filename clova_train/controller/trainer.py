@@ -181,7 +181,7 @@ def _problems(config: ControllerConfig) -> list[str]:
         section, env = config.environment, config.env_config()
         found.messages += env.problems(section)
         tasks = getattr(env, "tasks", None)
-        if tasks is not None and tasks.eval is None:  # trained on one split, the controller is evaluated on the other
+        if tasks is not None and tasks.given and tasks.eval is None:  # trained on one split, the controller is evaluated on the other
             found.add(f"{section}.tasks.eval: give the task files the controller is evaluated on (format, questions, "
                       "images, ...)")
         reason = env.selection_problem(dqn.action_selection, section)

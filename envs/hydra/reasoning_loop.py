@@ -94,8 +94,8 @@ class ReasoningLoopConfig:
         split: ``train`` draws tasks with id % 5 != 0, ``eval`` the held-out rest (with ``tasks``: the train or the
             eval task files).
         tasks: episodes from a benchmark's own task files (GQA, OK-VQA, A-OKVQA, RefCOCO...) with model-backed
-            ``ImagePatch`` tools, scored by the benchmark's metric (``clova_train.envs.tasks.source``); null: the
-            offline world's scenes and annotation tools.
+            ``ImagePatch`` tools, scored by the benchmark's metric (``clova_train.envs.tasks.source``); without task
+            files: the offline world's scenes and annotation tools.
         llm: planner/reasoner LLM (``scripted``: the offline world's).
         embedder: observation embedder (default: 64-d hashing).
         cache_path: SQLite file recording every LLM call (and embedding call if cache_embeddings); none: no cache.
@@ -115,7 +115,7 @@ class ReasoningLoopConfig:
     layout: Literal["per_part", "joint"] = "per_part"
     probability_features: bool = False
     split: Literal["train", "eval"] = "train"
-    tasks: BenchmarkTasksConfig | None = None
+    tasks: BenchmarkTasksConfig = field(default_factory=BenchmarkTasksConfig)
     llm: LLMConfig = field(default_factory=LLMConfig)
     embedder: EmbedderConfig = field(default_factory=observation_embedder)
     cache_path: str | None = None
@@ -126,7 +126,9 @@ class ReasoningLoopConfig:
 
     def __post_init__(self) -> None:
         coerce_models(self)
-        if isinstance(self.tasks, dict):
+        if self.tasks is None:  # "tasks: null" in a file: the offline world
+            self.tasks = BenchmarkTasksConfig()
+        elif isinstance(self.tasks, dict):
             self.tasks = BenchmarkTasksConfig(**self.tasks)
         # only while a reward is unresolved: copies of a resolved config (dataclasses.replace) read no file
         if isinstance(self.world, str) and any(getattr(self, key) is None for key in PAPER_REWARDS):
@@ -177,7 +179,7 @@ class ReasoningLoopConfig:
         else:
             if is_integer(self.num_samples) and self.num_samples >= 1:
                 found.messages += world.sample_count_problems(self.num_samples, f"{found.key('world')}: {self.world}")
-        if self.tasks is not None:
+        if self.tasks.given:
             found.messages += self.tasks.problems(self.split, found.key("tasks"))
         found.positive("sandbox_timeout_s", self.sandbox_timeout_s)
         found.at_least("sandbox_memory_mb", self.sandbox_memory_mb, 32)
@@ -230,7 +232,7 @@ class ReasoningLoopEnv(gym.Env):
         self.task: Task | BenchmarkTask | None = None
         self.image_size = (SIZE, SIZE)
         self.benchmark_tasks: tuple[BenchmarkTask, ...] | None = None
-        if config.tasks is not None:
+        if config.tasks.given:
             self.task_files = config.tasks.files(config.split)
             self.benchmark_tasks, self.skipped_records = benchmark_tasks(self.task_files)
             if tools_factory is None:

@@ -56,7 +56,8 @@ class BenchmarkTasksConfig:
     """Episodes from a benchmark's own files (see :mod:`clova_train.envs.tasks.source`).
 
     Args:
-        train: the task files training draws from (``format``, ``questions``, ``images``, ``annotations``,
+        train: the task files training draws from (with neither ``train`` nor ``eval``, the environment plays its
+            offline world) (``format``, ``questions``, ``images``, ``annotations``,
             ``split``, ``limit``, ``metric``; see ``clova_train.envs.tasks.formats.TaskFiles``).
         eval: the task files evaluation plays; another benchmark than ``train`` to test transfer (HYDRA Table 4).
         tools: the model-backed ``ImagePatch`` tools (LOC / CLASSIFY / VQA exports, a depth model; in-process, or
@@ -72,6 +73,11 @@ class BenchmarkTasksConfig:
         self.eval = task_files(self.eval, "tasks.eval")
         if isinstance(self.tools, dict):
             self.tools = ImageToolsConfig(**self.tools)
+
+    @property
+    def given(self) -> bool:
+        """Whether task files are given at all (without any, the environment plays its offline world)."""
+        return self.train is not None or self.eval is not None
 
     def files(self, split: str) -> TaskFiles:
         """The files of ``split`` (``train`` or ``eval``); a :class:`DataError` when the config has none."""

@@ -230,3 +230,15 @@ def test_subcommand_help_does_not_import_lightning(command: str) -> None:
     assert f"usage: clova-train {command}" in done.stdout
     heavy = done.stdout.strip().splitlines()[-1]
     assert "lightning" not in heavy and ("'torch'" not in heavy or command == "controller"), heavy
+
+
+@pytest.mark.parametrize(("name", "train", "evaluation"), [
+    ("controller_dqn_hydra_gqa.yaml", "gqa", "gqa"), ("controller_dqn_hydra_okvqa.yaml", "okvqa", "okvqa")])
+def test_the_benchmark_controller_configs_read_task_files_and_take_null_overrides(
+        name: str, train: str, evaluation: str, capsys: pytest.CaptureFixture) -> None:
+    run_fit("controller", "fit", "--config", str(REPO / "configs/paper" / name), "--hydra.tasks.tools.server_url=null",
+            "--hydra.tasks.train.split=null", "--print_config")
+    tasks = yaml.safe_load(capsys.readouterr().out)["hydra"]["tasks"]
+    assert (tasks["train"]["format"], tasks["eval"]["format"]) == (train, evaluation)
+    assert tasks["tools"]["server_url"] is None and tasks["train"]["split"] is None  # null, not the text 'None'
+    assert {"loc", "classify", "vqa", "depth"} <= {key for key, value in tasks["tools"].items() if value}
