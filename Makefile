@@ -116,6 +116,7 @@ benchmark: $(STAMP)
 	for tool in $$($(BIN)/python -m clova_train.quickstart.demo --list); do $(BIN)/python benchmarks/prompt_tuning.py --tool $$tool || exit 1; done
 	$(BIN)/python benchmarks/lora_finetune.py
 	$(BIN)/python benchmarks/controller.py
+	$(BIN)/python benchmarks/controller_tool_throughput.py
 	$(BIN)/python benchmarks/prompt_pool_controls.py
 	$(BIN)/python benchmarks/tool_llm_learning.py
 	$(BIN)/python benchmarks/closed_loop.py
