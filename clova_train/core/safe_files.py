@@ -214,6 +214,39 @@ def read_json(path: str | os.PathLike[str], what: str = "JSON file", limits: Rea
     return parse_json(read_text(path, what, limits.max_bytes), f"{what} {printable(path)}", limits)
 
 
+def iter_json_object(path: str | os.PathLike[str], what: str = "JSON file",
+                     limits: ReadLimits = DEFAULT_LIMITS) -> Iterator[tuple[str, Any]]:
+    """``(key, value)`` of each entry of the JSON object in the file ``path``, read as a stream: a file of any size
+    (GQA's 1.4 GB training questions) in the memory of one entry at a time; stopping early reads no further. Each value
+    is checked against ``limits.max_depth``; a file that is not one JSON object, or breaks off, is a
+    :class:`DataError` naming it and the entry after the last good one."""
+    import ijson
+
+    where = f"{what} {printable(path)}"
+    last, seen = None, set()
+    try:
+        with open_regular(path, what) as handle:
+            if handle.read(1 << 16).lstrip()[:1] != b"{":
+                raise DataError(f"{where} must be a JSON object")
+            handle.seek(0)
+            for key, value in ijson.kvitems(handle, "", use_float=True):
+                if key in seen:
+                    raise DataError(f"{where} has the key {key!r} twice in one object")
+                _check_depth(value, f"{where} entry {key!r}", limits)
+                seen.add(key)
+                last = key
+                yield key, value
+    except FileNotFoundError as err:
+        raise DataError(f"{what} not found: {printable(path)}") from err
+    except IsADirectoryError as err:
+        raise DataError(f"{where} is not a regular file") from err
+    except OSError as err:
+        raise DataError(f"cannot read {where}: {err.strerror or err}") from err
+    except (ijson.JSONError, ijson.IncompleteJSONError, UnicodeDecodeError) as err:
+        after = f" (after entry {last!r})" if last is not None else ""
+        raise JSONSyntaxError(f"{where} is not valid JSON{after}: {err}") from None
+
+
 def parse_json_lines(text: str, where: str, limits: ReadLimits = DEFAULT_LIMITS) -> Iterator[tuple[int, Any]]:
     """``(line number, value)`` for each non-blank line of a JSONL text; a bad line is an error naming it."""
     for number, line in enumerate(text.splitlines(), 1):

@@ -6,7 +6,8 @@
 * ``aokvqa``: one JSON list per split (``question_id``, ``image_id``, ``question``, ``choices``,
   ``correct_choice_idx``, ``direct_answers``); images ``<image_id:012d>.jpg`` (COCO 2017).
 * ``gqa``: the balanced questions JSON, an object keyed by question id (``imageId``, ``question``, ``answer``);
-  images ``<imageId>.jpg``.
+  images ``<imageId>.jpg``. Read as a stream (``ijson``), entry by entry: the 1.4 GB training file needs the memory
+  of its tasks only, and ``limit`` stops reading.
 * ``refcoco`` / ``refcoco+`` / ``refcocog``: the referring expressions (a JSON list, or the distributed ``refs(*).p``
   pickle, read with an unpickler that resolves no global at all: plain containers and scalars only) of ``ref_id``,
   ``ann_id``, ``image_id``, ``split`` and ``sentences``, and COCO's ``instances.json`` for the boxes and file names.
@@ -26,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from clova_train.core.errors import DataError
-from clova_train.core.safe_files import printable, read_bytes, read_json
+from clova_train.core.safe_files import iter_json_object, printable, read_bytes, read_json
 from clova_train.core.safe_pickle import AllowlistUnpickler
 from clova_train.envs.tasks.metrics import METRICS
 from clova_train.envs.tasks.records import BenchmarkTask, SkippedRecords
@@ -220,10 +221,8 @@ def _aokvqa(files: TaskFiles, skipped: SkippedRecords) -> Iterator[BenchmarkTask
 
 def _gqa(files: TaskFiles, skipped: SkippedRecords) -> Iterator[BenchmarkTask]:
     where = f"gqa questions {printable(files.questions)}"
-    records = read_json(files.questions, "gqa questions")
-    if not isinstance(records, dict):
-        raise DataError(f"{where} must be a JSON object keyed by question id")
-    for question_id, value in records.items():
+    # streamed: GQA's balanced training questions are 1.4 GB, more than a whole-file read holds
+    for question_id, value in iter_json_object(files.questions, "gqa questions"):
         record = _Record(value, f"{where} question {question_id}")
         answer = record.get("answer", str, required=False)
         if answer is None:

@@ -224,3 +224,31 @@ def test_the_offline_benchmark_writes_either_set_in_either_format(tmp_path: Path
     assert refs and all(t.image.name.startswith("COCO_train2014_") for t in refs)
     with pytest.raises(ValueError, match="eval_format must be one of gqa, okvqa"):
         write_offline_benchmark(tmp_path / "bad", train_ids, eval_ids, eval_format="vqav2")
+
+
+def test_gqa_questions_are_streamed_so_a_limit_stops_reading_and_a_broken_tail_names_the_last_good_entry(
+        tmp_path: Path) -> None:
+    """GQA's training questions (1.4 GB) exceed a whole-file read: the file is read entry by entry, so a limit stops
+    before a damaged part it never reaches, and reading it all names where it broke off."""
+    images = _images(tmp_path / "images", "img.jpg")
+    entries = ",".join(f'"{i}": {{"imageId": "img", "question": "Is it red?", "answer": "yes"}}' for i in range(2000))
+    path = tmp_path / "train_balanced_questions.json"
+    path.write_text("{" + entries + ', "2000": {"imageId": "img", "quest', encoding="utf-8")  # cut off mid-record
+    tasks, _ = load_tasks(TaskFiles("gqa", str(path), images, limit=3))
+    assert [t.task_id for t in tasks] == ["0", "1", "2"]
+    with pytest.raises(DataError, match=r"gqa questions .*train_balanced_questions.json is not valid JSON \(after "
+                                        r"entry '1999'\)"):
+        load_tasks(TaskFiles("gqa", str(path), images))
+
+
+@pytest.mark.parametrize(("text", "message"), [
+    ('[{"imageId": "img", "question": "q", "answer": "a"}]', "must be a JSON object"),
+    ('{"1": {"imageId": "img", "question": "q", "answer": "a"}, "1": {}}', "has the key '1' twice"),
+    ('{"1": ' + "[" * 150 + "]" * 150 + "}", "nested more than 100 levels deep"),
+])
+def test_a_streamed_gqa_file_that_is_not_an_object_of_records_is_one_error(tmp_path: Path, text: str,
+                                                                           message: str) -> None:
+    path = tmp_path / "q.json"
+    path.write_text(text, encoding="utf-8")
+    with pytest.raises(DataError, match=message):
+        load_tasks(TaskFiles("gqa", str(path), _images(tmp_path / "images", "img.jpg")))
