@@ -72,28 +72,36 @@ def open_regular(path: str | os.PathLike[str], what: str = "file") -> Iterator[B
         yield handle
 
 
-def read_bytes(path: str | os.PathLike[str], what: str = "file", max_bytes: int = DEFAULT_LIMITS.max_bytes) -> bytes:
-    """The bytes of the regular file ``path``, at most ``max_bytes`` of them, or a :class:`DataError`."""
+@contextmanager
+def reading(path: str | os.PathLike[str], what: str = "file") -> Iterator[BinaryIO]:
+    """:func:`open_regular`, with every failure to open or read it inside the block one :class:`DataError` naming
+    the file."""
     try:
         with open_regular(path, what) as handle:
-            size = os.fstat(handle.fileno()).st_size
-            if size > max_bytes:
-                raise DataError(f"{what} {printable(path)} is {size:,} bytes, more than the {max_bytes:,} accepted")
-            # read what the file holds, not the limit: read(n) reserves n bytes before it reads any
-            want = min(size, max_bytes) + 1
-            data = handle.read(want)
-            if len(data) == want:  # longer than fstat said: it grew, or reports no size (as /proc's files do)
-                parts, total = [data], len(data)
-                while total <= max_bytes and (chunk := handle.read(min(1 << 20, max_bytes + 1 - total))):
-                    parts.append(chunk)
-                    total += len(chunk)
-                data = b"".join(parts)
+            yield handle
     except FileNotFoundError as err:
         raise DataError(f"{what} not found: {printable(path)}") from err
     except IsADirectoryError as err:
         raise DataError(f"{what} {printable(path)} is not a regular file") from err
     except OSError as err:
         raise DataError(f"cannot read {what} {printable(path)}: {err.strerror or err}") from err
+
+
+def read_bytes(path: str | os.PathLike[str], what: str = "file", max_bytes: int = DEFAULT_LIMITS.max_bytes) -> bytes:
+    """The bytes of the regular file ``path``, at most ``max_bytes`` of them, or a :class:`DataError`."""
+    with reading(path, what) as handle:
+        size = os.fstat(handle.fileno()).st_size
+        if size > max_bytes:
+            raise DataError(f"{what} {printable(path)} is {size:,} bytes, more than the {max_bytes:,} accepted")
+        # read what the file holds, not the limit: read(n) reserves n bytes before it reads any
+        want = min(size, max_bytes) + 1
+        data = handle.read(want)
+        if len(data) == want:  # longer than fstat said: it grew, or reports no size (as /proc's files do)
+            parts, total = [data], len(data)
+            while total <= max_bytes and (chunk := handle.read(min(1 << 20, max_bytes + 1 - total))):
+                parts.append(chunk)
+                total += len(chunk)
+            data = b"".join(parts)
     if len(data) > max_bytes:  # grew while being read
         raise DataError(f"{what} {printable(path)} is more than the {max_bytes:,} bytes accepted")
     return data
@@ -225,7 +233,7 @@ def iter_json_object(path: str | os.PathLike[str], what: str = "JSON file",
     where = f"{what} {printable(path)}"
     last, seen = None, set()
     try:
-        with open_regular(path, what) as handle:
+        with reading(path, what) as handle:
             if handle.read(1 << 16).lstrip()[:1] != b"{":
                 raise DataError(f"{where} must be a JSON object")
             handle.seek(0)
@@ -236,12 +244,6 @@ def iter_json_object(path: str | os.PathLike[str], what: str = "JSON file",
                 seen.add(key)
                 last = key
                 yield key, value
-    except FileNotFoundError as err:
-        raise DataError(f"{what} not found: {printable(path)}") from err
-    except IsADirectoryError as err:
-        raise DataError(f"{where} is not a regular file") from err
-    except OSError as err:
-        raise DataError(f"cannot read {where}: {err.strerror or err}") from err
     except (ijson.JSONError, ijson.IncompleteJSONError, UnicodeDecodeError) as err:
         after = f" (after entry {last!r})" if last is not None else ""
         raise JSONSyntaxError(f"{where} is not valid JSON{after}: {err}") from None
