@@ -137,6 +137,8 @@ def package_version() -> str:
 
 
 def run_lightning(args: Sequence[str] | None) -> None:
+    import contextvars
+
     from lightning import LightningDataModule, LightningModule
     from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 
@@ -170,7 +172,11 @@ def run_lightning(args: Sequence[str] | None) -> None:
             config = self.config[self.subcommand] if self.subcommand else self.config
             follow_root_dir(config.trainer)
 
-    PromptAwareCLI(
+    # In a context of its own: jsonargparse sets a context variable to its parser (subclass_arg_parser) and never
+    # resets it, which would keep the parser, this CLI, its Trainer and a sharded strategy's DeviceMesh, and with it
+    # the mesh's process groups and their gloo threads, alive until the interpreter exits (see end_distributed).
+    contextvars.copy_context().run(
+        PromptAwareCLI,
         LightningModule,
         LightningDataModule,
         subclass_mode_model=True,
@@ -503,15 +509,52 @@ def user_error(exc: BaseException) -> ClovaTrainError | None:
     return None
 
 
+def user_error_message(exc: BaseException) -> str | None:
+    """The one line :func:`main` prints for ``exc``, or None when ``exc`` is no user error."""
+    err = user_error(exc)
+    # file names need not be UTF-8
+    return None if err is None else str(err).encode("utf-8", "backslashreplace").decode("utf-8")
+
+
 SUBCOMMANDS = {
     "predict": run_predict, "export": run_export, "serve": run_serve,
     "controller": run_controller, "tiny-model": run_tiny_model, "loop": run_loop, "report": run_report,
 }
 
 
+def distributed_initialized() -> bool:
+    """Whether a torch.distributed default process group exists (torch is not imported to find out)."""
+    dist = sys.modules.get("torch.distributed")
+    return dist is not None and dist.is_available() and dist.is_initialized()
+
+
+def end_distributed() -> None:
+    """Destroy the torch.distributed process groups a command started, while the interpreter is still whole.
+
+    A fit on several processes (DDP or ModelParallelStrategy, gloo on CPU) leaves its process groups alive: Lightning
+    destroys them at exit for NCCL only. A gloo worker thread that drops the last C++ reference to a collective's
+    tensors takes the GIL to release their Python objects; doing that once Python has begun finalising ends the thread
+    with ``pthread_exit``, whose unwinding through the work's (noexcept) destructor calls ``std::terminate``: the
+    process dies by SIGABRT ("terminate called without an active exception") after printing its message, typically
+    when the other rank exits at that moment. Here ``destroy_process_group`` forgets the groups, and the collection
+    frees the ones a sharded strategy's DeviceMesh still holds, which joins their threads. That needs the Trainer
+    unreachable by then: :func:`run_lightning` runs the CLI in a context of its own, and :func:`main` keeps an error's
+    message, not the error (whose traceback reaches the model and its mesh)."""
+    import gc
+
+    import torch.distributed as dist
+
+    try:
+        dist.destroy_process_group()
+    except Exception as err:  # the command's own outcome and message stand; the exit is merely less clean
+        print(f"{PROG}: warning: could not shut torch.distributed down: {type(err).__name__}: {err}", file=sys.stderr)
+    gc.collect()
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
     command = args[0] if args else None
+    distributed_before = distributed_initialized()  # a caller's own process group is the caller's to end
     try:
         if command in SUBCOMMANDS or command in LIGHTNING_COMMANDS:
             check_config_files(args[1:])
@@ -527,12 +570,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         else:
             umbrella_parser().error(f"unknown command {command!r} (choose from {', '.join(COMMANDS)})")
     except Exception as exc:
-        err = user_error(exc)
-        if err is None:
+        message = user_error_message(exc)  # only the text stays here: the error's traceback holds the run's objects
+        if message is None:
             raise
-        message = str(err).encode("utf-8", "backslashreplace").decode("utf-8")  # file names need not be UTF-8
         print(f"{PROG}: error: {message}", file=sys.stderr)
         return 2
+    finally:
+        if not distributed_before and distributed_initialized():  # after the message: it comes first, whatever
+            end_distributed()
     return 0
 
 
