@@ -33,6 +33,11 @@ SCHEMA = "CREATE TABLE IF NOT EXISTS calls (key TEXT PRIMARY KEY, request TEXT N
 BUSY_TIMEOUT_S = 30.0
 
 
+class ReplayMiss(BackendError):
+    """A ``replay`` cache has no reply for a request: the run differs from the recorded one (a configuration
+    error, never a backend failure that a caller may turn into an observation)."""
+
+
 @dataclass
 class CacheStats:
     """Counters of one process's lookups."""
@@ -153,8 +158,8 @@ class CallCache:
         else:
             self.stats.misses += 1
             if self.mode == "replay":
-                raise BackendError(f"cache {self.path} (replay mode) has no reply for {backend.get('kind')} "
-                                   f"request {text[:160]}...")
+                raise ReplayMiss(f"cache {self.path} (replay mode) has no reply for {backend.get('kind')} "
+                                 f"request {text[:160]}...")
         return key, text, reply
 
 

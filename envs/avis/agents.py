@@ -203,11 +203,12 @@ class AgentTools:
         seeking_env: builds an ``avis`` agent's environment from its spec and these tools (one level deeper,
             sharing their chat, embedder and budget).
         world: the information-seeking world the agents' questions belong to.
+        web: the caller's web search tools (``avis`` agents share them; none: the offline knowledge base).
     """
 
     def __init__(self, specs: list[AgentSpec], chat: BudgetedChat, embedder: EmbeddingBackend, depth: int,
                  hydra_chat: BudgetedChat | None = None, *, seeking_env: SeekingEnvFactory,
-                 world: SeekingWorld = DEFAULT_WORLD) -> None:
+                 world: SeekingWorld = DEFAULT_WORLD, web: Any = None) -> None:
         for spec in specs:
             if not AGENT_NAME.fullmatch(str(spec.name)):
                 raise ValueError(f"agent name {spec.name!r}: use letters, digits, '_' and '-' only")
@@ -216,6 +217,7 @@ class AgentTools:
         self.hydra_chat = hydra_chat or chat
         self.seeking_env = seeking_env
         self.world = world
+        self.web = web
         self._envs: dict[str, Any] = {}
         self._policies: dict[str, Policy] = {}
 

@@ -44,15 +44,16 @@ from clova_train.envs.avis.parts import (
 from clova_train.envs.avis.scripted import ScriptedSeekingLLM
 from clova_train.envs.avis.seeking_world import SEEKING_KINDS, SeekingWorld, load_seeking_world
 from clova_train.envs.avis.transition_graph import TransitionGraph, load_graph, restrict
-from clova_train.envs.avis.world import GOOD_PATHS, SeekingTools, check_kinds, task_from_options
+from clova_train.envs.avis.world import GOOD_PATHS, WEB_PREFIXES, SeekingTools, check_kinds, task_from_options
 from clova_train.envs.common.budget import BudgetedChat, BudgetSpent, CallBudget
 from clova_train.envs.common.config import coerce_models, observation_embedder, shared_problems
 from clova_train.envs.common.selection import MEMORY_TEXT_HELP, ObservationTail, observation_with_mask, part_offsets
 from clova_train.envs.common.world import Task, normalise_answer
 from clova_train.envs.hydra.scripted import ScriptedReasoningLLM
-from clova_train.llm.backends import ChatBackend, EmbeddingBackend
-from clova_train.llm.cache import CacheMode, CachedChat, CallCache
+from clova_train.llm.backends import BackendError, ChatBackend, EmbeddingBackend
+from clova_train.llm.cache import CacheMode, CachedChat, CallCache, ReplayMiss
 from clova_train.llm.config import EmbedderConfig, LLMConfig
+from clova_train.llm.search import CachedSearch, SearchBackend, WebSearchConfig
 
 TOOLS = ("caption", "vqa", "detect", "select", "classify", "image_search", "text_search")
 DEFAULT_EXAMPLE_QUESTIONS = {
@@ -108,8 +109,12 @@ class InformationSeekingConfig(MaskedObservation):
         split: ``train`` draws tasks with id % 5 != 0, ``eval`` the held-out rest.
         llm: planner/reasoner LLM (``scripted``: the offline world's).
         embedder: observation embedder (default: 64-d hashing).
-        cache_path: SQLite file recording every LLM call; none: no cache.
+        cache_path: SQLite file recording every LLM call (and every web search); none: no cache.
         cache_mode: ``record``, ``replay`` (a miss is an error) or ``off``.
+        web: where ``image_search`` / ``text_search`` go (:class:`~clova_train.llm.search.WebSearchConfig`): HTTP
+            endpoints (a search service, or a knowledge file served by ``python -m
+            clova_train.llm.knowledge_server``), through the call cache; both URLs null (the default): the offline
+            world's knowledge base. A failed search is the tool's output (``failed: <why>``), never an exception.
     """
 
     world: str = "seeking"
@@ -130,19 +135,23 @@ class InformationSeekingConfig(MaskedObservation):
     embedder: EmbedderConfig = field(default_factory=observation_embedder)
     cache_path: str | None = None
     cache_mode: CacheMode = "record"
+    web: WebSearchConfig = field(default_factory=WebSearchConfig)
 
     def __post_init__(self) -> None:
         coerce_parts(self)
+        if isinstance(self.web, dict):
+            self.web = WebSearchConfig(**self.web)
 
     def problems(self, prefix: str = "") -> list[str]:
         """Every bad value, and whether the environment builds (graph, tools, agents and their controllers), as
         ``<prefix>.<field> = <value>: <rule>`` (``prefix``: where this section sits)."""
+        web = self.web.problems(Problems(prefix).key("web"))
         return seeking_problems(self, prefix, InformationSeekingEnv, costs=("infeasible_penalty", "step_cost"),
-                                counts=("max_depth", "max_llm_calls", "max_iterations"))
+                                counts=("max_depth", "max_llm_calls", "max_iterations"), extra=web)
 
 
 def seeking_problems(config: Any, prefix: str, environment: Callable[[Any], Any], costs: tuple[str, ...],
-                     counts: tuple[str, ...]) -> list[str]:
+                     counts: tuple[str, ...], extra: list[str] | None = None) -> list[str]:
     """The checks the AVIS and HAMMR configs share: question kinds, rewards (``costs``: fields >= 0), limits
     (``counts``: integers >= 1), the models, the agents; then, if those are sound, the ``environment`` is built
     from the config (and every agent's graph, tools and controller zip with it), nothing written."""
@@ -155,7 +164,8 @@ def seeking_problems(config: Any, prefix: str, environment: Callable[[Any], Any]
         found.at_least(key, getattr(config, key), 0)
     for key in counts:
         found.integer_at_least(key, getattr(config, key), 1)
-    problems = [*found.messages, *shared_problems(config, prefix), *spec_problems(config.agents, found.key("agents"))]
+    problems = [*found.messages, *shared_problems(config, prefix), *spec_problems(config.agents, found.key("agents")),
+                *(extra or [])]
     if problems:
         return problems
     try:
@@ -187,6 +197,39 @@ def hydra_chat_for(llm: LLMConfig, chat: BudgetedChat, cache: CallCache | None) 
     return BudgetedChat(CachedChat(backend, cache) if cache is not None else backend, shares_budget_of=chat)
 
 
+@dataclass
+class WebTools:
+    """The search tools that go to a :class:`~clova_train.llm.search.SearchBackend` (``tools``), and the backend
+    (cached or not). A called ``avis`` agent shares its caller's."""
+
+    search: SearchBackend
+    tools: tuple[str, ...]
+
+    def answer(self, name: str, query: str) -> tuple[str, str]:
+        """``(the tool's output line, "" or why the search failed)``. A failure is the output ``failed: <why>`` (as
+        a called agent's), which the reasoner reads as uninformative; a replay cache's miss is raised (the run is
+        not the recorded one: a configuration error)."""
+        try:
+            return f"{WEB_PREFIXES[name]}: {self.search.search(name, query)}", ""
+        except ReplayMiss:
+            raise
+        except BackendError as err:
+            return f"failed: {err}", str(err)
+
+    def close(self) -> None:
+        backend = getattr(self.search, "backend", self.search)
+        if hasattr(backend, "close"):
+            backend.close()
+
+
+def web_tools(web: WebSearchConfig, cache: CallCache | None) -> WebTools | None:
+    """The web tools of ``web`` behind ``cache`` (none: no URL set, the offline knowledge base answers)."""
+    backend = web.build()
+    if backend is None:
+        return None
+    return WebTools(CachedSearch(backend, cache) if cache is not None else backend, web.tools())
+
+
 def coerce_parts(config: Any) -> None:
     """Nested parts of an AVIS or HAMMR config given as plain dicts (YAML, ``gymnasium.make`` kwargs) made typed."""
     coerce_models(config)
@@ -215,13 +258,15 @@ class InformationSeekingEnv(gym.Env):
         depth: nesting depth (0 at top level; agents called as tools run one deeper).
         hydra_chat: the chat stack of ``hydra`` agents (their planner/coder protocol), sharing this budget.
         world: the loaded world to use instead of ``config.world`` (a called agent shares its caller's).
+        web: the web tools to use instead of ``config.web``'s (a called agent shares its caller's).
     """
 
     metadata = {"render_modes": ["ansi"]}
 
     def __init__(self, config: InformationSeekingConfig | dict | None = None, llm: BudgetedChat | None = None,
                  embedder: EmbeddingBackend | None = None, depth: int = 0, render_mode: str | None = None,
-                 hydra_chat: BudgetedChat | None = None, world: SeekingWorld | None = None) -> None:
+                 hydra_chat: BudgetedChat | None = None, world: SeekingWorld | None = None,
+                 web: WebTools | None = None) -> None:
         if isinstance(config, dict):
             config = InformationSeekingConfig(**config)
         self.config = config = config or InformationSeekingConfig()
@@ -239,12 +284,13 @@ class InformationSeekingEnv(gym.Env):
             llm, self.cache = build_chat(config.llm, config.context_examples, config.cache_path, config.cache_mode,
                                          self.world)
             hydra_chat = hydra_chat_for(config.llm, llm, self.cache)
+        self.web = web or web_tools(config.web, self.cache)
         self.llm, self.depth = llm, depth
         self.embedder = embedder or config.embedder.build()
         self.planner = SeekingPlanner(llm, examples_of(config.examples, self.kinds))
         self.reasoner = SeekingReasoner(llm)
         self.agents = AgentTools(self.specs, llm, self.embedder, depth, hydra_chat, seeking_env=agent_env,
-                                 world=self.world)
+                                 world=self.world, web=self.web)
         self.states = (self.graph.start, *self.graph.actions)
         n, d = len(self.graph.actions), self.embedder.dim
         self.dim = 2 * d + len(self.states) + 3 * n
@@ -339,7 +385,8 @@ class InformationSeekingEnv(gym.Env):
                 "action_mask": self.action_masks(), "path": list(self.path),
                 "costs": {"llm_calls": info_calls, "tool_calls": tool_calls},
                 "nested_calls": list(self.llm.budget.calls) if self.depth == 0 else [],
-                "max_depth_reached": self.llm.budget.deepest, "stopped": self.stopped}
+                "max_depth_reached": self.llm.budget.deepest, "stopped": self.stopped,
+                "tool_error": event.get("tool_error", "")}
         self.calls_counted = self.llm.budget.llm_calls
         return self._observation(), float(reward), terminated, truncated, info
 
@@ -350,6 +397,11 @@ class InformationSeekingEnv(gym.Env):
         if name.startswith(AGENT_PREFIX):
             result = self.agents.call(name[len(AGENT_PREFIX):], query, self.task.task_id)
             output = clip_output(result.output())
+        elif self.web is not None and name in self.web.tools:
+            output, error = self.web.answer(name, query)
+            output = clip_output(output)
+            if error:
+                event["tool_error"] = error
         else:
             output = clip_output(getattr(SeekingTools(self.task, self.world), name)(query))
         label, answer = self.reasoner.judge(self.task.question, name, query, output, self.memory)
@@ -382,6 +434,8 @@ class InformationSeekingEnv(gym.Env):
 
     def close(self) -> None:
         self.agents.close()
+        if self.web is not None and self.depth == 0:
+            self.web.close()
 
     def describe(self) -> dict[str, Any]:
         """What a serving stack needs to rebuild the observation and read the actions."""
@@ -422,4 +476,4 @@ def agent_env(spec: AgentSpec, tools: AgentTools) -> InformationSeekingEnv:
     config = InformationSeekingConfig(graph=spec.graph, tools=list(spec.tools), examples=list(spec.examples),
                                       max_iterations=spec.max_iterations, agents=list(tools.specs.values()))
     return InformationSeekingEnv(config, llm=tools.chat, embedder=tools.embedder, depth=tools.depth + 1,
-                                 hydra_chat=tools.hydra_chat, world=tools.world)
+                                 hydra_chat=tools.hydra_chat, world=tools.world, web=tools.web)

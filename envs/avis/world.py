@@ -26,8 +26,10 @@ are worded is the world file's (:mod:`clova_train.envs.avis.seeking_world`).
 
 from __future__ import annotations
 
+import json
 import zlib
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 
@@ -49,6 +51,23 @@ def founded(colour: str, shape: str) -> str:
 
 
 GUILDS = {guild(c, s): (c, s) for c in COLOURS for s in SHAPES}
+WEB_PREFIXES = {"image_search": "similar images", "text_search": "web"}  # how each search tool's line starts
+
+
+def knowledge_base() -> dict[str, dict[str, str]]:
+    """The world's knowledge base as a knowledge file holds it (:mod:`clova_train.llm.knowledge_server`): each
+    search's answer, without the tool's prefix (:data:`WEB_PREFIXES`), for every query the offline tools know."""
+    return {"image_search": {f"{c} {s}": f"emblem of {name}" for name, (c, s) in GUILDS.items()},
+            "text_search": {name: f"{name} was founded in {founded(c, s)}" for name, (c, s) in GUILDS.items()}}
+
+
+def write_knowledge_file(path: str | Path) -> Path:
+    """Write :func:`knowledge_base` to ``path`` as JSON (to serve with ``python -m
+    clova_train.llm.knowledge_server``); served, ``image_search`` and ``text_search`` answer as the offline tools."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(knowledge_base(), indent=1, sort_keys=True) + "\n", encoding="utf-8")
+    return path
 
 
 def leftmost(objects: tuple[SceneObject, ...], shape: str) -> SceneObject | None:
@@ -160,12 +179,12 @@ class SeekingTools:
         """``query``: the selected object; similar images are captioned with the guild it is the emblem of."""
         words = query.strip().lower().split()
         if len(words) == 2 and words[0] in COLOURS and words[1] in SHAPES:
-            return f"similar images: emblem of {guild(words[0], words[1])}"
-        return f"similar images: {NO_RESULT}"
+            return f"{WEB_PREFIXES['image_search']}: emblem of {guild(words[0], words[1])}"
+        return f"{WEB_PREFIXES['image_search']}: {NO_RESULT}"
 
     def text_search(self, query: str) -> str:
         """``query``: a guild name; anything else finds nothing."""
         key = query.strip().lower()
         if key in GUILDS:
-            return f"web: {key} was founded in {founded(*GUILDS[key])}"
-        return f"web: {NO_RESULT}"
+            return f"{WEB_PREFIXES['text_search']}: {key} was founded in {founded(*GUILDS[key])}"
+        return f"{WEB_PREFIXES['text_search']}: {NO_RESULT}"
