@@ -33,6 +33,7 @@ from clova_train.envs.common.budget import BudgetedChat, BudgetSpent
 from clova_train.envs.common.selection import RULES, select_actions
 from clova_train.envs.hydra.reasoning_loop import ReasoningLoopConfig, ReasoningLoopEnv
 from clova_train.llm.backends import EmbeddingBackend
+from clova_train.llm.cache import ReplayMiss
 
 AGENT_PREFIX = "agent:"
 AGENT_NAME = re.compile(r"[A-Za-z0-9_-]+")
@@ -279,6 +280,8 @@ class AgentTools:
             info.setdefault("path", trace)
         except BudgetSpent as err:
             return AgentResult(name, False, reason=f"stopped: {err}", llm_calls=budget.llm_calls - before)
+        except ReplayMiss:
+            raise  # the run is not the recorded one: a configuration error, not the callee's failure
         except (ClovaTrainError, ValueError) as err:
             return AgentResult(name, False, reason=f"error: {str(err)[:200]}", llm_calls=budget.llm_calls - before)
         used = budget.llm_calls - before

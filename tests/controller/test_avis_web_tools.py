@@ -6,9 +6,11 @@ from __future__ import annotations
 import json
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 
 import pytest
 
+from clova_train.envs.avis.agents import AgentSpec
 from clova_train.envs.avis.information_seeking import InformationSeekingConfig, InformationSeekingEnv
 from clova_train.envs.avis.world import GOOD_PATHS, write_knowledge_file
 from clova_train.llm.backends import BackendError
@@ -37,7 +39,7 @@ def play(env: InformationSeekingEnv, seeds=SEEDS) -> list[tuple]:
 
 def web_config(server: KnowledgeServer, **fields) -> InformationSeekingConfig:
     web = WebSearchConfig(server.url("image_search"), server.url("text_search"), max_retries=0, timeout_s=5.0)
-    return InformationSeekingConfig(kinds=["entity", "fact"], web=web, **fields)
+    return InformationSeekingConfig(**{"kinds": ["entity", "fact"], **fields}, web=web)
 
 
 @pytest.fixture()
@@ -69,6 +71,40 @@ def test_served_knowledge_answers_as_offline_and_replays_without_http(tmp_path, 
                                                            cache_mode="replay"))
     with pytest.raises(ReplayMiss, match="http-search"):
         play(other)
+
+
+def test_called_agents_share_the_web_tools_and_replay(tmp_path, server):
+    entity = AgentSpec("entity", graph="avis", tools=["detect", "select", "image_search"], policy="scripted",
+                       path=["detect", "select", "image_search"])
+    fields = {"graph": str(Path(__file__).resolve().parents[2] / "envs/graphs/fact_via_agent.yaml"), "kinds": ["fact"], "agents": [entity]}
+    cache = str(tmp_path / "calls.sqlite")
+    env = InformationSeekingEnv(web_config(server, cache_path=cache, **fields))
+    before = server.requests
+    steps = []
+    for seed in SEEDS[:3]:
+        env.reset(seed=seed)
+        for action in ("agent:entity", "text_search"):
+            _, reward, terminated, truncated, info = env.step(env.graph.index(action))
+            steps.append((reward, info["answer"], info["path"][-1]["output"]))
+            if terminated or truncated:
+                break
+    assert server.requests - before >= 2  # the agent's image_search and the caller's text_search
+    offline = InformationSeekingEnv(InformationSeekingConfig(**fields))
+    again = []
+    for seed in SEEDS[:3]:
+        offline.reset(seed=seed)
+        for action in ("agent:entity", "text_search"):
+            _, reward, terminated, truncated, info = offline.step(offline.graph.index(action))
+            again.append((reward, info["answer"], info["path"][-1]["output"]))
+            if terminated or truncated:
+                break
+    assert steps == again and any(reward > 0 for reward, _, _ in steps)
+
+    moved = WebSearchConfig("http://127.0.0.1:9/image_search", server.url("text_search"), max_retries=0)
+    other = InformationSeekingEnv(InformationSeekingConfig(**fields, web=moved, cache_path=cache, cache_mode="replay"))
+    other.reset(seed=SEEDS[0])
+    with pytest.raises(ReplayMiss, match="http-search"):  # inside the called agent, still a configuration error
+        other.step(other.graph.index("agent:entity"))
 
 
 def test_stopped_server_is_a_failed_tool_not_an_exception(tmp_path, server):
