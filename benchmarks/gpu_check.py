@@ -46,7 +46,7 @@ MODELS = REPO / "checkpoints" / "models" / "real-size"
 # The order the smoke cases run in, most telling first: LOC (never yet run on a GPU), SEG and CLIP (the phase table's
 # open questions) in the prompt tools' queue; the 13B LLM (whose export the serving stage loads) in the other. Any other
 # case smoke_real.py has (a tool recipe's not listed here, a plug-in's) runs after these.
-SMOKE_CASES = ["loc", "seg", "clip", "llm", "vqa", "replace", "controller", "llm-sharded"]
+SMOKE_CASES = ["loc", "seg", "clip", "llm", "vqa", "replace", "controller", "llm-sharded", "hydra-gqa", "hydra-okvqa"]
 
 
 @dataclass
