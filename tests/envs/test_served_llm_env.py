@@ -8,12 +8,9 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
 import re
-import signal
 import sqlite3
 import subprocess
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -30,7 +27,7 @@ from clova_train.envs.tasks.source import BenchmarkTasksConfig
 from clova_train.llm.backends import BackendError
 from clova_train.llm.config import LLMConfig
 from clova_train.sandbox.supervisor import STATUSES
-from helpers.serving import free_port, process_group, start_server
+from helpers.serving import free_port, start_server, stop_server
 
 N = 3  # planner samples: actions 0..2 run one, 3 rejects them all
 REJECT = N
@@ -74,18 +71,8 @@ def served(export: Path) -> Iterator[tuple[str, subprocess.Popen]]:
 
 
 def stop(process: subprocess.Popen) -> None:
-    """SIGTERM to the server's process group (SIGKILL after 30 s), then until none of it is left listening. A
-    graceful stop: SIGKILL would leave its multiprocessing semaphores in /dev/shm."""
-    with contextlib.suppress(ProcessLookupError):  # the group is gone already
-        os.killpg(process.pid, signal.SIGTERM)
-    try:
-        process.wait(timeout=30)
-    except subprocess.TimeoutExpired:
-        os.killpg(process.pid, signal.SIGKILL)
-        process.wait(timeout=30)
-    deadline = time.monotonic() + 30
-    while process_group(process.pid) and time.monotonic() < deadline:
-        time.sleep(0.1)
+    """A graceful stop of the server mid-test (SIGKILL only after 30 s)."""
+    stop_server(process, timeout_s=30)
 
 
 def play(env: ReasoningLoopEnv, seed: int, actions: list[int]) -> list[tuple]:

@@ -11,7 +11,7 @@ import time
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 
 import pytest
 
@@ -72,9 +72,19 @@ def serving(args: list[str], env: dict[str, str] | None = None,
     try:
         yield base, process
     finally:
+        stop_server(process)
+
+
+def stop_server(process: subprocess.Popen, timeout_s: float = 20) -> None:
+    """SIGTERM to the server's process group (SIGKILL after ``timeout_s``), then wait until none of it is left. A test
+    may have stopped it already. Graceful first: SIGKILL leaves its multiprocessing semaphores in /dev/shm."""
+    with suppress(ProcessLookupError):  # the group is gone already
         os.killpg(process.pid, signal.SIGTERM)
-        try:
-            process.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            os.killpg(process.pid, signal.SIGKILL)
-            process.wait(timeout=20)
+    try:
+        process.wait(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, signal.SIGKILL)
+        process.wait(timeout=timeout_s)
+    deadline = time.monotonic() + timeout_s
+    while process_group(process.pid) and time.monotonic() < deadline:
+        time.sleep(0.1)
