@@ -236,7 +236,8 @@ class ReasoningLoopEnv(gym.Env):
             self.task_files = config.tasks.files(config.split)
             self.benchmark_tasks, self.skipped_records = benchmark_tasks(self.task_files)
             if tools_factory is None:
-                config.tasks.tools.client()  # load (or connect) now: a program's time limit must not pay for it
+                # loaded (or connected) now, once per process: a program's time limit must not pay for it
+                self._tool_client = config.tasks.tools.client()
                 self.tools_factory = self._image_patch_tools
 
     def _image_patch_tools(self, task: BenchmarkTask) -> ToolAPI:
@@ -244,7 +245,7 @@ class ReasoningLoopEnv(gym.Env):
         from clova_train.tools.image_patch import ImagePatchTools
 
         tools = self.config.tasks.tools
-        return ImagePatchTools(task.image, tools.client(), tools.labels, tools.crop_margin, llm=self._llm_query)
+        return ImagePatchTools(task.image, self._tool_client, tools.labels, tools.crop_margin, llm=self._llm_query)
 
     def _llm_query(self, question: str) -> str:
         """``llm_query``: the environment's LLM (through its call cache), asked one question."""
