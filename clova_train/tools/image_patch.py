@@ -171,6 +171,16 @@ class ImagePatchTools:
                 return True
         return False
 
+    def label_of(self, patch: PatchBox) -> str:
+        """CLASSIFY's label (one of ``labels``) for a square around the patch, the context ``verify_property`` gives
+        a found object; ``"unknown"`` without a CLASSIFY tool."""
+        if CLASSIFY not in self.client.roles:
+            return UNKNOWN
+        height, width = self.pixels.shape[:2]
+        box = (patch.left, patch.lower, patch.right, patch.upper)
+        crop = self.region_url(crop_around(box, height, width, self.crop_margin))
+        return _labels(self.client.request(CLASSIFY, {"images": [crop], "labels": self.labels}), 1)[0]
+
     def simple_query(self, patch: PatchBox, question: str) -> str:
         """VQA's answer about the patch's pixels (``"unknown"`` without a VQA tool)."""
         if VQA not in self.client.roles:

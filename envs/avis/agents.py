@@ -28,9 +28,12 @@ import numpy as np
 
 from clova_train.core.errors import ClovaTrainError
 from clova_train.envs.avis.seeking_world import DEFAULT_WORLD, SeekingWorld
+from clova_train.envs.avis.task_episodes import sub_task
 from clova_train.envs.avis.world import make_seeking_task
 from clova_train.envs.common.budget import BudgetedChat, BudgetSpent
 from clova_train.envs.common.selection import RULES, select_actions
+from clova_train.envs.common.world import Task
+from clova_train.envs.tasks.records import BenchmarkTask
 from clova_train.envs.hydra.reasoning_loop import ReasoningLoopConfig, ReasoningLoopEnv
 from clova_train.llm.backends import EmbeddingBackend
 from clova_train.llm.cache import ReplayMiss
@@ -205,11 +208,14 @@ class AgentTools:
             sharing their chat, embedder and budget).
         world: the information-seeking world the agents' questions belong to.
         web: the caller's web search tools (``avis`` agents share them; none: the offline knowledge base).
+        episodes: the caller's task files and model-backed tools (a
+            :class:`~clova_train.envs.avis.task_episodes.TaskFileEpisodes`; agents look at the caller's benchmark
+            image through them); none: the offline world.
     """
 
     def __init__(self, specs: list[AgentSpec], chat: BudgetedChat, embedder: EmbeddingBackend, depth: int,
                  hydra_chat: BudgetedChat | None = None, *, seeking_env: SeekingEnvFactory,
-                 world: SeekingWorld = DEFAULT_WORLD, web: Any = None) -> None:
+                 world: SeekingWorld = DEFAULT_WORLD, web: Any = None, episodes: Any = None) -> None:
         for spec in specs:
             if not AGENT_NAME.fullmatch(str(spec.name)):
                 raise ValueError(f"agent name {spec.name!r}: use letters, digits, '_' and '-' only")
@@ -219,6 +225,7 @@ class AgentTools:
         self.seeking_env = seeking_env
         self.world = world
         self.web = web
+        self.episodes = episodes
         self._envs: dict[str, Any] = {}
         self._policies: dict[str, Policy] = {}
 
@@ -238,7 +245,8 @@ class AgentTools:
 
     def _hydra(self, spec: AgentSpec) -> tuple[ReasoningLoopEnv, Policy]:
         config = ReasoningLoopConfig(**{**spec.hydra_env, "max_iterations": spec.max_iterations, "cache_path": None})
-        env = ReasoningLoopEnv(config, llm=self.hydra_chat)
+        tools_factory = self.episodes.hydra_tools if self.episodes is not None else None
+        env = ReasoningLoopEnv(config, llm=self.hydra_chat, tools_factory=tools_factory)
         if spec.policy == "controller":
             return env, load_controller_policy(spec.controller, env, spec.name)
         return env, lambda obs, env: int(np.argmax(env.planner_probabilities()))
@@ -248,8 +256,9 @@ class AgentTools:
         for name in self.specs:
             self.resolve(name)
 
-    def call(self, name: str, question: str, task_id: int) -> AgentResult:
-        """Run agent ``name`` on ``question`` about scene ``task_id``; a failure is a result, not an exception."""
+    def call(self, name: str, question: str, task: Task | BenchmarkTask) -> AgentResult:
+        """Run agent ``name`` on ``question`` about the image of ``task`` (the caller's); a failure is a result, not an
+        exception."""
         budget = self.chat.budget
         depth = self.depth + 1
         record: dict[str, Any] = {"agent": name, "depth": depth}
@@ -260,17 +269,18 @@ class AgentTools:
             result = AgentResult(name, False, reason=f"stopped: depth limit {budget.max_depth} reached")
         else:
             budget.deepest = max(budget.deepest, depth)
-            result = self._run(name, question, task_id)
+            result = self._run(name, question, task)
         record.update(ok=result.ok, answer=result.answer, reason=result.reason, steps=result.steps,
                       llm_calls=result.llm_calls, path=result.path)
         return result
 
-    def _run(self, name: str, question: str, task_id: int) -> AgentResult:
+    def _run(self, name: str, question: str, task: Task | BenchmarkTask) -> AgentResult:
         budget = self.chat.budget
         before = budget.llm_calls
         try:
             env, policy = self.resolve(name)
-            obs, _ = env.reset(options={"task": make_seeking_task(task_id, question, world=self.world), "nested": True})
+            asked = sub_task(task, question, lambda task_id, text: make_seeking_task(task_id, text, world=self.world))
+            obs, _ = env.reset(options={"task": asked, "nested": True})
             done, info, steps, trace = False, {}, 0, []
             while not done:
                 obs, _, terminated, truncated, info = env.step(policy(obs, env))

@@ -18,7 +18,9 @@ action (an agent that ignores the mask) costs ``infeasible_penalty`` and changes
 truncated after ``max_iterations`` steps, or when the LLM-call budget is spent (``info["stopped"]``).
 
 Reward: ``answer_reward`` for a correct answer, minus ``step_cost`` every step, minus ``infeasible_penalty``
-for an infeasible action.
+for an infeasible action. On a benchmark's task files (``tasks``; :mod:`clova_train.envs.avis.task_episodes`) the
+tools run on the task's image through the model-backed tool exports and an answer earns ``answer_reward * m``, m the
+benchmark's metric (VQA accuracy's 0.3 steps, GQA's exact match...), reported as ``info["score"]``.
 
 Observation (float32 in [-1, 1]): ``[embed(question), embed(working memory), one-hot state, excluded-here bits,
 planner's suggestion one-hot, action mask]``; the mask is last (``describe()`` says where each part sits).
@@ -42,6 +44,7 @@ from clova_train.envs.avis.parts import (
     Example, MemoryEntry, SeekingPlanner, SeekingReasoner, WorkingMemory, clip_output,
 )
 from clova_train.envs.avis.scripted import ScriptedSeekingLLM
+from clova_train.envs.avis.task_episodes import TaskFileEpisodes, episode_terms
 from clova_train.envs.avis.seeking_world import SEEKING_KINDS, SeekingWorld, load_seeking_world
 from clova_train.envs.avis.transition_graph import TransitionGraph, load_graph, restrict
 from clova_train.envs.avis.world import GOOD_PATHS, WEB_PREFIXES, SeekingTools, check_kinds, task_from_options
@@ -49,6 +52,8 @@ from clova_train.envs.common.budget import BudgetedChat, BudgetSpent, CallBudget
 from clova_train.envs.common.config import coerce_models, observation_embedder, shared_problems
 from clova_train.envs.common.selection import MEMORY_TEXT_HELP, ObservationTail, observation_with_mask, part_offsets
 from clova_train.envs.common.world import Task, normalise_answer
+from clova_train.envs.tasks.records import BenchmarkTask
+from clova_train.envs.tasks.source import BenchmarkTasksConfig
 from clova_train.envs.hydra.scripted import ScriptedReasoningLLM
 from clova_train.llm.backends import BackendError, ChatBackend, EmbeddingBackend
 from clova_train.llm.cache import CacheMode, CachedChat, CallCache, ReplayMiss
@@ -106,7 +111,11 @@ class InformationSeekingConfig(MaskedObservation):
         max_llm_calls: LLM calls per episode, nested agent calls included.
         context_examples: ``scripted`` LLM only: how many of the last in-context examples it reads (null: all, as
             an LLM given them; a number is an ablation that handicaps the untrained planner).
-        split: ``train`` draws tasks with id % 5 != 0, ``eval`` the held-out rest.
+        split: ``train`` draws tasks with id % 5 != 0, ``eval`` the held-out rest (with ``tasks``: the train or the
+            eval task files).
+        tasks: episodes from a benchmark's own task files (OK-VQA, A-OKVQA, GQA, VQAv2...) with the tools run on
+            each task's image by the tool exports of ``tasks.tools``, answers scored by the benchmark's metric
+            (``clova_train.envs.avis.task_episodes``); without task files: the offline world.
         llm: planner/reasoner LLM (``scripted``: the offline world's).
         embedder: observation embedder (default: 64-d hashing).
         cache_path: SQLite file recording every LLM call (and every web search); none: no cache.
@@ -131,6 +140,7 @@ class InformationSeekingConfig(MaskedObservation):
     max_llm_calls: int = 200
     context_examples: int | None = None
     split: Literal["train", "eval"] = "train"
+    tasks: BenchmarkTasksConfig = field(default_factory=BenchmarkTasksConfig)
     llm: LLMConfig = field(default_factory=LLMConfig)
     embedder: EmbedderConfig = field(default_factory=observation_embedder)
     cache_path: str | None = None
@@ -156,6 +166,8 @@ def seeking_problems(config: Any, prefix: str, environment: Callable[[Any], Any]
     (``counts``: integers >= 1), the models, the agents; then, if those are sound, the ``environment`` is built
     from the config (and every agent's graph, tools and controller zip with it), nothing written."""
     found = Problems(prefix)
+    if config.tasks.given:
+        found.messages += config.tasks.problems(config.split, found.key("tasks"))
     unknown = [k for k in config.kinds if k not in SEEKING_KINDS]
     found.need(not unknown and bool(config.kinds), "kinds", config.kinds,
                f"each must be one of {', '.join(SEEKING_KINDS)}")
@@ -234,6 +246,10 @@ def coerce_parts(config: Any) -> None:
     """Nested parts of an AVIS or HAMMR config given as plain dicts (YAML, ``gymnasium.make`` kwargs) made typed."""
     coerce_models(config)
     config.agents = as_specs(config.agents)
+    if config.tasks is None:  # "tasks: null" in a file: the offline world
+        config.tasks = BenchmarkTasksConfig()
+    elif isinstance(config.tasks, dict):
+        config.tasks = BenchmarkTasksConfig(**config.tasks)
 
 
 def examples_of(raw: list[dict[str, Any]], kinds: tuple[str, ...]) -> tuple[Example, ...]:
@@ -259,6 +275,8 @@ class InformationSeekingEnv(gym.Env):
         hydra_chat: the chat stack of ``hydra`` agents (their planner/coder protocol), sharing this budget.
         world: the loaded world to use instead of ``config.world`` (a called agent shares its caller's).
         web: the web tools to use instead of ``config.web``'s (a called agent shares its caller's).
+        episodes: the task files and tool client to use instead of ``config.tasks``' (a called agent shares its
+            caller's).
     """
 
     metadata = {"render_modes": ["ansi"]}
@@ -266,7 +284,7 @@ class InformationSeekingEnv(gym.Env):
     def __init__(self, config: InformationSeekingConfig | dict | None = None, llm: BudgetedChat | None = None,
                  embedder: EmbeddingBackend | None = None, depth: int = 0, render_mode: str | None = None,
                  hydra_chat: BudgetedChat | None = None, world: SeekingWorld | None = None,
-                 web: WebTools | None = None) -> None:
+                 web: WebTools | None = None, episodes: TaskFileEpisodes | None = None) -> None:
         if isinstance(config, dict):
             config = InformationSeekingConfig(**config)
         self.config = config = config or InformationSeekingConfig()
@@ -285,24 +303,36 @@ class InformationSeekingEnv(gym.Env):
                                          self.world)
             hydra_chat = hydra_chat_for(config.llm, llm, self.cache)
         self.web = web or web_tools(config.web, self.cache)
+        self.episodes = episodes or (TaskFileEpisodes(config.tasks, config.split) if config.tasks.given else None)
         self.llm, self.depth = llm, depth
         self.embedder = embedder or config.embedder.build()
         self.planner = SeekingPlanner(llm, examples_of(config.examples, self.kinds))
         self.reasoner = SeekingReasoner(llm)
         self.agents = AgentTools(self.specs, llm, self.embedder, depth, hydra_chat, seeking_env=agent_env,
-                                 world=self.world, web=self.web)
+                                 world=self.world, web=self.web, episodes=self.episodes)
         self.states = (self.graph.start, *self.graph.actions)
         n, d = len(self.graph.actions), self.embedder.dim
         self.dim = 2 * d + len(self.states) + 3 * n
         self.action_space = gym.spaces.Discrete(n)
         self.observation_space = gym.spaces.Box(-1.0, 1.0, shape=(self.dim,), dtype=np.float32)
-        self.task: Task | None = None
+        self.task: Task | BenchmarkTask | None = None
 
     # ------------------------------------------------------------------ episode
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[np.ndarray, dict]:
         super().reset(seed=seed)
         options = options or {}
-        self.task = task_from_options(options, self.np_random, self.config.split, self.kinds, self.world)
+        if isinstance(options.get("task"), BenchmarkTask):
+            self.task = options["task"]
+        elif self.episodes is not None and not isinstance(options.get("task"), Task):
+            self.task = self.episodes.draw(seed, options, self.np_random)
+        else:
+            self.task = task_from_options(options, self.np_random, self.config.split, self.kinds, self.world)
+        if isinstance(self.task, BenchmarkTask):
+            if self.episodes is None:
+                raise ValueError("a benchmark task needs the environment's task files (tasks) for its tools")
+            self.tools = self.episodes.seeking_tools(self.task, self.world)
+        else:
+            self.tools = SeekingTools(self.task, self.world)
         if not options.get("nested"):
             self.llm.budget = CallBudget(self.config.max_depth, self.config.max_llm_calls)
         self.state = self.graph.start
@@ -367,7 +397,7 @@ class InformationSeekingEnv(gym.Env):
                 label, answer = self._act(name, event)
                 if label == "answer":
                     terminated, answer = True, normalise_answer(answer)
-                    reward += cfg.answer_reward * (answer == self.task.answer)
+                    reward += cfg.answer_reward * episode_terms(self.task, answer, self.episodes)["score"]
                 self._settle(event)
                 if not terminated:
                     self._suggest()
@@ -379,9 +409,8 @@ class InformationSeekingEnv(gym.Env):
         feasible_left = bool(self.feasible())
         truncated = not terminated and (self.iteration >= cfg.max_iterations or not feasible_left or bool(self.stopped))
         answer = answer if terminated else None
-        info = {"task_id": self.task.task_id, "iteration": self.iteration, "answer": answer, "gold": self.task.answer,
-                "correct": answer == self.task.answer, "question_kind": self.task.question_type,
-                "infeasible": event.get("result") == "infeasible", "state": self.state,
+        info = {"task_id": self.task.task_id, "iteration": self.iteration, "answer": answer,
+                **episode_terms(self.task, answer, self.episodes), "infeasible": event.get("result") == "infeasible", "state": self.state,
                 "action_mask": self.action_masks(), "path": list(self.path),
                 "costs": {"llm_calls": info_calls, "tool_calls": tool_calls},
                 "nested_calls": list(self.llm.budget.calls) if self.depth == 0 else [],
@@ -395,15 +424,20 @@ class InformationSeekingEnv(gym.Env):
         _, query = self.suggestion if self.suggestion[0] == name else \
             self.planner.propose(self.task.question, self.state, self.feasible(), self.memory, chosen=name)
         if name.startswith(AGENT_PREFIX):
-            result = self.agents.call(name[len(AGENT_PREFIX):], query, self.task.task_id)
+            result = self.agents.call(name[len(AGENT_PREFIX):], query, self.task)
             output = clip_output(result.output())
         elif self.web is not None and name in self.web.tools:
             output, error = self.web.answer(name, query)
             output = clip_output(output)
             if error:
                 event["tool_error"] = error
+        elif isinstance(self.tools, SeekingTools):
+            output = clip_output(getattr(self.tools, name)(query))
         else:
-            output = clip_output(getattr(SeekingTools(self.task, self.world), name)(query))
+            output, error = self.tools.run(name, query)
+            output = clip_output(output)
+            if error:
+                event["tool_error"] = error
         label, answer = self.reasoner.judge(self.task.question, name, query, output, self.memory)
         if label == "answer" and name not in self.graph.answers:
             label, answer = "informative", None  # this action cannot end the search: its result is kept
@@ -460,14 +494,24 @@ class InformationSeekingEnv(gym.Env):
 
         def oracle(obs: np.ndarray, env: InformationSeekingEnv) -> int:
             mask = env.action_masks()
-            for action in GOOD_PATHS[env.task.question_type]:
+            for action in good_path(env.task, env.world):
                 if action in env.graph.actions and mask[env.graph.index(action)]:
                     return env.graph.index(action)
             return int(np.flatnonzero(mask)[0])
 
+        oracle_name = ("the offline world's good path of the question's kind (with model tools: no ceiling)"
+                       if self.episodes is not None else "oracle (the good path of the question's kind; a ceiling)")
         return {"planner's own choice (AVIS without a trained controller)": lambda obs, env: env.suggested_index(),
-                "random feasible action": random_feasible,
-                "oracle (the good path of the question's kind; a ceiling)": oracle}
+                "random feasible action": random_feasible, oracle_name: oracle}
+
+
+def good_path(task: Task | BenchmarkTask, world: SeekingWorld) -> tuple[str, ...]:
+    """The offline world's good path for the task's question kind (a benchmark question: the kind the world reads in
+    its wording; asking VQA directly when it reads none)."""
+    if isinstance(task, Task):
+        return GOOD_PATHS[task.question_type]
+    parsed = world.parse(task.question)
+    return GOOD_PATHS[parsed[0]] if parsed else ("vqa",)
 
 
 def agent_env(spec: AgentSpec, tools: AgentTools) -> InformationSeekingEnv:
@@ -476,4 +520,5 @@ def agent_env(spec: AgentSpec, tools: AgentTools) -> InformationSeekingEnv:
     config = InformationSeekingConfig(graph=spec.graph, tools=list(spec.tools), examples=list(spec.examples),
                                       max_iterations=spec.max_iterations, agents=list(tools.specs.values()))
     return InformationSeekingEnv(config, llm=tools.chat, embedder=tools.embedder, depth=tools.depth + 1,
-                                 hydra_chat=tools.hydra_chat, world=tools.world, web=tools.web)
+                                 hydra_chat=tools.hydra_chat, world=tools.world, web=tools.web,
+                                 episodes=tools.episodes)

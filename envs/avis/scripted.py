@@ -14,7 +14,8 @@ the prompt):
   like the question it asks the question directly (``vqa``), the shortcut that answers existence questions and
   guesses the rest.
 * **reasoner**: labels a tool output ``informative``, ``uninformative`` or ``answer`` (with the answer), as the
-  output and the question's kind allow (AVIS's reasoner).
+  output and the question's kind allow (AVIS's reasoner; an answer of another kind than the question asks for,
+  a colour to a yes/no question, is uninformative).
 * **dispatcher** (HAMMR's prompted dispatcher, whose prompt the paper refines on a few dozen validation
   questions per type): picks the agent with an example question most like the question (word overlap, as the
   planner), and when no agent's example is alike, the agent whose description shares the most content words
@@ -30,6 +31,7 @@ from clova_train.llm.backends import ChatBackend, Message
 from clova_train.envs.hydra.scripted import prompt_field
 from clova_train.envs.avis.seeking_world import DEFAULT_WORLD, SeekingWorld
 from clova_train.envs.avis.world import GUILDS, NO_RESULT
+from clova_train.envs.common.world import COLOURS
 
 STOPWORDS = frozenset("a an the is are of in on as its it to and or e g eg such there what which how was with".split())
 _WORD = re.compile(r"[a-z0-9]+")
@@ -50,6 +52,18 @@ def similarity(question: str, example: str) -> float:
 def _section(prompt: str, name: str) -> list[str]:
     match = re.search(rf"^{name}:\n(.*?)(?:\n\n|\Z)", prompt, flags=re.MULTILINE | re.DOTALL)
     return [line.strip() for line in match.group(1).splitlines() if line.strip()] if match else []
+
+
+def _answers_kind(kind: str, answer: str) -> bool:
+    """Whether ``answer`` is the kind of answer a question of ``kind`` asks for (a VQA model may name a colour when
+    asked whether something is there; the reasoner does not take that for the answer). Unread questions: any."""
+    if kind == "count":
+        return answer.isdigit()
+    if kind == "exists":
+        return answer in ("yes", "no")
+    if kind == "colour":
+        return answer in COLOURS
+    return True
 
 
 class ScriptedSeekingLLM(ChatBackend):
@@ -119,6 +133,10 @@ class ScriptedSeekingLLM(ChatBackend):
         parsed = self.world.parse(question)
         if action in ("vqa",):
             return question
+        if action == "detect":  # the object the question is about, as an LLM names it to a detector
+            if not parsed:
+                return "object"
+            return f"{parsed[1]['c']} {parsed[1]['s']}" if parsed[1].get("c") else parsed[1]["s"]
         if action == "select":
             return parsed[1]["s"] if parsed else "object"
         if action in ("classify", "image_search"):
@@ -144,7 +162,7 @@ class ScriptedSeekingLLM(ChatBackend):
 
         head, _, rest = output.partition(": ")
         if head == "answer":
-            if rest in ("unknown", "none", ""):
+            if rest in ("unknown", "none", "") or not _answers_kind(kind, rest):
                 return "Label: uninformative"
             if kind == "fact" and rest in GUILDS:  # an agent found the guild: the year is still to find
                 return "Label: informative"
@@ -160,7 +178,7 @@ class ScriptedSeekingLLM(ChatBackend):
         if head == "selected":
             return "Label: informative" if rest != "nothing" and kind in ("colour", "entity", "fact") \
                 else "Label: uninformative"
-        if head == "colour":
+        if head in ("colour", "label"):  # the offline world's CLASSIFY line, a model-backed one's
             return answer(rest) if kind == "colour" and rest != "unknown" else "Label: uninformative"
         if head == "similar images" and rest.startswith("emblem of "):
             found = rest[len("emblem of "):]

@@ -8,7 +8,9 @@ graph, its examples, its policy; it may call other agents in turn, down to ``max
 * fails (no answer in its steps, stopped by the depth limit or the LLM-call budget, an error): the failure
   goes into the dispatcher's memory, that agent is masked out, and the dispatcher may call another.
 
-The episode is truncated when every agent has failed or the budget is spent. Reward: ``answer_reward`` for a
+The episode is truncated when every agent has failed or the budget is spent. On a benchmark's task files
+(``tasks``, as AVIS's: :mod:`clova_train.envs.avis.task_episodes`) every agent looks at the task's image through the
+model-backed tool exports, and a correct answer earns ``answer_reward * m``, m the benchmark's metric. Reward: ``answer_reward`` for a
 correct answer, minus ``call_cost`` per call, minus ``llm_call_cost`` per LLM call the episode made (nested
 calls included), minus ``infeasible_penalty`` for calling a masked agent (nothing else happens).
 
@@ -32,11 +34,14 @@ from clova_train.envs.avis.information_seeking import (
 )
 from clova_train.envs.avis.parts import Dispatcher, MemoryEntry, WorkingMemory
 from clova_train.envs.avis.seeking_world import SEEKING_KINDS, load_seeking_world
+from clova_train.envs.avis.task_episodes import TaskFileEpisodes, episode_terms
 from clova_train.envs.avis.world import check_kinds, task_from_options
 from clova_train.envs.common.budget import BudgetedChat, BudgetSpent, CallBudget
 from clova_train.envs.common.config import observation_embedder
 from clova_train.envs.common.selection import MEMORY_TEXT_HELP, observation_with_mask, part_offsets
 from clova_train.envs.common.world import Task, normalise_answer
+from clova_train.envs.tasks.records import BenchmarkTask
+from clova_train.envs.tasks.source import BenchmarkTasksConfig
 from clova_train.llm.backends import EmbeddingBackend
 from clova_train.llm.cache import CacheMode, CallCache
 from clova_train.llm.config import EmbedderConfig, LLMConfig
@@ -81,7 +86,11 @@ class AgentDispatchConfig(MaskedObservation):
         max_llm_calls: LLM calls per episode, nested calls included.
         context_examples: ``scripted`` LLM only: how many of the last in-context examples its planner reads (null:
             all, as an LLM given them; a number is an ablation that handicaps the untrained planner).
-        split: ``train`` draws tasks with id % 5 != 0, ``eval`` the held-out rest.
+        split: ``train`` draws tasks with id % 5 != 0, ``eval`` the held-out rest (with ``tasks``: the train or the
+            eval task files).
+        tasks: episodes from a benchmark's own task files, every agent's tools run on the task's image by the tool
+            exports of ``tasks.tools``, answers scored by the benchmark's metric
+            (``clova_train.envs.avis.task_episodes``); without task files: the offline world.
         llm: the LLM of the dispatcher and of every agent.
         embedder: observation embedder (default: 64-d hashing).
         cache_path: SQLite file recording every LLM call, nested ones included; none: no cache.
@@ -99,6 +108,7 @@ class AgentDispatchConfig(MaskedObservation):
     max_llm_calls: int = 200
     context_examples: int | None = None
     split: Literal["train", "eval"] = "train"
+    tasks: BenchmarkTasksConfig = field(default_factory=BenchmarkTasksConfig)
     llm: LLMConfig = field(default_factory=LLMConfig)
     embedder: EmbedderConfig = field(default_factory=observation_embedder)
     cache_path: str | None = None
@@ -146,22 +156,28 @@ class AgentDispatchEnv(gym.Env):
                                          self.world)
             hydra_chat = hydra_chat_for(config.llm, llm, self.cache)
         self.llm = llm
+        self.episodes = TaskFileEpisodes(config.tasks, config.split) if config.tasks.given else None
         self.embedder = embedder or config.embedder.build()
         self.names = tuple(spec.name for spec in self.specs)
         self.agents = AgentTools(self.specs, llm, self.embedder, depth=0, hydra_chat=hydra_chat, seeking_env=agent_env,
-                                 world=self.world)
+                                 world=self.world, episodes=self.episodes)
         self.dispatcher = Dispatcher(llm, [(s.name, s.description) for s in self.specs],
                                      {s.name: [str(e.get("question", "")) for e in s.examples] for s in self.specs})
         n, d = len(self.names), self.embedder.dim
         self.dim = 2 * d + 3 * n
         self.action_space = gym.spaces.Discrete(n)
         self.observation_space = gym.spaces.Box(-1.0, 1.0, shape=(self.dim,), dtype=np.float32)
-        self.task: Task | None = None
+        self.task: Task | BenchmarkTask | None = None
 
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[np.ndarray, dict]:
         super().reset(seed=seed)
         options = options or {}
-        self.task = task_from_options(options, self.np_random, self.config.split, self.kinds, self.world)
+        if self.episodes is not None and not isinstance(options.get("task"), (Task, BenchmarkTask)):
+            self.task = self.episodes.draw(seed, options, self.np_random)
+        elif isinstance(options.get("task"), BenchmarkTask):
+            self.task = options["task"]
+        else:
+            self.task = task_from_options(options, self.np_random, self.config.split, self.kinds, self.world)
         self.llm.budget = CallBudget(self.config.max_depth, self.config.max_llm_calls)
         self.called: list[str] = []
         self.memory = WorkingMemory()
@@ -210,10 +226,10 @@ class AgentDispatchEnv(gym.Env):
             reward -= cfg.infeasible_penalty
         else:
             self.called.append(name)
-            result = self.agents.call(name, self.task.question, self.task.task_id)
+            result = self.agents.call(name, self.task.question, self.task)
             if result.ok:
                 terminated, answer = True, normalise_answer(result.answer)
-                reward += cfg.answer_reward * (answer == self.task.answer)
+                reward += cfg.answer_reward * episode_terms(self.task, answer, self.episodes)["score"]
             else:
                 self.memory.add(MemoryEntry(f"agent:{name}", self.task.question, result.output(), "uninformative"))
                 if self.llm.budget.spent:  # every level below stopped too; no agent can run now
@@ -226,8 +242,7 @@ class AgentDispatchEnv(gym.Env):
         truncated = not terminated and (not self.action_masks().any() or bool(self.stopped))
         budget = self.llm.budget
         info = {"task_id": self.task.task_id, "iteration": self.iteration, "answer": answer,
-                "gold": self.task.answer, "correct": answer == self.task.answer,
-                "question_kind": self.task.question_type, "agent": name, "infeasible": result is None,
+                **episode_terms(self.task, answer, self.episodes), "agent": name, "infeasible": result is None,
                 "action_mask": self.action_masks(), "nested_calls": list(budget.calls),
                 "max_depth_reached": budget.deepest, "stopped": self.stopped,
                 "costs": {"llm_calls": spent,

@@ -45,6 +45,8 @@ from clova_train.envs.hydra.reasoning_world import ReasoningWorld, load_world
 from clova_train.envs.hydra.scripted import ScriptedReasoningLLM
 from clova_train.envs.common.selection import ObservationTail, part_offsets
 from clova_train.envs.common.world import COLOURS, SIZE, SceneTools, Task, make_task, normalise_answer, task_id_option
+from clova_train.envs.tasks.formats import TaskFiles
+from clova_train.envs.tasks.metrics import eq3_answer_terms
 from clova_train.envs.tasks.records import BenchmarkTask
 from clova_train.envs.tasks.source import (
     BenchmarkTasksConfig, as_benchmark_answer, benchmark_tasks, episode_index, gold_text, image_dimensions, score_answer,
@@ -232,6 +234,7 @@ class ReasoningLoopEnv(gym.Env):
         self.task: Task | BenchmarkTask | None = None
         self.image_size = (SIZE, SIZE)
         self.benchmark_tasks: tuple[BenchmarkTask, ...] | None = None
+        self.task_files: TaskFiles | None = None
         if config.tasks.given:
             self.task_files = config.tasks.files(config.split)
             self.benchmark_tasks, self.skipped_records = benchmark_tasks(self.task_files)
@@ -284,7 +287,8 @@ class ReasoningLoopEnv(gym.Env):
             answer = as_benchmark_answer(final, task, self.image_size[1])
             if not isinstance(answer, (str, tuple)):
                 answer = normalise_answer(short_repr(answer))
-            related, m = score_answer(self.task_files, task, answer)
+            related, m = score_answer(self.task_files, task, answer) if self.task_files is not None else \
+                eq3_answer_terms(task.benchmark, answer, task)  # a called agent's task: scored by its benchmark
             return (answer if isinstance(answer, str) else str(list(answer))), related, m
         answer = final if isinstance(final, str) else normalise_answer(short_repr(final))
         return answer, is_related(task, answer), float(answer == task.answer)

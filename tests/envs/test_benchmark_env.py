@@ -293,3 +293,134 @@ def test_the_quickstart_benchmark_config_runs_on_what_its_preparation_writes(tmp
     assert ids == ["5", "10", "15", "20"] and info["status"] in ("ok", "error")
     assert hydra_benchmark.prepare(tmp_path / "data", tmp_path / "models", train_tasks=6, eval_tasks=4,
                                    pretrain_steps=0) == written  # a rerun reuses what is there
+
+
+# ---------------------------------------------------------------------- AVIS and HAMMR on the same task files
+class AnnotatedImageTools:
+    """ImagePatch tools that answer from the offline benchmark's scene annotations (its images are the shapes world's
+    scenes at scale 2): what a perfect LOC / CLASSIFY would see, to check the environments' plumbing and scoring."""
+
+    def __init__(self, task) -> None:  # noqa: ANN001
+        self.scene = make_task(int(task.task_id))
+
+    @property
+    def size(self) -> tuple[int, int]:
+        return (2 * 64, 2 * 64)
+
+    def find(self, patch, name: str) -> list[tuple[int, int, int, int]]:  # noqa: ANN001
+        words = name.split()
+        return [tuple(2 * v for v in o.box) for o in self.scene.objects
+                if o.shape == words[-1] and (len(words) == 1 or o.colour == words[0])]
+
+    def label_of(self, patch) -> str:  # noqa: ANN001
+        for o in self.scene.objects:
+            if tuple(2 * v for v in o.box) == (patch.left, patch.lower, patch.right, patch.upper):
+                return o.colour
+        return "unknown"
+
+    def simple_query(self, patch, question: str) -> str:  # noqa: ANN001
+        return "yes"
+
+
+def seeking_config(kind: str, files: dict[str, TaskFiles], tools: ImageToolsConfig | None = None, **extra):  # noqa: ANN003
+    from clova_train.envs import AgentDispatchConfig, InformationSeekingConfig
+
+    tasks = BenchmarkTasksConfig(train=files["gqa-train"], eval=files["okvqa-eval"],
+                                 tools=tools or ImageToolsConfig())
+    make = InformationSeekingConfig if kind == "avis" else AgentDispatchConfig
+    return make(split="eval", tasks=tasks, **extra)
+
+
+def seeking_env(kind: str, files: dict[str, TaskFiles], annotated: bool, tools: ImageToolsConfig | None = None):  # noqa: ANN201
+    from clova_train.envs import AgentDispatchEnv, InformationSeekingEnv
+    from clova_train.envs.avis import task_episodes
+
+    config = seeking_config(kind, files, tools)
+    if annotated:  # no tool models: the episodes' image tools answer from the annotations
+        original = task_episodes.TaskFileEpisodes.__init__
+
+        def without_models(self, tasks, split) -> None:  # noqa: ANN001
+            self.config, self.split = tasks, split
+            self.files = tasks.files(split)
+            self.tasks, self.skipped = benchmark_tasks(self.files)
+            self.client = None
+
+        task_episodes.TaskFileEpisodes.__init__ = without_models
+        try:
+            env = (InformationSeekingEnv if kind == "avis" else AgentDispatchEnv)(config)
+        finally:
+            task_episodes.TaskFileEpisodes.__init__ = original
+        env.episodes.image_tools = lambda task, llm=None: AnnotatedImageTools(task)
+        return env
+    return (InformationSeekingEnv if kind == "avis" else AgentDispatchEnv)(config)
+
+
+def play(env, policy, seeds) -> list[dict]:  # noqa: ANN001
+    infos = []
+    for seed in seeds:
+        obs, _ = env.reset(seed=seed)
+        done, info = False, {}
+        while not done:
+            obs, _, terminated, truncated, info = env.step(policy(obs, env))
+            done = terminated or truncated
+        infos.append(info)
+    return infos
+
+
+@pytest.mark.parametrize("kind", ["avis", "hammr"])
+def test_seeking_environments_play_the_eval_file_with_image_tools_and_the_benchmark_metric(offline, kind) -> None:
+    env = seeking_env(kind, offline, annotated=True)
+    try:
+        planner = next(iter(env.reference_policies(0).values()))  # the LLM's own choice (planner / dispatcher)
+        walked = [env.reset(seed=seed)[1]["task_id"] for seed in range(len(EVAL_IDS))]
+        infos = play(env, planner, range(len(EVAL_IDS)))
+    finally:
+        env.close()
+    assert walked == [str(i) for i in EVAL_IDS]
+    for task_id, info in zip(EVAL_IDS, infos):
+        task = make_task(task_id)
+        assert info["task_id"] == str(task_id) and info["gold"] == task.answer
+        assert info["question_kind"] == {"count": "number", "colour": "other"}.get(task.question_type, "yes/no")
+        assert info["score"] == float(info["answer"] == task.answer)  # ten agreeing annotators: VQA accuracy 1 or 0
+        if task.question_type in ("count", "exists", "colour"):  # a perfect detector and classifier answer these
+            assert info["correct"], (task.question, info)
+
+
+def test_avis_reads_the_detections_and_the_selection_of_the_image_tools(offline) -> None:
+    env = seeking_env("avis", offline, annotated=True)
+    try:
+        colour_seed = next(s for s, i in enumerate(EVAL_IDS) if make_task(i).question_type == "colour")
+        oracle = list(env.reference_policies(0).values())[-1]
+        info = play(env, oracle, [colour_seed])[0]
+    finally:
+        env.close()
+    lines = [event["output"] for event in info["path"]]
+    assert [event["action"] for event in info["path"]] == ["detect", "select", "classify"], lines
+    assert lines[0].startswith("detections: ") and lines[1].startswith("selected: ") and lines[2].startswith("label: ")
+    assert info["correct"] and info["score"] == 1.0
+
+
+@pytest.mark.parametrize("kind", ["avis", "hammr"])
+def test_seeking_environments_run_on_the_tiny_tool_exports(offline, model_tools, kind) -> None:
+    config = seeking_config(kind, offline, model_tools)
+    assert config.problems(kind) == []
+    env = seeking_env(kind, offline, annotated=False, tools=model_tools)
+    try:
+        planner = next(iter(env.reference_policies(0).values()))
+        infos = play(env, planner, range(2))
+    finally:
+        env.close()
+    for info in infos:  # random-weight models answer poorly, but every action ran and was scored
+        assert 0.0 <= info["score"] <= 1.0 and not info["stopped"]
+        if kind == "avis":
+            assert all(not e.get("output", "").startswith("failed") for e in info["path"]), info["path"]
+
+
+def test_seeking_configs_name_missing_task_files(tmp_path: Path) -> None:
+    from clova_train.envs import InformationSeekingConfig
+
+    files = TaskFiles("gqa", str(tmp_path / "missing.json"), str(tmp_path / "no-images"))
+    config = InformationSeekingConfig(split="eval", tasks={"train": files})
+    found = config.problems("avis")
+    assert any(p.startswith("avis.tasks.eval:") for p in found), found
+    assert any("avis.tasks.train.questions" in p and "file not found" in p for p in found), found
