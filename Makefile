@@ -16,7 +16,7 @@ demo demo-%: export ATEN_CPU_CAPABILITY = default
 # oneDNN below AMX: on an AMX host its bf16 attention asks ATen's portable kernels for VNNI packing and fails
 demo demo-%: export ONEDNN_MAX_CPU_ISA ?= AVX512_CORE_FP16
 
-.PHONY: demo demo-llm demo-controller demo-controller-joint demo-avis demo-hammr demo-hydra-benchmark demo-loop test test-learning test-fast install benchmark smoke-real gpu-check clean
+.PHONY: demo demo-llm demo-controller demo-controller-joint demo-avis demo-hammr demo-hydra-benchmark demo-avis-benchmark demo-hammr-benchmark demo-loop test test-learning test-fast install benchmark smoke-real gpu-check clean
 
 install: $(STAMP)
 
@@ -87,6 +87,14 @@ demo-hydra-benchmark: $(STAMP)
 	$(BIN)/clova-train controller fit --config configs/quickstart/controller_hydra_benchmark.yaml
 	$(BIN)/clova-train report checkpoints/controller_hydra_benchmark
 
+# AVIS and HAMMR on the same files and tools (make demo-hydra-benchmark's preparation, reused when there): the tools
+# run on each task's image, answers scored by VQA accuracy. Start afresh.
+demo-avis-benchmark demo-hammr-benchmark: demo-%-benchmark: $(STAMP)
+	$(BIN)/python -m clova_train.quickstart.hydra_benchmark
+	rm -rf checkpoints/controller_$*_benchmark
+	$(BIN)/clova-train controller fit --config configs/quickstart/controller_$*_benchmark.yaml
+	$(BIN)/clova-train report checkpoints/controller_$*_benchmark
+
 # CLOVA's closed loop on the offline world (tiny CLIP, scripted LLM): the test stage, the training stage
 # (reflection, data collection, one `clova-train fit` per blamed concept) and the test stage again; about a
 # minute on 2 cores. Starts afresh.
@@ -137,4 +145,4 @@ gpu-check: $(STAMP)
 	$(BIN)/python benchmarks/gpu_check.py
 
 clean:
-	rm -rf $(VENV) checkpoints/quickstart_* checkpoints/controller_quickstart checkpoints/controller_quickstart_joint checkpoints/controller_avis checkpoints/controller_hammr checkpoints/controller_hydra_benchmark checkpoints/quickstart_loop checkpoints/models checkpoints/data
+	rm -rf $(VENV) checkpoints/quickstart_* checkpoints/controller_quickstart checkpoints/controller_quickstart_joint checkpoints/controller_avis checkpoints/controller_hammr checkpoints/controller_hydra_benchmark checkpoints/controller_avis_benchmark checkpoints/controller_hammr_benchmark checkpoints/quickstart_loop checkpoints/models checkpoints/data

@@ -12,10 +12,10 @@ tasks as the DQN trains for (``clova_train.controller.fitted_controls``: a quest
 of the DQN's width). Reported per policy: the mean held-out accuracy over seeds with a 95% Student t interval from
 the seed-to-seed variation, and the paired difference DQN - control per seed, with its t interval (scipy).
 
-HYDRA on task files (``--environments hydra-benchmark``): ``configs/quickstart/controller_hydra_benchmark.yaml``,
-trained on the GQA-format set and evaluated by VQA accuracy on the OK-VQA-format set that
-``clova_train.quickstart.hydra_benchmark`` writes, with model-backed tools (tiny OWL-ViT, CLIP, BLIP pretrained on
-synthetic shapes, unprompted).
+HYDRA, AVIS and HAMMR on task files (``--environments hydra-benchmark avis-benchmark hammr-benchmark``):
+``configs/quickstart/controller_<environment>_benchmark.yaml``, trained on the GQA-format set and evaluated by VQA
+accuracy on the OK-VQA-format set that ``clova_train.quickstart.hydra_benchmark`` writes, with model-backed tools
+(tiny OWL-ViT, CLIP, BLIP pretrained on synthetic shapes, unprompted).
 
 HYDRA worlds: ``quickstart`` (the shipped ``shapes`` world with the quickstart's rewards, re-plans cost 30: where the
 DQN's settings were chosen), every world named with ``--worlds`` with that world file's own rewards (default:
@@ -53,8 +53,10 @@ from clova_train.controller.evaluation import FITTED_PREFIXES  # noqa: E402
 from clova_train.envs.hydra.reasoning_world import REWARD_KEYS, STEPS  # noqa: E402
 
 CONFIGS = {"hydra": "controller_dqn.yaml", "avis": "controller_avis.yaml", "hammr": "controller_hammr.yaml",
-           "hydra-benchmark": "controller_hydra_benchmark.yaml"}
-SECTIONS = {"hydra-benchmark": "hydra"}  # the config section of an environment not named like its section
+           "hydra-benchmark": "controller_hydra_benchmark.yaml", "avis-benchmark": "controller_avis_benchmark.yaml",
+           "hammr-benchmark": "controller_hammr_benchmark.yaml"}
+BENCHMARKS = ("hydra-benchmark", "avis-benchmark", "hammr-benchmark")  # on the task files of the offline benchmark
+SECTIONS = {name: name.split("-")[0] for name in BENCHMARKS}  # an environment's config section, if not its name
 OWN = "trained controller"
 
 
@@ -108,12 +110,12 @@ def table(environment: str, world: str | None, seeds: list[int], runs: Path, rec
         difference = "-" if name == OWN else seed_interval([a - b for a, b in zip(ours, values)], signed=True)
         rows.append(f"| {name} | {seed_interval(values)} | {difference} | {', '.join(f'{v:.3f}' for v in values)} |")
     label = f"{environment}, {'the quickstart' if world is None else 'world ' + Path(world).stem}"
-    if environment == "hydra-benchmark":
-        label = ("hydra on task files: trained on the GQA-format set, evaluated on the OK-VQA-format set (VQA "
-                 "accuracy), tiny OWL-ViT / CLIP / BLIP tools")
+    if environment in BENCHMARKS:
+        label = (f"{SECTIONS[environment]} on task files: trained on the GQA-format set, evaluated on the "
+                 "OK-VQA-format set (VQA accuracy), tiny OWL-ViT / CLIP / BLIP tools")
     shown = f"<runs-dir>/random-{drawn}.yaml (random_world({drawn}))" if drawn else world
     nulls = " ".join(f"--hydra.{key}=null" for key in REWARD_KEYS)
-    if environment == "hydra-benchmark":
+    if environment in BENCHMARKS:
         setting, option = "", ""
     elif environment != "hydra":
         setting = "" if world is None else f" with `--{environment}.world={world}`"
@@ -135,7 +137,8 @@ def table(environment: str, world: str | None, seeds: list[int], runs: Path, rec
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--environments", nargs="+", default=["hydra", "avis", "hammr"], choices=list(CONFIGS),
-                        help="hydra-benchmark: HYDRA on the GQA- and OK-VQA-format files of make demo-hydra-benchmark")
+                        help="<environment>-benchmark: that environment on the GQA- and OK-VQA-format files of make "
+                             "demo-hydra-benchmark")
     parser.add_argument("--worlds", nargs="*", default=["shapes-replan"],
                         help="HYDRA worlds besides the quickstart's (presets or files; each with its own rewards)")
     parser.add_argument("--random-worlds", type=int, default=2, help="HYDRA worlds drawn by random_world (seeds 1..K)")
@@ -145,7 +148,7 @@ def main() -> None:
     args = parser.parse_args()
     with runs_directory(args.runs_dir) as runs:
         for environment in args.environments:
-            if environment == "hydra-benchmark":
+            if environment in BENCHMARKS:
                 from clova_train.quickstart.hydra_benchmark import prepare
 
                 prepare()  # the quickstart config's task files and tool exports (reused when already written)
