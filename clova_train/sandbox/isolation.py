@@ -10,11 +10,14 @@ Applied by the worker after it has imported everything it needs and before it re
 3. **Privileges**: started as root, the worker drops to ``nobody`` (supplementary groups cleared, real,
    effective and saved ids changed), so file permissions and ``RLIMIT_NPROC`` apply to it; then
    ``RLIMIT_NPROC`` is 0 (no new process or thread).
-4. **Python-level stubs**: process, file-descriptor and file-system functions of ``os``/``posix`` raise
-   ``PermissionError`` (a convenience: the layers around it do not rely on it).
-5. **seccomp** (Linux, through libseccomp): an allowlist of system calls; every other call (``openat``,
-   ``socket``, ``connect``, ``execve``, ``clone``, ``fork``, ``kill``, ``ptrace``, ``unlink``...) fails with
-   EPERM; ``prlimit64`` only on the worker itself. ``no_new_privs`` is set with it.
+4. **Python-level stubs**: process, file-descriptor and file-system functions of ``os``/``posix``, and the
+   timer and signal functions of ``signal``/``_signal`` (``alarm``, ``setitimer``, ``signal``...), raise
+   ``PermissionError`` (a convenience that makes a refusal visible: the layers around it do not rely on it).
+5. **seccomp** (Linux, through libseccomp; the rules are :mod:`~clova_train.sandbox.syscall_filter`): an
+   allowlist of system calls; every other call (``openat``, ``socket``, ``connect``, ``execve``, ``clone``,
+   ``fork``, ``kill``, ``ptrace``, ``unlink``, ``alarm``, ``ioctl``...) fails with EPERM; reads and writes only
+   on the descriptors the worker was given (its channel to the parent), ``fcntl`` without ``F_SETOWN``/``F_SETSIG``,
+   no signal handler or blocked signal, ``prlimit64`` only on the worker itself. ``no_new_privs`` is set with it.
 
 :func:`lock_down` returns which layers are on and, for any that is off, why (no libseccomp on this platform, not
 root so no user change, ...); the parent logs it once and exposes it as :attr:`Sandbox.isolation`. Without
@@ -23,20 +26,15 @@ seccomp (macOS, a Linux without libseccomp) layers 1-4 and the restriction layer
 
 from __future__ import annotations
 
-import errno
 import os
 import resource
+import signal
 import sys
+from collections.abc import Collection
 from typing import Any
 
-ALLOWED_SYSCALLS = (
-    "read", "write", "readv", "writev", "recvfrom", "sendto", "recvmsg", "sendmsg", "close", "fstat", "newfstatat",
-    "lseek", "mmap", "munmap", "mremap", "brk", "madvise", "mprotect", "futex", "rt_sigaction", "rt_sigprocmask",
-    "rt_sigreturn", "sigaltstack", "exit", "exit_group", "getpid", "gettid", "getrandom", "clock_gettime",
-    "clock_getres", "gettimeofday", "clock_nanosleep", "nanosleep", "sched_yield", "getrusage",
-    "getrlimit", "setrlimit", "getuid", "geteuid", "getgid", "getegid", "fcntl", "poll", "ppoll", "select",
-    "pselect6", "restart_syscall",
-)
+from clova_train.sandbox import syscall_filter
+
 STUBBED_FUNCTIONS = (
     "fork", "forkpty", "vfork", "system", "popen", "execv", "execve", "execvp", "execvpe", "execl", "execle",
     "execlp", "execlpe", "spawnv", "spawnve", "spawnvp", "spawnvpe", "spawnl", "spawnle", "posix_spawn",
@@ -45,6 +43,11 @@ STUBBED_FUNCTIONS = (
     "chown", "truncate", "ftruncate", "write", "putenv", "unsetenv", "setuid", "setgid", "chdir", "chroot",
     "listdir", "scandir", "stat", "lstat", "access", "readlink", "mkfifo", "mknod", "memfd_create",
 )
+SIGNAL_STUBS = (
+    "alarm", "setitimer", "signal", "siginterrupt", "set_wakeup_fd", "pthread_kill", "pthread_sigmask",
+    "raise_signal", "pidfd_send_signal", "sigwait", "sigwaitinfo", "sigtimedwait",
+)
+STANDARD_STREAMS = (0, 1, 2)
 NOBODY = 65534
 
 
@@ -88,31 +91,19 @@ def _load_seccomp() -> Any:
     return pyseccomp
 
 
-def _install_seccomp(pyseccomp: Any) -> str:
-    if isinstance(pyseccomp, str):
-        return pyseccomp
-    rules = pyseccomp.SyscallFilter(defaction=pyseccomp.ERRNO(errno.EPERM))
-    for name in ALLOWED_SYSCALLS:
-        try:
-            rules.add_rule(pyseccomp.ALLOW, name)
-        except (ValueError, RuntimeError, OSError):  # a call this architecture does not have
-            pass
-    # prlimit64 (what glibc's setrlimit calls) only on this process: pid 0 or its own. With any pid, a worker that
-    # keeps the trainer's uid (a trainer not started as root) could lower the trainer's own limits.
-    for pid in (0, os.getpid()):
-        try:
-            rules.add_rule(pyseccomp.ALLOW, "prlimit64", pyseccomp.Arg(0, pyseccomp.EQ, pid))
-        except (ValueError, RuntimeError, OSError):
-            pass
-    try:
-        rules.load()
-    except (OSError, RuntimeError, ValueError) as err:  # a kernel or container that refuses filters
-        return f"off: the kernel refused the filter ({type(err).__name__}: {err})"
-    return f"on: {len(ALLOWED_SYSCALLS)} system calls allowed, every other one fails with EPERM"
+def _install_seccomp(pyseccomp: Any, channel_fds: Collection[int] = STANDARD_STREAMS) -> str:
+    """Load the system-call filter; ``channel_fds`` are the only descriptors left to read and write (the worker
+    passes its channel to the parent; a plain process keeps its standard streams)."""
+    return syscall_filter.install(pyseccomp, channel_fds)
 
 
-def lock_down(memory_limit_mb: int) -> dict[str, str]:
-    """Apply layers 1-5 to this process (irreversible); returns each layer's state."""
+def lock_down(memory_limit_mb: int, channel_fds: Collection[int]) -> dict[str, str]:
+    """Apply layers 1-5 to this process (irreversible); returns each layer's state.
+
+    Args:
+        memory_limit_mb: address space the process may add to its size now.
+        channel_fds: the descriptors it was given (its channel to the parent): the only ones it may read and write.
+    """
     report: dict[str, str] = {}
     seccomp = _load_seccomp()
     _close_spare_descriptors()
@@ -128,12 +119,14 @@ def lock_down(memory_limit_mb: int) -> dict[str, str]:
         report["processes"] = "on: RLIMIT_NPROC 0"
     except (ValueError, OSError) as err:
         report["processes"] = f"off: {err}"
-    for module in (os, sys.modules.get("posix")):
-        for name in STUBBED_FUNCTIONS:
-            if module is not None and hasattr(module, name):
-                setattr(module, name, _denied)
-    report["stubs"] = "on: os/posix process and file functions raise PermissionError"
-    report["seccomp"] = _install_seccomp(seccomp)
+    for modules, names in (((os, sys.modules.get("posix")), STUBBED_FUNCTIONS),
+                           ((signal, sys.modules.get("_signal")), SIGNAL_STUBS)):
+        for module in modules:
+            for name in names:
+                if module is not None and hasattr(module, name):
+                    setattr(module, name, _denied)
+    report["stubs"] = "on: os/posix process and file functions, signal timers and handlers raise PermissionError"
+    report["seccomp"] = _install_seccomp(seccomp, channel_fds)
     return report
 
 

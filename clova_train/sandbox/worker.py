@@ -263,7 +263,7 @@ def main(fd: int, memory_limit_mb: int, output_chars: int, message_limit: int, r
     sock.settimeout(None)
     channel = wire.Channel(sock, message_limit)
     sys.setrecursionlimit(400)
-    report = isolation.lock_down(memory_limit_mb)
+    report = isolation.lock_down(memory_limit_mb, channel_fds=(fd,))
     sequence = None
 
     def request(call: dict[str, Any]) -> dict[str, Any]:
