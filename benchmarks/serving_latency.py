@@ -12,6 +12,11 @@ Methods (same export, device, request and number of requests):
   own; the server's p50 over it is what HTTP, the guard and the queue add at one client, and its requests/s is
   what a single caller without batching gets.
 
+Chat exports are measured without and with streaming (``--modes non-stream stream``): a streamed request's latency
+is until ``data: [DONE]``, and its time to the first content chunk is reported too. ``--server-commit REV`` runs the
+server from an earlier commit's package (``benchmarks/past_commit.py``), so one run compares a "before" server with
+this checkout's in-process loop, and a second run without it gives the "after".
+
 Reported per method and client count: p50 and p99 latency (ms; the 99th percentile by linear interpolation over
 the requests sent, so with fewer than 100 requests it sits near the slowest), requests per second (requests over
 the wall time from the first send to the last answer) and failed requests (anything but a 200). Two warm-up requests
@@ -19,6 +24,7 @@ go first and are not counted. Appended to ``benchmarks/results/serving_latency.m
 
     python benchmarks/serving_latency.py EXPORT --request '{"images": ["a.png"], "labels": ["red", "blue"]}'
     python benchmarks/serving_latency.py LLM_EXPORT --device cuda --max-tokens 16 --clients 1 8
+    python benchmarks/serving_latency.py LLM_EXPORT --modes non-stream stream --server-commit <before>
 """
 
 from __future__ import annotations
@@ -53,7 +59,8 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[low] + (ordered[high] - ordered[low]) * (rank - low)
 
 
-def summary(latencies: list[float], wall: float, failed: int, tokens: list[int] | None = None) -> dict:
+def summary(latencies: list[float], wall: float, failed: int, tokens: list[int] | None = None,
+            first: list[float] | None = None) -> dict:
     """p50/p99 in milliseconds, requests per second and the failure count of one measured round; with ``tokens``
     (each answered request's completion tokens) their mean and the generated tokens per second."""
     result = {"p50_ms": percentile(latencies, 50) * 1e3, "p99_ms": percentile(latencies, 99) * 1e3,
@@ -62,6 +69,8 @@ def summary(latencies: list[float], wall: float, failed: int, tokens: list[int] 
     if tokens:
         result["tokens_per_request"] = sum(tokens) / len(tokens)
         result["tokens_per_s"] = sum(tokens) / wall if wall > 0 else math.nan
+    if first:
+        result["first_p50_ms"] = percentile(first, 50) * 1e3
     return result
 
 
@@ -124,17 +133,44 @@ def free_port() -> int:
         return probe.getsockname()[1]
 
 
-def post(port: int, path: str, body: bytes, timeout: float) -> tuple[int, float, int | None]:
-    """One request on its own connection: (status, seconds, completion tokens when the reply counts them)."""
+def read_stream(response: http.client.HTTPResponse, start: float) -> tuple[float | None, int]:
+    """Read a server-sent-events reply to ``data: [DONE]``: (seconds to the first content chunk, content chunks)."""
+    first, chunks = None, 0
+    for raw in response:
+        line = raw.strip()
+        if not line.startswith(b"data:"):
+            continue
+        data = line[5:].strip()
+        if data == b"[DONE]":
+            break
+        try:
+            delta = json.loads(data)["choices"][0].get("delta", {})
+        except (ValueError, KeyError, IndexError, TypeError):
+            continue
+        if delta.get("content"):
+            chunks += 1
+            if first is None:
+                first = time.perf_counter() - start
+    return first, chunks
+
+
+def post(port: int, path: str, body: bytes, timeout: float,
+         stream: bool = False) -> tuple[int, float, int | None, float | None]:
+    """One request on its own connection: (status, seconds, completion tokens when the reply counts them (streamed:
+    its content chunks), seconds to the first content chunk when streamed)."""
     start = time.perf_counter()
     connection = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
+    first = None
     try:
         connection.request("POST", path, body=body, headers={"Content-Type": "application/json"})
         response = connection.getresponse()
+        if stream and response.status == 200:
+            first, chunks = read_stream(response, start)
+            return 200, time.perf_counter() - start, chunks, first
         payload = response.read()
         seconds = time.perf_counter() - start
     except OSError:
-        return 0, time.perf_counter() - start, None
+        return 0, time.perf_counter() - start, None, None
     finally:
         connection.close()
     tokens = None
@@ -143,7 +179,7 @@ def post(port: int, path: str, body: bytes, timeout: float) -> tuple[int, float,
             tokens = int(json.loads(payload)["usage"]["completion_tokens"])
         except (ValueError, KeyError, TypeError):
             tokens = None
-    return response.status, seconds, tokens
+    return response.status, seconds, tokens, first
 
 
 def healthy(port: int) -> bool:
@@ -169,22 +205,26 @@ def wait_healthy(port: int, process: subprocess.Popen, timeout: float) -> None:
     raise SystemExit(f"serving_latency: the server did not answer /health within {timeout:.0f} s")
 
 
-def load_round(port: int, path: str, body: bytes, clients: int, requests: int, timeout: float) -> dict:
+def load_round(port: int, path: str, body: bytes, clients: int, requests: int, timeout: float,
+               stream: bool = False) -> dict:
     """``requests`` requests from ``clients`` threads, each sending its share one after another."""
     latencies: list[float] = []
     tokens: list[int] = []
+    firsts: list[float] = []
     failed = [0]
     lock = threading.Lock()
     shares = [requests // clients + (1 if i < requests % clients else 0) for i in range(clients)]
 
     def client(share: int) -> None:
         for _ in range(share):
-            status, seconds, generated = post(port, path, body, timeout)
+            status, seconds, generated, first = post(port, path, body, timeout, stream)
             with lock:
                 if status == 200:
                     latencies.append(seconds)
                     if generated is not None:
                         tokens.append(generated)
+                    if first is not None:
+                        firsts.append(first)
                 else:
                     failed[0] += 1
 
@@ -194,28 +234,41 @@ def load_round(port: int, path: str, body: bytes, clients: int, requests: int, t
         thread.start()
     for thread in threads:
         thread.join()
-    return summary(latencies, time.perf_counter() - start, failed[0], tokens)
+    return summary(latencies, time.perf_counter() - start, failed[0], tokens, firsts)
 
 
-def measure_server(args: argparse.Namespace, path: str, body: dict) -> tuple[dict[int, dict], float]:
+def measure_server(args: argparse.Namespace, path: str, body: dict) -> tuple[dict[tuple[str, int], dict], float]:
     """Start ``clova-train serve`` in its own process group, load it at each client count, stop it (the whole group,
     worker included). Returns the rounds and the seconds from start to a healthy server."""
     port = free_port()
     command = [sys.executable, "-m", "clova_train", "serve", str(args.export), "--port", str(port), "--device",
                args.device, "--max-batch-size", str(max(args.clients))]
     log = (args.log_dir / "server.log").open("w") if args.log_dir else subprocess.DEVNULL
+    env = dict(os.environ)
+    if args.server_commit:
+        import tempfile
+
+        from past_commit import package_at
+
+        layout = package_at(args.server_commit, Path(tempfile.mkdtemp(prefix="serving-latency-")))
+        env["PYTHONPATH"] = os.pathsep.join([str(layout), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
     started = time.perf_counter()
-    server = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    server = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, env=env)
     try:
         wait_healthy(port, server, args.start_timeout)
         ready = time.perf_counter() - started
-        payload = json.dumps(body).encode()
-        for _ in range(2):
-            status, _seconds, _tokens = post(port, path, payload, args.request_timeout)
-            if status != 200:
-                raise SystemExit(f"serving_latency: the warm-up request got HTTP {status} (server log: "
-                                 f"{args.log_dir / 'server.log' if args.log_dir else 'not kept; pass --log-dir'})")
-        rounds = {c: load_round(port, path, payload, c, args.requests, args.request_timeout) for c in args.clients}
+        modes = args.modes if path.endswith("/chat/completions") else ["non-stream"]
+        rounds = {}
+        for mode in modes:
+            payload = json.dumps({**body, "stream": True} if mode == "stream" else body).encode()
+            for _ in range(2):
+                status = post(port, path, payload, args.request_timeout, mode == "stream")[0]
+                if status != 200:
+                    raise SystemExit(f"serving_latency: the warm-up request got HTTP {status} (server log: "
+                                     f"{args.log_dir / 'server.log' if args.log_dir else 'not kept; pass --log-dir'})")
+            for c in args.clients:
+                rounds[mode, c] = load_round(port, path, payload, c, args.requests, args.request_timeout,
+                                             mode == "stream")
     finally:
         try:
             os.killpg(server.pid, signal.SIGKILL)
@@ -262,8 +315,9 @@ def measure_in_process(args: argparse.Namespace, kind: str, body: dict) -> dict:
 
 
 def row(method: str, clients: int, result: dict, chat: bool) -> str:
-    tokens = (f" {result['tokens_per_request']:.1f} | {result['tokens_per_s']:,.1f} |" if "tokens_per_s" in result
-              else " - | - |") if chat else ""
+    first = f" {result['first_p50_ms']:,.1f} |" if "first_p50_ms" in result else " - |"
+    tokens = (f" {result['tokens_per_request']:.1f} | {result['tokens_per_s']:,.1f} |{first}"
+              if "tokens_per_s" in result else " - | - |" + first) if chat else ""
     return (f"| {method} | {clients} | {result['requests']} | {result['p50_ms']:,.1f} | {result['p99_ms']:,.1f} | "
             f"{result['requests_per_s']:,.2f} |{tokens} {result['failed']} |")
 
@@ -282,6 +336,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--random-lora-on", type=Path, default=None, metavar="BASE",
                         help="when EXPORT does not exist, first write there a LoRA export of random adapter weights on "
                              "this base model (a directory), through clova-train export")
+    parser.add_argument("--modes", nargs="+", default=["non-stream"], choices=["non-stream", "stream"],
+                        help="chat: measure without and/or with streaming (\"stream\": true, read to data: [DONE])")
+    parser.add_argument("--server-commit", default=None, metavar="REV",
+                        help="run the server from this earlier commit's package (a 'before' measurement)")
     parser.add_argument("--label", default=None, help="what the export is, for the table's heading (default: its path)")
     parser.add_argument("--log-dir", type=Path, default=None, help="keep the server's log here")
     parser.add_argument("--no-record", action="store_true", help="print the table without appending it")
@@ -301,7 +359,9 @@ def main(argv: list[str] | None = None) -> int:
     rounds, ready = measure_server(args, path, body)
     baseline = measure_in_process(args, kind, body)
     chat = kind == "lora"
-    rows = [row("clova-train serve (HTTP)", clients, result, chat) for clients, result in rounds.items()]
+    server = "clova-train serve (HTTP" + (f", {args.server_commit}" if args.server_commit else "")
+    rows = [row(server + (", stream)" if mode == "stream" else ")"), clients, result, chat)
+            for (mode, clients), result in rounds.items()]
     rows.append(row("in-process loop (baseline, no server)", 1, baseline, chat))
     what = (f"{args.label or args.export}: {kind.replace('_', ' ')} export"
             + (" (random adapter weights, no fit: --random-lora-on)" if made else "") + f", POST {path}"
@@ -312,7 +372,8 @@ def main(argv: list[str] | None = None) -> int:
             "sent (near the slowest when fewer than 100).")
     publish("serving_latency", "Serving latency benchmark results", f"{args.device}: {machine()}", what,
             ["method", "clients", "requests", "p50 ms", "p99 ms", "requests/s",
-             *(["completion tokens / request", "generated tokens/s"] if chat else []), "failed"], rows,
+             *(["completion tokens / request", "generated tokens/s", "first token p50 ms"] if chat else []), "failed"],
+            rows,
             record=not args.no_record)
     return 1 if any(r["failed"] for r in rounds.values()) else 0
 
