@@ -26,6 +26,7 @@ seccomp (macOS, a Linux without libseccomp) layers 1-4 and the restriction layer
 
 from __future__ import annotations
 
+import errno
 import os
 import resource
 import signal
@@ -52,7 +53,7 @@ NOBODY = 65534
 
 
 def _denied(*args: object, **kwargs: object) -> None:
-    raise PermissionError("not allowed in the sandbox")
+    raise PermissionError(errno.EPERM, "not allowed in the sandbox")
 
 
 def _close_spare_descriptors() -> None:
