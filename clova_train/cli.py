@@ -250,7 +250,7 @@ def run_export(args: Sequence[str]) -> None:
 API_KEY_ENV = "CLOVA_TRAIN_API_KEY"
 
 
-def run_serve(args: Sequence[str]) -> None:
+def run_serve(args: Sequence[str]) -> int | None:
     from clova_train.serving.guard import RequestLimits
 
     parser = CommandParser(
@@ -258,7 +258,9 @@ def run_serve(args: Sequence[str]) -> None:
         description="Serve exports over HTTP with LitServe: POST /v1/<tool> for each prompt-tool export (the tool's "
         "JSON request; CLIP: {\"images\": [paths], \"labels\": [...]} or {\"images\": [...], \"concept\": c}), "
         "POST /v1/chat/completions (OpenAI-compatible) for a LoRA export, GET /health. With --request or --stdin, "
-        "answer JSON requests with one prompt-tool export instead (one JSON reply per line), no server.",
+        "answer JSON requests with one prompt-tool export instead (one JSON reply per line), no server: a bad line is "
+        "answered with an error line in its place (and named on stderr), the others still are, and the exit status is "
+        "1 when any failed.",
     )
     parser.add_argument("exports", nargs="+", help="directories written by clova-train export (or finished run directories)")
     parser.add_argument("--host", default="127.0.0.1", help="address to listen on (0.0.0.0 for every interface)")
@@ -269,7 +271,8 @@ def run_serve(args: Sequence[str]) -> None:
     parser.add_argument("--max-batch-size", type=int, default=4, help="chat: requests generated together")
     parser.add_argument("--batch-timeout", type=float, default=0.02, help="chat: seconds to wait for a batch to fill")
     parser.add_argument("--output-dir", default="served_outputs",
-                        help="HTTP: directory that files written by tools (REPLACE's 'output') go under")
+                        help="directory that files written by tools (REPLACE's 'output') go under: a request's "
+                             "'output' must be a relative path inside it (HTTP, --request and --stdin alike)")
     parser.add_argument("--api-key-file", default=None, metavar="FILE",
                         help="HTTP: require 'Authorization: Bearer KEY' on /v1/..., KEY being this file's first line "
                              "(default: the CLOVA_TRAIN_API_KEY environment variable; no key when neither is set). "
@@ -308,9 +311,9 @@ def run_serve(args: Sequence[str]) -> None:
         from PIL import Image
 
         Image.MAX_IMAGE_PIXELS = limits.max_image_pixels
-        answer_json_lines(parsed.exports[0], parsed.request or (line for line in sys.stdin if line.strip()),
-                          parsed.top_k, parsed.device, parsed.base_model)
-        return
+        lines = enumerate(parsed.request, 1) if parsed.request else None  # None: stdin's lines
+        return answer_json_lines(parsed.exports[0], lines, parsed.top_k, parsed.device, parsed.base_model,
+                                 Path(parsed.output_dir))
     from clova_train.serving.http import serve_http
 
     api_key = served_api_key(parsed.api_key, parsed.api_key_file)
@@ -335,14 +338,39 @@ def served_api_key(given: str | None, key_file: str | None) -> str | None:
     return given if given is not None else os.environ.get(API_KEY_ENV) or None
 
 
-def answer_json_lines(export: str, lines: Iterable[str], top_k: int | None, device: str, base_model: str | None) -> None:
+def answer_json_lines(export: str, lines: Iterable[tuple[int, str]] | None, top_k: int | None, device: str,
+                      base_model: str | None, output_dir: Path) -> int:
+    """Answer numbered JSON request lines (``None``: stdin's, read as bytes one line at a time) with one prompt-tool
+    export: one JSON line on stdout per request, the reply or an error in its place (also named on stderr); returns
+    the exit status, 1 when any request failed (:mod:`clova_train.serving.predict`)."""
     import json
 
-    from clova_train.tools.prompt_server import PromptToolServer, parse_request
+    from clova_train.serving.predict import answer_lines, error_line, numbered_lines
+    from clova_train.tools.prompt_server import PromptToolServer
 
     server = PromptToolServer.from_export(export, top_k=top_k, device=device, base_model=base_model)
-    for number, line in enumerate(lines, 1):
-        print(json.dumps(server.serve(parse_request(line, f"request {number}"))), flush=True)
+    source = numbered_lines(sys.stdin.buffer, "request line") if lines is None else lines
+    label = "request line" if lines is None else "--request"
+    answered, failed = 0, []
+    for answer in answer_lines(server.serve, source, output_dir, label):
+        if answer.error is None:
+            answered += 1
+            print(json.dumps(answer.reply), flush=True)
+        else:
+            failed.append(answer.number)
+            print(json.dumps(error_line(answer)), flush=True)
+            print(f"{PROG}: error: {label} {answer.number}: {_printable(answer.error)}", file=sys.stderr,
+                  flush=True)
+    if not failed:
+        return 0
+    shown = ", ".join(map(str, failed[:20])) + (", ..." if len(failed) > 20 else "")
+    print(f"{PROG}: error: {len(failed)} of {answered + len(failed)} requests failed ({label} {shown}); the others "
+          "were answered", file=sys.stderr)
+    return 1
+
+
+def _printable(text: str) -> str:
+    return text.encode("utf-8", "backslashreplace").decode("utf-8")
 
 
 def run_predict(args: Sequence[str]) -> int:
@@ -362,18 +390,25 @@ def run_predict(args: Sequence[str]) -> int:
     parser.add_argument("--top-k", type=int, default=None, help="ensemble the k most similar stored prompts")
     parser.add_argument("--device", default="cpu", help="torch device")
     parser.add_argument("--base-model", default=None, help="directory of the frozen base model, overriding the export's")
+    parser.add_argument("--output-dir", default=None,
+                        help="directory that files written by the tool (REPLACE's 'output') go under: a request's "
+                             "'output' must be a relative path inside it (default: the folder of --output)")
     parsed = parser.parse_args(list(args))
     from clova_train.serving.predict import predict_to_file
 
     written, failed = predict_to_file(parsed.export, parsed.inputs, parsed.output, parsed.field, parsed.top_k,
-                                      parsed.device, parsed.base_model)
+                                      parsed.device, parsed.base_model, parsed.output_dir)
     print(f"{written - len(failed)} predictions written to {parsed.output}")
     if not failed:
         return 0
+    for failure in failed[:10]:
+        print(f"{PROG}: error: {_printable(failure)}", file=sys.stderr)
+    if len(failed) > 10:
+        print(f"{PROG}: error: ... and {len(failed) - 10} more", file=sys.stderr)
     hint = " (folder inputs take the rest of the request from --field NAME=VALUE)" if Path(parsed.inputs).is_dir() else ""
     every = "every input" if len(failed) == written else f"{len(failed)} of {written} inputs"
-    print(f"{PROG}: error: {every} failed, each with its 'error' line in {parsed.output}; the first: {failed[0]}{hint}",
-          file=sys.stderr)
+    print(f"{PROG}: error: {every} failed, each with its 'error' line in {parsed.output}; the first: "
+          f"{_printable(failed[0])}{hint}", file=sys.stderr)
     return 1
 
 

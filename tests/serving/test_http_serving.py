@@ -316,9 +316,10 @@ def test_predict_names_the_jsonl_line_that_is_not_a_request(clip_export: Path, t
                                                             capsys: pytest.CaptureFixture) -> None:
     requests = tmp_path / "requests.jsonl"
     requests.write_text(json.dumps({"images": ["a.png"], "concept": "red"}) + "\n" + line + "\n")
-    assert main(["predict", str(clip_export), "--inputs", str(requests), "-o", str(tmp_path / "out.jsonl")]) == 2
+    assert main(["predict", str(clip_export), "--inputs", str(requests), "-o", str(tmp_path / "out.jsonl")]) == 1
     assert f"requests.jsonl {message}" in capsys.readouterr().err
-    assert not (tmp_path / "out.jsonl").exists()
+    bad = json.loads((tmp_path / "out.jsonl").read_text().splitlines()[1])  # the other lines are still answered
+    assert bad["line"] == 2 and f"requests.jsonl {message}" in bad["error"]
 
 
 def test_tools_go_into_the_prompt_and_tool_messages_come_back_as_observations(server: str, lora_export: Path) -> None:
