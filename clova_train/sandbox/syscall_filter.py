@@ -86,5 +86,5 @@ def install(pyseccomp: Any, channel_fds: Collection[int]) -> str:
     except (OSError, RuntimeError, ValueError) as err:  # a kernel or container that refuses filters
         return f"off: the kernel refused the filter ({type(err).__name__}: {err})"
     fds = ", ".join(str(fd) for fd in sorted(set(channel_fds))) or "none"
-    return (f"on: {len(ALWAYS_ALLOWED)} system calls allowed, input/output only on descriptor(s) {fds}, no timers, "
-            f"signals or signal handlers; every other call fails with EPERM")
+    return (f"on: {len(ALWAYS_ALLOWED)} system calls allowed, input/output only on descriptor(s) {fds}, fcntl, "
+            f"signal dispositions and prlimit64 with checked arguments; every other call fails with EPERM")
