@@ -6,6 +6,10 @@
   timeouts, a total deadline per call, retries honouring ``Retry-After``, no redirects, and one clear
   :class:`BackendError` naming the URL for anything else (4xx, malformed or non-UTF-8 bodies, a reply without
   the expected fields, non-finite embeddings). Replies are validated before they reach a cache or a prompt.
+  Replies are bounded twice: the bytes read from the socket (headers, chunked framing and all), and the bytes a
+  compressed reply decompresses to (:class:`_BoundedDecoding`: ``gzip`` and ``deflate`` are the encodings asked
+  for and decoded, a piece at a time; a reply in any other encoding is refused), so a small gzip or deflate bomb
+  fails like an oversized reply instead of filling memory.
 * :class:`TransformersChatBackend` / :class:`TransformersEmbeddingBackend`: a local Hugging Face model
   directory (for instance one exported by ``clova-train export --merged`` after LoRA fine-tuning).
 * :class:`HashingEmbedder`: signed feature hashing of word uni- and bigrams; offline, deterministic, fast.
@@ -22,7 +26,9 @@ import math
 import os
 import threading
 import time
+import zlib
 from abc import ABC, abstractmethod
+from collections.abc import Iterator
 from typing import Any
 
 import httpcore2
@@ -153,12 +159,113 @@ class _DeadlineNetwork(httpcore2.SyncBackend):
         return _DeadlineStream(stream, self.deadline)
 
 
-def _transport(deadline: _Deadline) -> httpx2.HTTPTransport:
+ACCEPTED_ENCODINGS = ("gzip", "x-gzip", "deflate")  # what _BoundedDecoding decodes (x-gzip: gzip's old name)
+ACCEPT_ENCODING = "gzip, deflate"
+MAX_ENCODINGS = 3  # gzip of gzip of gzip at most
+_DECODE_PIECE = 64 << 10  # most bytes one decompression step produces
+
+
+class _Inflater:
+    """One ``gzip`` / ``deflate`` layer, decompressing at most :data:`_DECODE_PIECE` bytes per step (a few bytes of
+    a bomb never expand at once). ``deflate`` is zlib-wrapped as the RFC says, or raw as some servers send it."""
+
+    def __init__(self, coding: str) -> None:
+        self.coding = coding
+        self.started = False
+        self.inflater = zlib.decompressobj(zlib.MAX_WBITS | 16 if coding != "deflate" else zlib.MAX_WBITS)
+
+    def feed(self, data: bytes) -> Iterator[bytes]:
+        try:
+            piece = self.inflater.decompress(data, _DECODE_PIECE)
+        except zlib.error:
+            if self.coding != "deflate" or self.started:
+                raise
+            self.inflater = zlib.decompressobj(-zlib.MAX_WBITS)
+            piece = self.inflater.decompress(data, _DECODE_PIECE)
+        self.started = True
+        while piece:
+            yield piece
+            piece = self.inflater.decompress(self.inflater.unconsumed_tail, _DECODE_PIECE)
+
+    def finish(self) -> Iterator[bytes]:
+        yield from self.feed(b"")
+        yield self.inflater.flush()
+
+
+class _DecodedStream(httpx2.SyncByteStream):
+    """A reply's raw body decoded layer by layer, failing once it passes ``max_bytes`` decoded bytes."""
+
+    def __init__(self, raw: Any, codings: list[str], max_bytes: int, request: httpx2.Request) -> None:
+        self.raw, self.codings, self.max_bytes, self.request = raw, codings, max_bytes, request
+
+    def __iter__(self) -> Iterator[bytes]:
+        layers = [_Inflater(coding) for coding in reversed(self.codings)]  # the last encoding applied comes off first
+        produced = 0
+        try:
+            for piece in self._decoded(iter(self.raw), layers):
+                produced += len(piece)
+                if produced > self.max_bytes:
+                    raise httpx2.DecodingError(f"the reply is larger than {self.max_bytes} bytes once decompressed "
+                                               f"({', '.join(self.codings)})", request=self.request)
+                yield piece
+        except zlib.error as err:
+            raise httpx2.DecodingError(f"the reply is not valid {', '.join(self.codings)} data ({err})",
+                                       request=self.request) from None
+
+    @staticmethod
+    def _decoded(chunks: Iterator[bytes], layers: list[_Inflater]) -> Iterator[bytes]:
+        if not layers:
+            yield from chunks
+            return
+        layer, rest = layers[0], layers[1:]
+
+        def through_layer() -> Iterator[bytes]:
+            for chunk in chunks:
+                yield from layer.feed(chunk)
+            yield from layer.finish()
+
+        yield from (piece for piece in _DecodedStream._decoded(through_layer(), rest) if piece)
+
+    def close(self) -> None:
+        self.raw.close()
+
+
+class _BoundedDecoding(httpx2.BaseTransport):
+    """A transport that asks for ``gzip, deflate`` and decodes the reply itself, at most ``max_bytes`` of it
+    (httpx would decode a whole non-streamed reply into memory, whatever its compressed size). A reply in an
+    encoding not asked for (``br``, ``zstd``, ``compress``, or more than :data:`MAX_ENCODINGS` layers) is an
+    ``httpx.DecodingError``. A request that asks for ``identity`` keeps asking for it."""
+
+    def __init__(self, inner: httpx2.BaseTransport, max_bytes: int) -> None:
+        self.inner, self.max_bytes = inner, max_bytes
+
+    def handle_request(self, request: httpx2.Request) -> httpx2.Response:
+        if request.headers.get("accept-encoding", "").strip().lower() != "identity":
+            request.headers["Accept-Encoding"] = ACCEPT_ENCODING
+        response = self.inner.handle_request(request)
+        codings = [c.strip().lower() for c in response.headers.get_list("content-encoding", split_commas=True)]
+        codings = [c for c in codings if c and c != "identity"]
+        if not codings:
+            return response
+        if len(codings) > MAX_ENCODINGS or any(c not in ACCEPTED_ENCODINGS for c in codings):
+            response.close()
+            raise httpx2.DecodingError(f"the reply's Content-Encoding {', '.join(codings)[:80]!r} is not one this "
+                                       f"client accepts ({ACCEPT_ENCODING}, at most {MAX_ENCODINGS} layers)",
+                                       request=request)
+        headers = [(k, v) for k, v in response.headers.raw if k.lower() not in (b"content-encoding", b"content-length")]
+        return httpx2.Response(response.status_code, headers=headers, request=request, extensions=response.extensions,
+                               stream=_DecodedStream(response.stream, codings, self.max_bytes, request))
+
+    def close(self) -> None:
+        self.inner.close()
+
+
+def _transport(deadline: _Deadline) -> httpx2.BaseTransport:
     transport = httpx2.HTTPTransport(trust_env=False)
     # httpx's transport takes no network backend argument; its pool does. Same pool settings, our backend.
     transport._pool = httpcore2.ConnectionPool(ssl_context=httpx2.create_ssl_context(trust_env=False),
                                                network_backend=_DeadlineNetwork(deadline))
-    return transport
+    return _BoundedDecoding(transport, deadline.max_reply_bytes)
 
 
 def _retry_after(headers: Any) -> float | None:

@@ -11,7 +11,8 @@ knowledge file over this protocol, offline.
 :class:`HttpSearchBackend` sends one search with the rules of the OpenAI backend
 (:class:`~clova_train.llm.backends.OpenAICompatibleClient`): a limit per network operation and a total deadline per
 call (slow, drip-fed replies included), retries of connection errors, timeouts, 408/429/5xx (``Retry-After``
-honoured), no redirects (the key never goes to another origin), a bounded reply size, and every failure (a 4xx,
+honoured), no redirects (the key never goes to another origin), a bounded reply size (counted after any gzip or
+deflate decompression; other encodings refused), and every failure (a 4xx,
 HTML, a huge body, a JSON value of the wrong shape, text that is not UTF-8) one :class:`BackendError` naming the URL.
 
 :class:`CachedSearch` keys each search by the backend's identity (its URLs) and ``{"tool", "query"}`` in the same

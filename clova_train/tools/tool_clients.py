@@ -252,7 +252,7 @@ class HttpToolClient:
         endpoints: the endpoint name of each role served (``/v1/<name>``; see :func:`endpoint_name`).
         api_key: sent as ``Authorization: Bearer <key>`` when given.
         timeout_s: how long one request may wait for the server (connecting, then each read).
-        max_reply_bytes: largest reply read.
+        max_reply_bytes: largest reply read (replies are asked for and read uncompressed: a compressed one is refused).
     """
 
     def __init__(self, server_url: str, endpoints: Mapping[str, str], api_key: str | None = None,
@@ -305,6 +305,10 @@ class HttpToolClient:
         request = urllib.request.Request(url, data=body, headers=headers, method="POST")
         try:
             with self._opener.open(request, timeout=self.timeout_s) as response:
+                encoding = response.headers.get("Content-Encoding", "").strip().lower()
+                if encoding not in ("", "identity"):  # urllib asks for identity and decompresses nothing
+                    raise ToolServiceError(f"{where}: the reply's Content-Encoding {encoding[:80]!r} was not asked "
+                                           "for (this client reads uncompressed replies only)")
                 data = response.read(self.max_reply_bytes + 1)
         except urllib.error.HTTPError as err:
             raise ToolServiceError(f"{where}: HTTP {err.code}: {_error_message(err)}") from None
