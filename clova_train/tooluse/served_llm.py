@@ -9,6 +9,11 @@ export's ``base/`` copy, or the adapter config's base) with ``adapter/`` applied
 the tokenizer's chat template (the training prompt, token for token); decoding is greedy unless a request
 asks for a temperature, and stops at EOS or the first stop string (``serving.json``), which is kept in the
 reply as in training.
+
+The export's files are untrusted: before any library reads them they are bounded
+(:mod:`clova_train.export.export_limits`), and the tokenizer file and chat template are tried once in a limited
+child process (:mod:`clova_train.tooluse.template_guard`); every request's prompt is rendered in such a child too, so
+a hostile template is one error, never a hang or a crash of the server.
 """
 
 from __future__ import annotations
@@ -24,6 +29,7 @@ import torch
 from clova_train.core.errors import DataError, ExportError, loading
 from clova_train.core.manifest import BASE_DIR
 from clova_train.core.safe_files import read_json_object
+from clova_train.tooluse.template_guard import ChatTemplateRenderer, guarded_tokenizer, probe_tokenizer_directory
 
 SERVING_FILE = "serving.json"
 ROLES = ("system", "user", "assistant")
@@ -100,11 +106,14 @@ class ContextBudget:
         tokenizer: the served tokenizer, with the chat template the model was trained with.
         context: the model's context length (None: unchecked).
         default_max_tokens: the budget of a request that names none (the export's ``serving.json``).
+        renderer: renders the chat template in a limited child (None: the tokenizer renders it in-process, for a
+            template this package wrote itself).
     """
 
     tokenizer: Any
     context: int | None
     default_max_tokens: int
+    renderer: ChatTemplateRenderer | None = None
 
     @classmethod
     def from_export(cls, directory: str | os.PathLike[str], base_model: str | os.PathLike[str] | None = None
@@ -119,11 +128,19 @@ class ContextBudget:
         with loading("the LoRA export's tokenizer and config", str(directory)):
             tokenizer = AutoTokenizer.from_pretrained(str(source))
             config = AutoConfig.from_pretrained(str(directory / "merged") if base is None else base)
-        return cls(tokenizer, context_length(config, tokenizer), serving_defaults(source)[1])
+        return cls(tokenizer, context_length(config, tokenizer), serving_defaults(source)[1],
+                   template_renderer(tokenizer, source))
+
+    def render(self, messages: list[dict[str, str]]) -> str:
+        """The prompt text of ``messages`` (the chat template, rendered in the limited child when there is one)."""
+        if self.renderer is not None:
+            return self.renderer.render(messages)
+        return self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
 
     def prompt_tokens(self, request: ChatRequest) -> int:
-        text = self.tokenizer.apply_chat_template(request.messages, tokenize=False, add_generation_prompt=True)
-        return len(self.tokenizer(text, add_special_tokens=False)["input_ids"])
+        text = self.render(request.messages)
+        with guarded_tokenizer(self.tokenizer):
+            return len(self.tokenizer(text, add_special_tokens=False)["input_ids"])
 
     def check(self, request: ChatRequest) -> None:
         """A :class:`DataError` naming both numbers when the prompt plus ``max_tokens`` exceeds the context."""
@@ -136,6 +153,16 @@ class ContextBudget:
                             f"more than the model's context of {self.context:,} tokens (shorten the messages or ask "
                             "for fewer tokens)")
         request.context_checked = True
+
+
+def template_renderer(tokenizer: Any, source: Path) -> ChatTemplateRenderer | None:
+    """A limited renderer of ``tokenizer``'s chat template (loaded from ``source``), or None when it has none."""
+    template = tokenizer.get_chat_template() if getattr(tokenizer, "chat_template", None) else None
+    if not isinstance(template, str):
+        return None
+    special = {name: str(value) if not isinstance(value, list) else [str(v) for v in value]
+               for name, value in tokenizer.special_tokens_map.items()}
+    return ChatTemplateRenderer(template, special, str(source))
 
 
 def default_temperature(directory: str | os.PathLike[str]) -> float:
@@ -240,7 +267,8 @@ class ServedToolLLM:
             self.tokenizer.pad_token = self.tokenizer.eos_token
         self.stop = [str(s) for s in defaults.get("stop", [])]
         self.max_tokens = int(defaults.get("max_tokens", 256))
-        self.budget = ContextBudget(tokenizer, context_length(getattr(model, "config", None), tokenizer), self.max_tokens)
+        self.budget = ContextBudget(tokenizer, context_length(getattr(model, "config", None), tokenizer), self.max_tokens,
+                                    template_renderer(tokenizer, Path(getattr(tokenizer, "name_or_path", "") or ".")))
 
     @classmethod
     def check_export(cls, directory: str | os.PathLike[str], base_model: str | os.PathLike[str] | None = None
@@ -248,14 +276,22 @@ class ServedToolLLM:
         """What can be checked of a LoRA export without loading a model (a server checks this before its workers
         load it): the adapter, and the base it applies to when that is not the export's merged model. Returns that
         base's location (None: the merged model is served); an :class:`ExportError` names what is wrong."""
+        from clova_train.export.export_limits import check_export_files, check_model_files
+
         directory = Path(directory)
         adapter = directory / "adapter"
         if not (adapter / "adapter_config.json").is_file():
             raise ExportError(f"{directory} is not a LoRA export (adapter/adapter_config.json missing)")
+        check_export_files(directory)
         if (directory / "merged").is_dir() and base_model is None:
+            probe_tokenizer_directory(directory / "merged")
             return None
         check_adapter_weights(adapter)
-        return cls._base_location(directory, adapter, base_model)
+        probe_tokenizer_directory(adapter)
+        base = cls._base_location(directory, adapter, base_model)
+        if Path(base).is_dir() and Path(base) != directory / BASE_DIR:
+            check_model_files(Path(base))
+        return base
 
     @classmethod
     def from_export(
@@ -301,7 +337,7 @@ class ServedToolLLM:
 
     def prompt(self, messages: list[dict[str, str]]) -> str:
         """The text the model sees for ``messages`` (the training prompt format)."""
-        return self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+        return self.budget.render(messages)
 
     @torch.no_grad()
     def chat_batch(self, requests: list[ChatRequest]) -> list[ChatReply]:
@@ -333,7 +369,8 @@ class ServedToolLLM:
     def _inputs(self, requests: list[ChatRequest], sample: bool) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
         """The left-padded prompts of ``requests`` and the ``generate`` options that answer them together."""
         prompts = [self.prompt(r.messages) for r in requests]
-        encoded = self.tokenizer(prompts, return_tensors="pt", padding=True, add_special_tokens=False)
+        with guarded_tokenizer(self.tokenizer):
+            encoded = self.tokenizer(prompts, return_tensors="pt", padding=True, add_special_tokens=False)
         encoded = {k: v.to(self.model.device) for k, v in encoded.items()}
         budget = max(r.max_tokens or self.max_tokens for r in requests)
         options: dict[str, Any] = {"do_sample": sample, "max_new_tokens": budget, "pad_token_id": self.tokenizer.pad_token_id,

@@ -1,0 +1,227 @@
+"""A LoRA export's own files (chat template, tokenizer, adapter and model configs) from someone else: each hostile
+one is one ExportError naming it, in well under two seconds, never a hang, a crash or an abort of the caller.
+
+One tiny export (a word-level tokenizer with the training chat template, an adapter config naming a hub base, no
+real weights: nothing here loads a model) is built once; each case copies its small files and spoils one."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import time
+from pathlib import Path
+
+import pytest
+
+from clova_train.core.errors import ExportError
+from clova_train.export import export_limits
+from clova_train.tooluse import template_guard
+from clova_train.tooluse.prompt_template import TEMPLATE_FILE, PromptTemplate
+from clova_train.tooluse.served_llm import SERVING_FILE, ContextBudget, ServedToolLLM
+from clova_train.tooluse.template_guard import ChatTemplateRenderer, GuardLimits
+
+FAST = GuardLimits(memory_mb=1024, probe_timeout_s=1.5, render_timeout_s=0.5)
+LOOP = "{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}"
+USER = [{"role": "user", "content": "hello world"}]
+
+
+@pytest.fixture(autouse=True)
+def fast_limits(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(template_guard, "DEFAULT_GUARD", FAST)
+
+
+@pytest.fixture(scope="module")
+def tiny_export(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    export = tmp_path_factory.mktemp("hostile") / "export"
+    adapter = export / "adapter"
+    words = ["<unk>", "<s>", "</s>", "hello", "world", "USER:", "ASSISTANT:", "a", "chat"]
+    backend = Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="<unk>"))
+    backend.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=backend, bos_token="<s>", eos_token="</s>", unk_token="<unk>")
+    tokenizer.chat_template = PromptTemplate().chat_template(bos_token=True)
+    tokenizer.save_pretrained(str(adapter))
+    (adapter / "adapter_config.json").write_text(json.dumps({
+        "peft_type": "LORA", "base_model_name_or_path": "example/tiny-base", "r": 4, "lora_alpha": 8,
+        "target_modules": ["q_proj", "v_proj"], "task_type": "CAUSAL_LM"}))
+    (adapter / "adapter_model.safetensors").write_bytes(b"{}")
+    (adapter / TEMPLATE_FILE).write_text(json.dumps(PromptTemplate().to_dict()))
+    (adapter / SERVING_FILE).write_text(json.dumps({"stop": ["Observation:"], "temperature": 0.0, "max_tokens": 8}))
+    return export
+
+
+def spoiled(tiny_export: Path, tmp_path: Path) -> Path:
+    """A copy of the tiny export to spoil."""
+    return Path(shutil.copytree(tiny_export, tmp_path / "export"))
+
+
+def edit_json(file: Path, **changes: object) -> None:
+    file.write_text(json.dumps({**json.loads(file.read_text()), **changes}))
+
+
+def set_template(export: Path, template: str) -> None:
+    adapter = export / "adapter"
+    if (adapter / "chat_template.jinja").is_file():
+        (adapter / "chat_template.jinja").write_text(template)
+    else:
+        edit_json(adapter / "tokenizer_config.json", chat_template=template)
+
+
+def refused(export: Path, *words: str) -> str:
+    start = time.monotonic()
+    with pytest.raises(ExportError) as caught:
+        ServedToolLLM.check_export(export)
+    assert time.monotonic() - start < 2.0
+    message = str(caught.value)
+    assert all(word in message for word in words), message
+    return message
+
+
+def test_the_tiny_export_passes(tiny_export: Path) -> None:
+    assert ServedToolLLM.check_export(tiny_export) == "example/tiny-base"
+
+
+@pytest.mark.parametrize("template, words", [
+    (LOOP, ("did not finish",)),
+    ("{{ ''.__class__.__mro__[1].__subclasses__() }}", ("SecurityError",)),
+])
+def test_a_hostile_chat_template_is_one_error_at_load(tiny_export: Path, tmp_path: Path, template: str,
+                                                      words: tuple[str, ...]) -> None:
+    """The probe render at load, in a limited child: a loop is stopped at its timeout, an escape is refused."""
+    export = spoiled(tiny_export, tmp_path)
+    set_template(export, template)
+    refused(export, f"the chat template of {export / 'adapter'}", *words)
+
+
+@pytest.fixture(scope="module")
+def renderer() -> ChatTemplateRenderer:
+    shared = ChatTemplateRenderer("", {"bos_token": "<s>", "eos_token": "</s>"}, "the export", FAST)
+    yield shared
+    shared.close()
+
+
+@pytest.mark.parametrize("template, words", [
+    ("{% macro f(x) %}{{ f(x) }}{% endmacro %}{{ f(1) }}", "RecursionError"),
+    ("{{ 'x' * 3000000000 }}", "MemoryError"),
+    ("{% set s = namespace(x='ab') %}{% for i in range(40) %}{% set s.x = s.x ~ s.x %}{% endfor %}{{ s.x }}",
+     "MemoryError|did not finish"),
+    ("{% for i in range(30000) %}{{ 'x' * 100 }}{% endfor %}", "more than the"),
+    ("{{ raise_exception('no') }}", "TemplateError"),
+    ("{% if %}", "TemplateSyntaxError"),
+    ("{{ ''.__class__.__mro__[1].__subclasses__() }}", "SecurityError"),
+    ("{{ cycler.__init__.__globals__.os.system('true') }}", "SecurityError"),
+    ("{{ messages.append(1) }}{{ messages.pop() }}", "SecurityError"),
+    ("{{ (messages|first).update({'role': 1}) }}", "SecurityError"),
+])
+def test_a_hostile_template_is_one_error_per_render(renderer: ChatTemplateRenderer, template: str, words: str) -> None:
+    renderer.template = template
+    start = time.monotonic()
+    with pytest.raises(ExportError, match=words):
+        renderer.render(USER)
+    assert time.monotonic() - start < 2.0
+    renderer.template = "{{ bos_token }}{{ messages[0]['content'] }}"
+    assert renderer.render(USER) == "<s>hello world"  # and the next render is answered
+
+
+def test_a_huge_chat_template_is_refused_before_any_parser_reads_it(tiny_export: Path, tmp_path: Path) -> None:
+    export = spoiled(tiny_export, tmp_path)
+    set_template(export, "{{ 'x' }}" + " " * (300 << 10))
+    refused(export, "chat", "more than")
+    big = export / "adapter" / "chat_template.jinja"
+    with open(big, "wb") as handle:  # 100 MB, sparse: the size alone refuses it
+        handle.truncate(100 << 20)
+    refused(export, "chat_template.jinja", "more than")
+
+
+def test_a_tokenizer_whose_regex_panics_is_one_error_naming_it(tiny_export: Path, tmp_path: Path) -> None:
+    export = spoiled(tiny_export, tmp_path)
+    file = export / "adapter" / "tokenizer.json"
+    edit_json(file, pre_tokenizer={"type": "Split", "pattern": {"Regex": "(a|aa)+$"}, "behavior": "Isolated",
+                                   "invert": False})
+    refused(export, str(file), "PanicException")
+
+
+def test_tokenizer_file_shapes_are_bounded(tiny_export: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    export = spoiled(tiny_export, tmp_path)
+    file = export / "adapter" / "tokenizer.json"
+    original = file.read_text()
+    nested: dict = {"type": "Lowercase"}
+    for _ in range(12):
+        nested = {"type": "Sequence", "normalizers": [nested]}
+    edit_json(file, normalizer=nested)
+    refused(export, "tokenizer.json", "normalizer", "deep")
+    file.write_text(original)
+    monkeypatch.setattr(export_limits, "MAX_VOCAB", 5)  # a vocabulary larger than any model's, in small
+    refused(export, "tokenizer.json", "model.vocab")
+
+
+@pytest.mark.parametrize("changes, words", [
+    ({"layer_replication": [[0, 1_000_000]]}, ("layer_replication",)),
+    ({"layer_replication": [[0, 20]] * 100}, ("layer_replication", "2,000 layers")),
+    ({"r": 10**9}, ("r is",)),
+    ({"lora_alpha": 1e300}, ("lora_alpha",)),
+    ({"layers_to_transform": list(range(5000))}, ("layers_to_transform",)),
+    ({"layers_to_transform": 10**7}, ("layers_to_transform",)),
+    ({"target_modules": "(a+)+$"}, ("target_modules", "repeats a repetition")),
+    ({"target_modules": ["q_proj"] * 5000}, ("target_modules",)),
+    ({"rank_pattern": {"q_proj": 10**8}}, ("rank_pattern",)),
+    ({"rank_pattern": {"(x*)*y": 4}}, ("rank_pattern key",)),
+])
+def test_adapter_config_magnitudes_are_bounded(tiny_export: Path, tmp_path: Path, changes: dict, words: tuple) -> None:
+    export = spoiled(tiny_export, tmp_path)
+    edit_json(export / "adapter" / "adapter_config.json", **changes)
+    refused(export, "adapter_config.json", *words)
+
+
+@pytest.mark.parametrize("changes, words", [
+    ({"vocab_size": 10**12}, ("vocab_size",)),
+    ({"num_hidden_layers": 10**6}, ("num_hidden_layers",)),
+    ({"max_position_embeddings": 10**10}, ("max_position_embeddings",)),
+    ({"text_config": {"hidden_size": 10**7}}, ("hidden_size",)),
+    ({"hidden_size": 65_536, "intermediate_size": 1 << 19, "num_hidden_layers": 1_024}, ("parameters",)),
+    ({"vocab_size": 1 << 20, "hidden_size": 8_192}, ("weight files",)),
+])
+def test_model_config_magnitudes_are_bounded(tiny_export: Path, tmp_path: Path, changes: dict, words: tuple) -> None:
+    export = spoiled(tiny_export, tmp_path)
+    merged = export / "merged"
+    shutil.copytree(export / "adapter", merged)
+    (merged / "model.safetensors").write_bytes(b"x" * 1024)
+    (merged / "config.json").write_text(json.dumps({"model_type": "llama", "vocab_size": 9, "hidden_size": 16,
+                                                    "num_hidden_layers": 2, **changes}))
+    refused(export, "config.json", *words)
+
+
+def test_generation_and_serving_settings_are_bounded(tiny_export: Path, tmp_path: Path) -> None:
+    export = spoiled(tiny_export, tmp_path)
+    edit_json(export / "adapter" / SERVING_FILE, stop=["x"] * 10_000)
+    refused(export, SERVING_FILE, "stop")
+    edit_json(export / "adapter" / SERVING_FILE, stop=["x"], max_tokens=10**15)
+    refused(export, SERVING_FILE, "max_tokens")
+
+
+def test_each_request_is_rendered_under_a_time_and_size_bound(tiny_export: Path, tmp_path: Path) -> None:
+    """A template that is fine for the probe conversation but loops, or writes megabytes, on another one: that
+    request gets one error in well under two seconds, and the next is answered."""
+    from transformers import AutoTokenizer
+
+    export = spoiled(tiny_export, tmp_path)
+    trained = PromptTemplate().chat_template(bos_token=True)
+    set_template(export, "{% if messages[-1]['content'] == 'loop' %}" + LOOP + "{% endif %}"
+                 "{% if messages[-1]['content'] == 'big' %}{% for i in range(20000) %}{{ 'x' * 100 }}{% endfor %}"
+                 "{% endif %}" + trained)
+    tokenizer = AutoTokenizer.from_pretrained(str(export / "adapter"))
+    from clova_train.tooluse.served_llm import ChatRequest, template_renderer
+
+    budget = ContextBudget(tokenizer, 64, 8, template_renderer(tokenizer, export / "adapter"))
+    try:
+        assert budget.render(USER) == tokenizer.apply_chat_template(USER, tokenize=False, add_generation_prompt=True)
+        for content, words in (("big", "characters"), ("loop", "did not finish")):
+            start = time.monotonic()
+            with pytest.raises(ExportError, match=words):
+                budget.check(ChatRequest([{"role": "user", "content": content}]))
+            assert time.monotonic() - start < 2.0
+        assert budget.prompt_tokens(ChatRequest(USER)) > 0
+    finally:
+        budget.renderer.close()
