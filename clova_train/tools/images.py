@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import os
 import warnings
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -22,8 +23,39 @@ _READ_ERRORS = (UnidentifiedImageError, OSError, SyntaxError, ValueError, Image.
 display_path = printable  # ``path`` printable in any terminal (bytes of a name that are not UTF-8 shown escaped)
 
 
+class SkippedNameWarning(UserWarning):
+    """Entries of a folder skipped because their names are not text (see :func:`text_named`)."""
+
+
+def is_text_name(path: Path) -> bool:
+    """Whether ``path``'s name is text: on POSIX a name whose bytes are not UTF-8 (``b'bad\\xff.png'``) comes from
+    the OS with surrogates in it, which opens as a path but cannot be encoded, hashed, logged or written as text."""
+    try:
+        path.name.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def text_named(paths: Iterable[Path], folder: Path, what: str) -> list[Path]:
+    """The ``paths`` (entries of ``folder``) whose names are text; the others are skipped with one
+    :class:`SkippedNameWarning` that counts them and shows the first (their names would become concepts, instance
+    ids and report lines)."""
+    kept, skipped = [], []
+    for path in paths:
+        (kept if is_text_name(path) else skipped).append(path)
+    if skipped:
+        warnings.warn(f"{display_path(folder)}: skipped {len(skipped)} {what}{'s' if len(skipped) > 1 else ''} whose "
+                      f"name is not UTF-8 text (first: {os.fsencode(skipped[0].name)!r}); rename "
+                      f"{'them' if len(skipped) > 1 else 'it'} to use {'them' if len(skipped) > 1 else 'it'}",
+                      SkippedNameWarning, stacklevel=2)
+    return kept
+
+
 def list_images(folder: Path) -> list[Path]:
-    return sorted(p for p in folder.iterdir() if p.is_file() and p.suffix.lower() in IMAGE_SUFFIXES)
+    """The image files of ``folder`` (by suffix), sorted; names that are not text are skipped with a warning."""
+    found = [p for p in folder.iterdir() if p.suffix.lower() in IMAGE_SUFFIXES and p.is_file()]
+    return sorted(text_named(found, folder, "image"))
 
 
 class ImageReadError(DataError):

@@ -30,7 +30,7 @@ from torch.utils.data import DataLoader
 from clova_train.core.errors import DataError
 from clova_train.datamodules.prompt_tuning.chunks import PromptTuningDataModule
 from clova_train.tools.clip.tool import ClipInstance
-from clova_train.tools.images import IMAGE_SUFFIXES, check_image, list_images, load_image
+from clova_train.tools.images import IMAGE_SUFFIXES, check_image, list_images, load_image, text_named
 
 __all__ = ["ConceptFolderDataModule", "SyntheticConceptDataModule", "check_image", "list_images", "load_image"]
 
@@ -67,6 +67,12 @@ def split_concept(folder: Path, val_per_concept: int) -> ConceptSplit:
     if not train or not val:
         raise DataError(f"concept folder {folder} needs at least one training and one validation image")
     return ConceptSplit(folder.name, tuple(train), tuple(val))
+
+
+def concept_folders(root: Path) -> list[Path]:
+    """The concept sub-folders of ``root``; a folder whose name is not UTF-8 text cannot name a concept and is
+    skipped with a warning counting such folders."""
+    return text_named((p for p in root.iterdir() if p.is_dir()), root, "concept folder")
 
 
 def _instance_rng(seed: int, instance_id: str) -> random.Random:
@@ -261,7 +267,7 @@ class ConceptFolderDataModule(PromptTuningDataModule):
         if not root.is_dir():
             raise DataError(f"{what} folder not found: {root}")
         if names is None:
-            names = sorted(p.name for p in root.iterdir() if p.is_dir())
+            names = sorted(p.name for p in concept_folders(root))
             if not names:
                 raise DataError(f"{what} folder {root} has no concept sub-folders")
         splits = [split_concept(root / name, self.val_per_concept) for name in names]
@@ -275,7 +281,7 @@ class ConceptFolderDataModule(PromptTuningDataModule):
         learned_names = {s.concept for s in learned}
         negatives = []
         if self.concepts is not None:
-            others = sorted(p.name for p in self.root.iterdir() if p.is_dir() and p.name not in learned_names)
+            others = sorted(p.name for p in concept_folders(self.root) if p.name not in learned_names)
             negatives += self._splits(self.root, others, "concept root") if others else []
         if self.negatives_root is not None:
             negatives += self._splits(self.negatives_root, None, "negatives root")
@@ -314,7 +320,7 @@ class ConceptFolderDataModule(PromptTuningDataModule):
         if not self.test_root.is_dir():
             raise DataError(f"test root folder not found: {self.test_root}")
         files = []
-        for folder in sorted(p for p in self.test_root.iterdir() if p.is_dir()):
+        for folder in sorted(concept_folders(self.test_root)):
             for path in list_images(folder):
                 check_image(path)
                 files.append((path, folder.name))

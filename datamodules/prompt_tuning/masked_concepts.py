@@ -21,7 +21,7 @@ from typing import Any, Literal
 
 from clova_train.core.errors import DataError
 from clova_train.datamodules.prompt_tuning.chunks import PromptTuningDataModule
-from clova_train.datamodules.prompt_tuning.concept_folders import ConceptSplit, split_concept
+from clova_train.datamodules.prompt_tuning.concept_folders import ConceptSplit, concept_folders, split_concept
 from clova_train.tools.images import IMAGE_SUFFIXES
 from clova_train.tools.replace.tool import MaskedImage, ReplaceInstance, concept_words, load_masked_image
 
@@ -110,7 +110,7 @@ class MaskedConceptDataModule(PromptTuningDataModule):
             raise DataError(f"masked concept root folder not found: {self.root}")
         names = self.concepts
         if names is None:
-            names = sorted(p.name for p in self.root.iterdir() if p.is_dir() and not p.name.startswith("."))
+            names = sorted(p.name for p in concept_folders(self.root) if not p.name.startswith("."))
             if not names:
                 raise DataError(f"masked concept root {self.root} has no concept sub-folders")
         self.splits = [split_concept(self.root / name, self.val_per_concept) for name in names]

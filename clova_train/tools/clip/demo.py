@@ -30,7 +30,7 @@ from clova_train.tools.clip.synthetic import write_concept_folders
 from clova_train.tools.clip.margin import (
     CONFIDENCE, NEVER, TOLERANCE, choose_margin, classify_forwards, decide, images_needed,
 )
-from clova_train.tools.images import list_images, load_image
+from clova_train.tools.images import list_images, load_image, text_named
 from clova_train.tools.prompt_server import PromptToolServer
 
 TEST_SEED, VALIDATION_SEED = 987_654, 123_457
@@ -46,7 +46,7 @@ def _data_defaults(export_dir: Path) -> dict:
 
 def load_folder(root: Path, image_size: int) -> tuple[list[str], list[Path], torch.Tensor, torch.Tensor]:
     """Concepts (sub-folders), files, images and true label indices of a concept-folder root."""
-    concepts = sorted(p.name for p in root.iterdir() if p.is_dir())
+    concepts = sorted(p.name for p in text_named((p for p in root.iterdir() if p.is_dir()), root, "concept folder"))
     files = [(f, c) for c in concepts for f in list_images(root / c)]
     images = torch.stack([load_image(f, image_size) for f, _ in files])
     return concepts, [f for f, _ in files], images, torch.tensor([concepts.index(c) for _, c in files])
