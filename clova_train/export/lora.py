@@ -32,7 +32,9 @@ from typing import Any
 from clova_train.core.atomic import write_json_atomic
 from clova_train.core.errors import ExportError
 from clova_train.core.safe_files import read_json_object
+from clova_train.export.export_limits import check_model_files
 from clova_train.tooluse.prompt_template import TEMPLATE_FILE, PromptTemplate
+from clova_train.tooluse.template_guard import probe_tokenizer_directory
 from clova_train.tooluse.served_llm import SERVING_FILE, adapter_base_name, check_adapter_weights, config_digest  # stop strings and recommended sampling, beside the tokenizer
 
 from clova_train.models.lora_tool_llm import LORA_CHECKPOINT_KEY
@@ -162,6 +164,7 @@ def export_lora_run(
                           f"({base_model_id!r}); to carry a local base, export with --copy-base")
     if checkpoint is None:
         adapter = source / "adapter"
+        check_model_files(adapter)  # the run's files may come from someone else: bounded before PEFT reads them
         check_adapter_weights(adapter)
         copy_tree(adapter, staging / "adapter")
         base_name = adapter_base_name(adapter)
@@ -176,6 +179,12 @@ def export_lora_run(
     named_base = base_model_id or base_name
     origin["base_model"] = base_name  # where this machine has it: serving prefers it to a hub download, if the same
     local_base = local_model_path(base_name)
+    if local_base is not None and local_base.is_dir():
+        check_model_files(local_base)
+    tokenizer_dir = local_model_path(tokenizer_name)
+    if tokenizer_dir is not None and tokenizer_dir.is_dir():
+        check_model_files(tokenizer_dir)
+        probe_tokenizer_directory(tokenizer_dir)  # its native parser and chat template, in a limited child first
     if local_base is not None and (local_base / "config.json").is_file():
         origin["base_model_config_sha256"] = config_digest(local_base)
     _point_adapter_at(staging / "adapter", named_base)

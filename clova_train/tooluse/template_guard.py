@@ -90,6 +90,7 @@ class _Worker:
             start_new_session=True, close_fds=True,
         )
         self._buffer = b""
+        self.owner = os.getpid()  # a forked copy of this object must not talk to the same child
         self.answered = False  # it has replied once (so it has started: its first request also waits for that)
         self._finalizer = weakref.finalize(self, _kill, self.process)
 
@@ -138,6 +139,7 @@ class _Worker:
         return f"exited with status {code}"
 
     def alive(self) -> bool:
+        """The child still runs."""
         return self.process.poll() is None
 
     def close(self) -> None:
@@ -170,6 +172,8 @@ def probe_tokenizer_files(tokenizer_file: Path | None, template: str | None, spe
     """Load ``tokenizer_file`` (a ``tokenizer.json``) and encode :data:`PROBE_TEXTS`, then render ``template`` for
     :data:`PROBE_CONVERSATION`, in a limited child; an :class:`ExportError` naming the tokenizer file or the chat
     template of ``where`` when either fails, hangs or crashes."""
+    if tokenizer_file is None and template is None:
+        return
     limits = limits or DEFAULT_GUARD
     worker = _Worker(limits.memory_mb, int(limits.probe_timeout_s) + 1)
     try:
@@ -211,7 +215,7 @@ class ChatTemplateRenderer:
         request = {"op": "render", "template": self.template, "special": self.special, "messages": messages,
                    "add_generation_prompt": add_generation_prompt, "max_chars": max_chars}
         with self._lock:
-            if self._worker is None or not self._worker.alive():
+            if self._worker is None or self._worker.owner != os.getpid() or not self._worker.alive():
                 self._worker = _Worker(self.limits.memory_mb, 0)
             worker = self._worker
             timeout = self.limits.render_timeout_s + (0.0 if worker.answered else STARTUP_S)

@@ -225,3 +225,19 @@ def test_each_request_is_rendered_under_a_time_and_size_bound(tiny_export: Path,
         assert budget.prompt_tokens(ChatRequest(USER)) > 0
     finally:
         budget.renderer.close()
+
+
+@pytest.mark.parametrize("spoil, words", [
+    (lambda adapter: edit_json(adapter / "adapter_config.json", layer_replication=[[0, 1_000_000]]),
+     "layer_replication"),
+    (lambda adapter: set_template(adapter.parent, "{{ raise_exception('x') }}"), "chat template"),
+])
+def test_export_reads_a_runs_adapter_files_within_bounds(tiny_export: Path, tmp_path: Path, spoil, words: str) -> None:
+    """``clova-train export`` of a run whose adapter files are hostile: one error before PEFT or tokenizers read them."""
+    from clova_train.export.lora import export_lora_run
+
+    run = tmp_path / "run"
+    shutil.copytree(tiny_export / "adapter", run / "adapter")
+    spoil(run / "adapter")
+    with pytest.raises(ExportError, match=words):
+        export_lora_run(run, tmp_path / "staging", merged=False)
