@@ -37,11 +37,24 @@ class ReadLimits:
         max_bytes: largest file or text accepted (bytes, before decoding).
         max_depth: deepest nesting of lists and objects accepted (a flat record has depth 1).
         max_nodes: YAML only: most nodes the document may expand to once aliases are resolved.
+        max_values: most values (lists, objects, keys and scalars) the parsed document may hold, JSON and YAML alike
+            (None: not counted; a small file kind sets it so that its reader's work stays small).
+        max_text: longest string (a key or a value, in characters) accepted (None: any).
+        finite_only: numbers must be finite and integers within the 64-bit range (no ``NaN``, ``Infinity``,
+            ``.inf`` or 5,000-digit integers).
     """
 
     max_bytes: int = 1 << 30
     max_depth: int = 100
     max_nodes: int = 1_000_000
+    max_values: int | None = None
+    max_text: int | None = None
+    finite_only: bool = False
+
+    @property
+    def checks_values(self) -> bool:
+        """Whether a parsed document is walked value by value (count, string length, finite numbers)."""
+        return self.max_values is not None or self.max_text is not None or self.finite_only
 
 
 DEFAULT_LIMITS = ReadLimits()
@@ -143,8 +156,51 @@ def nesting_depth(value: Any, limit: int) -> int:
 
 
 def _check_depth(value: Any, where: str, limits: ReadLimits) -> Any:
+    if limits.checks_values:
+        return check_values(value, where, limits)
     if nesting_depth(value, limits.max_depth) > limits.max_depth:
         raise DataError(f"{where} is nested more than {limits.max_depth} levels deep")
+    return value
+
+
+def _path_text(path: tuple[Any, ...]) -> str:
+    text = "".join(f"[{step}]" if isinstance(step, int) else f".{step}" for step in path).lstrip(".")
+    return text[:200] or "(the top level)"
+
+
+def check_values(value: Any, where: str, limits: ReadLimits) -> Any:
+    """``value`` (a parsed JSON/YAML document) if it keeps within ``limits``: nesting depth, ``max_values``,
+    ``max_text`` and, with ``finite_only``, finite numbers; else one :class:`DataError` naming ``where`` and the
+    place in the document (``instances[3].loss_curve[7]``). One walk without recursion, stopping at the first fault."""
+    count, stack = 0, [(value, (), 0)]
+    while stack:
+        item, path, depth = stack.pop()
+        count += 1
+        if limits.max_values is not None and count > limits.max_values:
+            raise DataError(f"{where} holds more than {limits.max_values:,} values")
+        if isinstance(item, dict):
+            if depth + 1 > limits.max_depth:
+                raise DataError(f"{where} is nested more than {limits.max_depth} levels deep")
+            for key, child in item.items():
+                count += 1
+                if limits.max_text is not None and isinstance(key, str) and len(key) > limits.max_text:
+                    raise DataError(f"{where}: a key of {len(key):,} characters at {_path_text(path)} "
+                                    f"(at most {limits.max_text:,})")
+                stack.append((child, (*path, str(key)[:60]), depth + 1))
+        elif isinstance(item, (list, tuple)):
+            if depth + 1 > limits.max_depth:
+                raise DataError(f"{where} is nested more than {limits.max_depth} levels deep")
+            stack.extend((child, (*path, i), depth + 1) for i, child in enumerate(item))
+        elif isinstance(item, str):
+            if limits.max_text is not None and len(item) > limits.max_text:
+                raise DataError(f"{where}: {_path_text(path)} is a text of {len(item):,} characters "
+                                f"(at most {limits.max_text:,})")
+        elif limits.finite_only and isinstance(item, float) and not math.isfinite(item):
+            raise DataError(f"{where}: {_path_text(path)} = {item}: must be a finite number")
+        elif limits.finite_only and isinstance(item, int) and not isinstance(item, bool) \
+                and not -(2**63) <= item < 2**64:
+            raise DataError(f"{where}: {_path_text(path)} is an integer of {item.bit_length():,} bits, "
+                            "outside the 64-bit range")
     return value
 
 
@@ -200,7 +256,7 @@ def parse_json(text: str | bytes, where: str, limits: ReadLimits = DEFAULT_LIMIT
     if isinstance(text, bytes):
         text = decode_utf8(text, where)
     strict = {"parse_constant": _no_constant, "parse_float": _finite_float, "parse_int": _bounded_int} \
-        if finite_only else {}
+        if finite_only or limits.finite_only else {}
     try:
         value = json.loads(text, object_pairs_hook=_unique_pairs, **strict)
     except _NotFinite as err:
@@ -291,7 +347,8 @@ def check_yaml(text: str, where: str, limits: ReadLimits = DEFAULT_LIMITS, const
         if not construct:
             return None
         try:
-            return loader.construct_document(node)
+            value = loader.construct_document(node)
+            return check_values(value, where, limits) if limits.checks_values else value
         except (ValueError, TypeError, OverflowError) as err:  # a bad date, an integer of 5,000 digits, ...
             raise DataError(f"{where} holds a value that cannot be read: {err}") from None
     except RecursionError:
