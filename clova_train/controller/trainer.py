@@ -5,7 +5,8 @@ Read top to bottom:
 * :class:`DQNConfig`, :class:`TrainConfig`, :class:`ControllerConfig`: what ``controller fit`` reads from YAML
   (every field documented; ``--help`` shows them);
 * :func:`validate`: every value checked before anything starts, one message naming each bad key;
-* :func:`fit`: n environments (``DummyVecEnv`` or ``SubprocVecEnv``), SB3 DQN with an MLP Q-network, a progress
+* :func:`fit`: n environments (``DummyVecEnv`` or ``SubprocVecEnv``), SB3 DQN with an MLP Q-network (or, with
+  ``dqn.q_network: per_sample``, :mod:`clova_train.controller.per_sample_policy`'s shared per-sample scorer), a progress
   bar, logs (CSV continued on resume, TensorBoard) of reward, accuracy, episode length, rejects and cache hit
   rate, SB3's evaluation and checkpoint callbacks (:mod:`clova_train.controller.callbacks`: ``evaluations.npz``,
   ``best_model.zip``, atomic ``checkpoints/controller_<steps>_steps.zip``, with the replay buffer on request). A rerun of
@@ -39,6 +40,7 @@ SQLITE_SIDE_FILES = ("-wal", "-shm", "-journal")
 LOG_FORMATS = ("stdout", "csv", "tensorboard", "log", "json")
 ENVIRONMENTS = ("hydra", "avis", "hammr")  # each configured by the section of its name
 ExplorationSchedule = Literal["linear", "hydra_step"]
+QNetworkKind = Literal["mlp", "per_sample"]
 __all__ = ["ControllerConfig", "DQNConfig", "TrainConfig", "evaluate", "fit", "format_table", "validate"]
 
 
@@ -47,7 +49,12 @@ class DQNConfig:
     """stable-baselines3 DQN settings (defaults: HYDRA supplementary B).
 
     Args:
-        net_arch: hidden layer sizes of the Q-network (paper: [512], on a 1536-d observation).
+        q_network: ``mlp`` (HYDRA's: one MLP over the whole observation, paper layout) or ``per_sample`` (HYDRA's
+            ``per_part`` layout only: one MLP with shared weights scores each instruction sample from the context,
+            the sample, its probability and rank, and a separate one scores re-plan; permuting the planner's list
+            permutes the Q-values; ``clova_train.controller.per_sample_policy``).
+        net_arch: hidden layer sizes of the Q-network (paper: [512], on a 1536-d observation); ``per_sample``: of
+            each of its two heads.
         learning_rate: Adam learning rate (paper: 1e-4).
         batch_size: replay minibatch size (paper: 128).
         buffer_size: replay buffer capacity in transitions.
@@ -72,6 +79,7 @@ class DQNConfig:
         device: torch device (``auto`` picks CUDA when present).
     """
 
+    q_network: QNetworkKind = "mlp"
     net_arch: list[int] = field(default_factory=lambda: [512])
     learning_rate: float = 1e-4
     batch_size: int = 128
@@ -187,6 +195,10 @@ def _problems(config: ControllerConfig) -> list[str]:
         reason = env.selection_problem(dqn.action_selection, section)
         found.need(not reason, "dqn.action_selection", dqn.action_selection, reason)
     d = Problems("dqn")
+    d.one_of("q_network", dqn.q_network, get_args(QNetworkKind))
+    if dqn.q_network == "per_sample" and config.environment in ENVIRONMENTS:
+        reason = per_sample_problem(config)
+        d.need(not reason, "q_network", dqn.q_network, reason)
     d.need(bool(dqn.net_arch) and all(isinstance(n, int) and n >= 1 for n in dqn.net_arch), "net_arch",
            dqn.net_arch, "must be a non-empty list of layer sizes >= 1")
     d.positive("learning_rate", dqn.learning_rate)
@@ -223,6 +235,17 @@ def _problems(config: ControllerConfig) -> list[str]:
     return [*found.messages, *d.messages, *t.messages]
 
 
+def per_sample_problem(config: ControllerConfig) -> str:
+    """Why ``dqn.q_network: per_sample`` cannot read this run's observation ("" when it can)."""
+    if config.environment != "hydra":
+        return (f"scores HYDRA's instruction samples one by one, so it needs environment: hydra with hydra.layout: "
+                f"per_part (environment is {config.environment}; use q_network: mlp)")
+    if config.hydra.layout != "per_part":
+        return (f"needs hydra.layout: per_part (each sample embedded on its own), hydra.layout is "
+                f"{config.hydra.layout!r}; use q_network: mlp with the joint layout")
+    return ""
+
+
 def validate(config: ControllerConfig) -> None:
     """Raise one :class:`ClovaTrainError` listing every invalid value (key, value, rule), or return."""
     problems = _problems(config)
@@ -247,16 +270,43 @@ def make_vec_env(config: ControllerConfig):
                             vec_env_cls=vec_cls)
 
 
+def describe_env(env: Any) -> dict[str, Any]:
+    """The ``describe()`` of a (vectorised) environment's first copy."""
+    return env.env_method("describe", indices=[0])[0] if hasattr(env, "env_method") else env.describe()
+
+
+def q_network_policy(config: ControllerConfig, env: Any) -> tuple[Any, dict[str, Any]]:
+    """The SB3 policy (name or class) and its ``policy_kwargs`` for ``dqn.q_network``."""
+    kwargs: dict[str, Any] = {"net_arch": list(config.dqn.net_arch)}
+    if config.dqn.q_network != "per_sample":
+        return "MlpPolicy", kwargs
+    from clova_train.controller.per_sample_policy import PerSampleDQNPolicy, per_sample_layout
+
+    try:
+        num_samples, embedding_dim = per_sample_layout(describe_env(env))
+    except ValueError as err:
+        raise ClovaTrainError(f"dqn.q_network = per_sample: {err}") from None
+    return PerSampleDQNPolicy, kwargs | {"num_samples": num_samples, "embedding_dim": embedding_dim}
+
+
+def q_network_kind(model: Any) -> str:
+    """``per_sample`` or ``mlp``: which ``dqn.q_network`` a loaded model has."""
+    from clova_train.controller.per_sample_policy import PerSampleDQNPolicy
+
+    return "per_sample" if isinstance(model.policy, PerSampleDQNPolicy) else "mlp"
+
+
 def build_model(config: ControllerConfig, env: Any) -> Any:
     from clova_train.controller.selection import ControllerDQN
 
     d = config.dqn
+    policy, policy_kwargs = q_network_policy(config, env)
     return ControllerDQN(
-        "MlpPolicy", env, learning_rate=d.learning_rate, buffer_size=d.buffer_size, learning_starts=d.learning_starts,
+        policy, env, learning_rate=d.learning_rate, buffer_size=d.buffer_size, learning_starts=d.learning_starts,
         batch_size=d.batch_size, gamma=d.gamma, train_freq=d.train_freq, gradient_steps=d.gradient_steps,
         target_update_interval=d.target_update_interval, exploration_initial_eps=d.exploration_initial_eps,
         exploration_final_eps=d.exploration_final_eps, exploration_fraction=d.exploration_fraction,
-        max_grad_norm=d.max_grad_norm, policy_kwargs={"net_arch": list(d.net_arch)}, seed=config.train.seed,
+        max_grad_norm=d.max_grad_norm, policy_kwargs=policy_kwargs, seed=config.train.seed,
         device=d.device, verbose=0, action_selection=d.action_selection,
         num_samples=config.env_config().observation_tail().probabilities,
         exploration_schedule=d.exploration_schedule, exploration_decay=d.exploration_decay,
@@ -274,11 +324,15 @@ def load_controller(path: str | Path, config: ControllerConfig, env: Any = None,
     d = config.dqn
     # ``load`` sets these keyword arguments as attributes (the names ControllerDQN keeps them under); the zip's
     # pickled fields come in through the allowlist (custom_objects), so SB3 unpickles nothing.
-    return ControllerDQN.load(path, env=env, device=device, custom_objects=zip_custom_objects(path),
-                         action_selection=d.action_selection,
-                         num_samples=config.env_config().observation_tail().probabilities,
-                         exploration_schedule_kind=d.exploration_schedule,
-                         exploration_decay=d.exploration_decay, exploration_decay_every=d.exploration_decay_every)
+    custom_objects = zip_custom_objects(path)
+    try:
+        return ControllerDQN.load(path, env=env, device=device, custom_objects=custom_objects,
+                                  action_selection=d.action_selection,
+                                  num_samples=config.env_config().observation_tail().probabilities,
+                                  exploration_schedule_kind=d.exploration_schedule, exploration_decay=d.exploration_decay,
+                                  exploration_decay_every=d.exploration_decay_every)
+    except ValueError as err:  # a Q-network its own fields cannot build, or spaces that do not match the environment
+        raise ClovaTrainError(f"controller {path} cannot be loaded: {err}") from None
 
 
 def finished_steps(run_dir: Path) -> int | None:
@@ -316,6 +370,10 @@ def _load(config: ControllerConfig, env: Any, checkpoints: Path) -> Any:
         return build_model(config, env)
     model_path, replay_path, _ = found
     model = load_controller(model_path, config, env, config.dqn.device)
+    if q_network_kind(model) != config.dqn.q_network:
+        raise ClovaTrainError(f"checkpoint {model_path} has a {q_network_kind(model)} Q-network, the config asks for "
+                              f"dqn.q_network = {config.dqn.q_network}: resume with the setting it was trained with, "
+                              "or pass --force to train afresh")
     if model.observation_space.shape != env.observation_space.shape:
         raise ClovaTrainError(f"checkpoint {model_path} expects observations of shape {model.observation_space.shape}"
                               f", the configured environment gives {env.observation_space.shape}")

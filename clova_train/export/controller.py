@@ -1,6 +1,10 @@
 """Export a trained controller for serving: the SB3 ``.zip``, a TorchScript Q-network, a JSON description, a
 standalone observation builder and a README.
 
+The Q-network is exported whatever its architecture (``dqn.q_network``: HYDRA's ``mlp`` or the ``per_sample``
+scorer): it is traced to TorchScript from the SB3 model and checked to give its Q-values, so serving reads
+``q_network.pt`` the same way for both; ``controller.json``'s ``q_network.architecture`` names it.
+
 The directory is staged and swapped in atomically and carries the same ``export.json`` / ``versions.json``
 as every other export (``clova_train.core.manifest``).
 
@@ -35,7 +39,13 @@ from clova_train.envs.common.selection import ACTION_RULES, MASKED_RULE
 OBSERVATION_MODULE = "observation.py"
 
 
-def controller_card(description: dict, n_actions: int, rule: str) -> str:
+PER_SAMPLE_NOTE = (
+    "\nQ-network: `per_sample` (one MLP with shared weights scores each instruction sample, a separate one re-plan; "
+    "`clova_train.controller.per_sample_policy`). `q_network.pt` runs it without clova-train; `controller.zip` names "
+    "that policy class, so `DQN.load` needs clova-train importable.\n")
+
+
+def controller_card(description: dict, n_actions: int, rule: str, q_network: str = "mlp") -> str:
     """The export's README: what the files are and how to choose an action without clova-train."""
     environment = description.get("environment", "hydra")
     if environment == "hydra":
@@ -76,7 +86,7 @@ q_values = torch.jit.load("q_network.pt")(torch.from_numpy(x)[None])     # [1, {
 ```
 
 Action rule: {rule} (`controller.zip`'s plain `predict` takes the argmax over every action).
-{planner_format}Observation parts (`[start, end)`): {json.dumps(description["observation_parts"])}.
+{PER_SAMPLE_NOTE if q_network == "per_sample" else ""}{planner_format}Observation parts (`[start, end)`): {json.dumps(description["observation_parts"])}.
 
 | action | meaning |
 | --- | --- |
@@ -97,7 +107,7 @@ def trained_by(checkpoint: Path) -> RunManifest | None:
 def export_controller(checkpoint: str | Path, output: str | Path, config: ControllerConfig) -> Path:
     """Write ``controller.zip``, ``q_network.pt``, ``controller.json``, ``observation.py`` and ``README.md`` to
     ``output``; returns it."""
-    from clova_train.controller.trainer import load_controller
+    from clova_train.controller.trainer import load_controller, q_network_kind
 
     checkpoint, output = Path(checkpoint), Path(output)
     if not checkpoint.is_file():
@@ -129,12 +139,13 @@ def export_controller(checkpoint: str | Path, output: str | Path, config: Contro
             **description,
             "q_network": {"file": "q_network.pt", "format": "torchscript", "input_shape": ["batch", *expected],
                           "output_shape": ["batch", int(model.action_space.n)],
-                          "action": rule},
+                          "action": rule, "architecture": q_network_kind(model)},
             "action_selection": config.dqn.action_selection,
             "sb3_zip": "controller.zip",
             "observation_builder": OBSERVATION_MODULE,
         })
-        (staging / "README.md").write_text(controller_card(description, int(model.action_space.n), rule))
+        card = controller_card(description, int(model.action_space.n), rule, q_network_kind(model))
+        (staging / "README.md").write_text(card)
         write_manifest(staging, "controller", {"kind": "checkpoint", "path": str(checkpoint.resolve())},
                        **export_manifest_fields("controller", None, trained_by(checkpoint)))
     return output

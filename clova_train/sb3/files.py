@@ -44,6 +44,7 @@ ALLOWED_GLOBALS = frozenset({
     ("stable_baselines3.common.type_aliases", "TrainFrequencyUnit"),
     ("stable_baselines3.common.buffers", "ReplayBuffer"),
     ("stable_baselines3.dqn.policies", "DQNPolicy"), ("stable_baselines3.dqn.policies", "QNetwork"),
+    ("clova_train.controller.per_sample_policy", "PerSampleDQNPolicy"),  # dqn.q_network: per_sample
 })
 
 
