@@ -343,7 +343,12 @@ class ToolInstructionDataModule(LightningDataModule):
 
         from clova_train.core.atomic import write_json_atomic
 
-        write_json_atomic(Path(self.trainer.default_root_dir) / "data_report.json", {k: asdict(v) for k, v in self.report.items()})
+        write_json_atomic(Path(self.trainer.default_root_dir) / "data_report.json",
+                          {**{k: asdict(v) for k, v in self.report.items()}, **self.report_extras()})
+
+    def report_extras(self) -> dict[str, Any]:
+        """What the data report holds beside the per-split counts (the synthetic data's template split)."""
+        return {}
 
     def state_dict(self) -> dict[str, int]:
         """Where training is inside its epoch (saved in checkpoints; a resumed run continues from there)."""
@@ -390,19 +395,30 @@ class ToolInstructionDataModule(LightningDataModule):
 class SyntheticToolDataModule(ToolInstructionDataModule):
     """:class:`ToolInstructionDataModule` over synthetic GPT4Tools data, written to ``root`` if missing.
 
-    ``root`` gets ``train.json`` (seen tools: positive, context and negative samples), ``val.json``
-    (seen tools and negatives, other scenes) and ``test.json`` (the unseen tools of GPT4Tools Table 6).
+    The three files are split by request template, and by tool for the unseen tools
+    (:mod:`~clova_train.datamodules.tool_llm.template_split`, seeded with ``render_seed``): no validation or test
+    request is written from a template any training request is written from.
+
+    * ``train.json``: seen tools (training templates): positive, context and negative samples;
+    * ``val.json``: seen tools (validation templates), the validation share of the unseen tools (GPT4Tools Table 6)
+      and negatives (validation chit-chat): what a run is checked and chosen on;
+    * ``test.json``: seen tools (test templates), the other unseen tools and negatives (test chit-chat): reported
+      once, after every choice was made;
+    * ``template_split.json``: the rule, the seed and each split's templates and unseen tools (also in the run's
+      ``data_report.json``).
 
     Args:
         root: folder of the generated files.
         tokenizer: tokenizer directory or hub id.
         conversations_per_tool: training conversations per seen tool.
         eval_conversations_per_tool: validation / test conversations per tool.
-        negatives: no-tool samples in the training set (a quarter as many in validation).
+        negatives: no-tool samples in the training set (a quarter as many in validation and in test).
         tools_per_prompt: tools listed in each prompt (GPT4Tools lists all of them; fewer keeps prompts short).
-        render_seed: seed of the generator.
+        render_seed: seed of the generator and of the template split.
         **kwargs: the other arguments of :class:`ToolInstructionDataModule`.
     """
+
+    SPLIT_LAYOUT = "by request template and unseen tool, train/val/test (template_split.py, v1)"
 
     def __init__(
         self,
@@ -427,17 +443,35 @@ class SyntheticToolDataModule(ToolInstructionDataModule):
             "negatives": negatives,
             "tools_per_prompt": tools_per_prompt,
             "render_seed": render_seed,
+            "split": self.SPLIT_LAYOUT,  # data written under another layout is refused, not silently reused
         }
 
     def prepare_data(self) -> None:
+        from clova_train.core.atomic import write_json_atomic
+        from clova_train.datamodules.tool_llm.template_split import split_templates
+        from clova_train.datamodules.tool_llm.tool_conversations import SEEN_TOOLS, synthetic_records, write_records
         from clova_train.synthetic.shapes import generated_before, record_generation
-        from clova_train.datamodules.tool_llm.tool_conversations import SEEN_TOOLS, UNSEEN_TOOLS, write_synthetic_split
 
         if generated_before(self.root, self.generation):
             return
         g = self.generation
-        seen, unseen = list(SEEN_TOOLS), list(UNSEEN_TOOLS)
-        write_synthetic_split(self.root / "train.json", seen, g["conversations_per_tool"], g["negatives"], g["tools_per_prompt"], g["render_seed"])
-        write_synthetic_split(self.root / "val.json", seen, g["eval_conversations_per_tool"], max(1, g["negatives"] // 4), g["tools_per_prompt"], g["render_seed"] + 1)
-        write_synthetic_split(self.root / "test.json", unseen, g["eval_conversations_per_tool"], 0, g["tools_per_prompt"], g["render_seed"] + 2)
+        seed, seen, per_tool, per_prompt = g["render_seed"], list(SEEN_TOOLS), g["eval_conversations_per_tool"], g["tools_per_prompt"]
+        split = split_templates(seed)
+        write_records(self.root / "train.json", synthetic_records(
+            seen, g["conversations_per_tool"], g["negatives"], per_prompt, seed, templates=split.templates["train"]))
+        for offset, name in ((1, "val"), (2, "test")):
+            records = synthetic_records(seen, per_tool, max(1, g["negatives"] // 4), per_prompt, seed + offset,
+                                        templates=split.templates[name])
+            records += synthetic_records(split.unseen_tools[name], per_tool, 0, per_prompt, seed + 2 + offset,
+                                         templates=split.templates[name])
+            write_records(self.root / f"{name}.json", records)
+        write_json_atomic(self.root / "template_split.json", split.describe())
         record_generation(self.root, self.generation)
+
+    def report_extras(self) -> dict[str, Any]:
+        split = self.root / "template_split.json"
+        if not split.is_file():
+            return {}
+        from clova_train.core.safe_files import read_json
+
+        return {"template_split": read_json(split, "template split record")}

@@ -36,7 +36,7 @@ def test_a_later_step_uses_the_observation_and_an_unlisted_tool_becomes_a_listed
                               "Action Input: image/cccc.png, circle\nObservation:")
     asked = record("image/bbbb.png", "Cut out the box of the square",
                    step.format(tool="Detect the Given Object", image="image/bbbb.png", seen="image/dddd.png"))
-    predicted = NearestRecordBaseline([neighbour]).predict(asked)
+    predicted = NearestRecordBaseline([neighbour], tool_choice="renaming rule").predict(asked)
     assert "Action: Segment the Given Object" in predicted  # the listed tool most like the neighbour's
     assert "Action Input: image/dddd.png, square" in predicted
 
