@@ -32,7 +32,7 @@ from typing import Any
 from clova_train.core.atomic import write_json_atomic
 from clova_train.core.errors import ExportError
 from clova_train.core.safe_files import read_json_object
-from clova_train.export.export_limits import check_model_files
+from clova_train.core.model_file_limits import check_model_files
 from clova_train.tooluse.prompt_template import TEMPLATE_FILE, PromptTemplate
 from clova_train.tooluse.template_guard import probe_tokenizer_directory
 from clova_train.tooluse.served_llm import SERVING_FILE, adapter_base_name, check_adapter_weights, config_digest  # stop strings and recommended sampling, beside the tokenizer

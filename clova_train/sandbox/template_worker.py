@@ -1,11 +1,14 @@
 """The child process that runs an export's chat template and native tokenizer parser for
-:mod:`clova_train.tooluse.template_guard` (``python -m clova_train.tooluse.template_worker``).
+:mod:`clova_train.tooluse.template_guard` (``python -m clova_train.sandbox.template_worker``).
 
-It limits itself first (address space, and CPU time for a probe), then reads one JSON request per line on stdin and
-writes one JSON reply per line on stdout, until stdin closes (its parent is gone):
+It imports what it needs and reads the tokenizer file it is given (a probe's), then locks itself down with the
+package's sandbox layers (:func:`clova_train.sandbox.isolation.lock_down`: no new file, process or thread, an address
+space limit, an unprivileged user and a system-call allowlist where the platform has them) and a CPU-time limit for a
+probe; then it reads one JSON request per line on stdin and writes one JSON reply per line on stdout (the first, ``{"ready": true}``, says it is locked down), until stdin
+closes (its parent is gone):
 
-* ``{"op": "probe", "tokenizer_file": path | null, "template": str | null, "special": {...}, "messages": [...],
-  "texts": [...], "max_chars": n}``: load the tokenizer file with the ``tokenizers`` library and encode ``texts``,
+* ``{"op": "probe", "template": str | null, "special": {...}, "messages": [...], "texts": [...], "max_chars": n}``:
+  parse the tokenizer file (read at start) with the ``tokenizers`` library and encode ``texts``,
   then render ``template`` for ``messages``. Before each step it writes ``{"stage": "tokenizer" | "template"}``, so
   that a parent whose child dies (a Rust abort, the memory limit) knows which file did it.
 * ``{"op": "render", "template": str, "special": {...}, "messages": [...], "add_generation_prompt": bool,
@@ -19,16 +22,16 @@ is what ``apply_chat_template(..., tokenize=False)`` gives.
 from __future__ import annotations
 
 import json
-import resource
 import sys
 from typing import Any
 
 def _limit(memory_mb: int, cpu_s: int) -> None:
-    """Bound this process before it reads anything from the export."""
-    resource.setrlimit(resource.RLIMIT_AS, (memory_mb << 20, memory_mb << 20))
+    """Lock this process down before it parses anything from the export (``memory_mb``: address space it may add)."""
+    from clova_train.sandbox.isolation import limit_cpu, lock_down
+
+    lock_down(memory_mb, channel_fds=(0, 1, 2))
     if cpu_s > 0:
-        resource.setrlimit(resource.RLIMIT_CPU, (cpu_s, cpu_s + 1))
-    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+        limit_cpu(cpu_s)
 
 
 def _send(reply: dict[str, Any]) -> None:
@@ -57,14 +60,14 @@ def render(template: str, special: dict[str, Any], messages: list[dict[str, Any]
     return text
 
 
-def probe(request: dict[str, Any]) -> dict[str, Any]:
-    """Load and exercise the tokenizer file, then render the template once (see the module docstring)."""
+def probe(request: dict[str, Any], tokenizer_text: str | None) -> dict[str, Any]:
+    """Parse and exercise the tokenizer file, then render the template once (see the module docstring)."""
     tokens = 0
-    if request.get("tokenizer_file"):
+    if tokenizer_text is not None:
         _send({"stage": "tokenizer"})
         from tokenizers import Tokenizer
 
-        tokenizer = Tokenizer.from_file(request["tokenizer_file"])
+        tokenizer = Tokenizer.from_str(tokenizer_text)
         for text in request.get("texts", []):
             tokens += len(tokenizer.encode(text).ids)
     chars = 0
@@ -75,13 +78,13 @@ def probe(request: dict[str, Any]) -> dict[str, Any]:
     return {"ok": True, "tokens": tokens, "chars": chars}
 
 
-def serve(stdin: Any) -> None:
+def serve(stdin: Any, tokenizer_text: str | None = None) -> None:
     """Answer requests until stdin closes."""
     for line in stdin:
         try:
             request = json.loads(line)
             if request["op"] == "probe":
-                reply = probe(request)
+                reply = probe(request, tokenizer_text)
             else:
                 reply = {"ok": True, "text": render(request["template"], request.get("special", {}),
                                                     request["messages"], bool(request.get("add_generation_prompt")),
@@ -96,14 +99,50 @@ def serve(stdin: Any) -> None:
             _send({"ok": False, "error": "MemoryError: the reply does not fit the worker's memory limit"})
 
 
+WARM_UP = [  # rendered before the lock-down, so that what Jinja imports lazily is imported (no file opens after)
+    "{% set ns = namespace(n=0) %}{% macro m(x) %}{{ x|tojson }}{% endmacro %}{% for message in messages %}"
+    "{{ m(message) }}{{ message['content']|trim|upper|length }}{% set ns.n = ns.n + 1 %}{% endfor %}"
+    "{{ bos_token }}{{ 'a' ~ 1 }}{{ [1, 2]|join(',') }}{{ {'a': 1}|items|list }}{% if add_generation_prompt %}x{% endif %}",
+    "{{ raise_exception('warm-up') }}",
+    "{% if %}",
+    "{{ ''.__class__ }}{{ messages.append(1) }}",
+    "{{ undefined_name.attribute }}",
+]
+
+
+def _warm_up() -> None:
+    for template in WARM_UP:
+        try:
+            render(template, {"bos_token": "<s>"}, [{"role": "user", "content": "hi"}], True, 1 << 20)
+        except Exception:  # noqa: BLE001 (the failures are the point: their code paths get imported)
+            pass
+
+
 def main(argv: list[str]) -> None:
     memory_mb, cpu_s = int(argv[0]), int(argv[1])
-    import tokenizers  # noqa: F401 (imported before the limits: the package's own code, not the export's)
+    import tokenizers  # noqa: F401 (imported before the lock-down: the package's own code, not the export's)
     from transformers.utils import chat_template_utils  # noqa: F401
 
+    import jinja2.debug  # noqa: F401
+    import jinja2.ext  # noqa: F401
+
+    _warm_up()
+    tokenizer_text = None
+    if len(argv) > 2:  # read now: once locked down, no file can be opened
+        from clova_train.core.errors import DataError
+        from clova_train.core.safe_files import read_text
+        from clova_train.core.model_file_limits import FILE_BYTES
+
+        try:
+            tokenizer_text = read_text(argv[2], "tokenizer file", FILE_BYTES["tokenizer.json"])
+        except DataError as err:
+            _send({"stage": "tokenizer"})
+            _send(_failure(err))
+            return
     sys.setrecursionlimit(2000)
     _limit(memory_mb, cpu_s)
-    serve(sys.stdin)
+    _send({"ready": True})
+    serve(sys.stdin, tokenizer_text)
 
 
 if __name__ == "__main__":

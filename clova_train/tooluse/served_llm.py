@@ -11,7 +11,7 @@ asks for a temperature, and stops at EOS or the first stop string (``serving.jso
 reply as in training.
 
 The export's files are untrusted: before any library reads them they are bounded
-(:mod:`clova_train.export.export_limits`), and the tokenizer file and chat template are tried once in a limited
+(:mod:`clova_train.core.model_file_limits`), and the tokenizer file and chat template are tried once in a limited
 child process (:mod:`clova_train.tooluse.template_guard`); every request's prompt is rendered in such a child too, so
 a hostile template is one error, never a hang or a crash of the server.
 """
@@ -276,7 +276,7 @@ class ServedToolLLM:
         """What can be checked of a LoRA export without loading a model (a server checks this before its workers
         load it): the adapter, and the base it applies to when that is not the export's merged model. Returns that
         base's location (None: the merged model is served); an :class:`ExportError` names what is wrong."""
-        from clova_train.export.export_limits import check_export_files, check_model_files
+        from clova_train.core.model_file_limits import check_export_files, check_model_files
 
         directory = Path(directory)
         adapter = directory / "adapter"
@@ -391,8 +391,9 @@ class ServedToolLLM:
         width = encoded["input_ids"].shape[1]
         limits = [r.max_tokens or self.max_tokens for r in requests]
         stops = [self.stops(r) for r in requests]
-        tail = max((len(self.tokenizer(s, add_special_tokens=False)["input_ids"]) for row in stops for s in row),
-                   default=1) + 2
+        with guarded_tokenizer(self.tokenizer):
+            tail = max((len(self.tokenizer(s, add_special_tokens=False)["input_ids"]) for row in stops for s in row),
+                       default=1) + 2
 
         gone = [False] * len(requests)  # abandoned requests (the question is asked until it says yes)
 
@@ -424,7 +425,11 @@ class ServedToolLLM:
         if ended:
             kept = kept[: kept.index(self.tokenizer.eos_token_id)]
         text, stopped = _cut(self.tokenizer.decode(kept, skip_special_tokens=True), self.stops(request))
-        count = len(self.tokenizer(text, add_special_tokens=False)["input_ids"]) if stopped else len(kept)
+        if stopped:
+            with guarded_tokenizer(self.tokenizer):
+                count = len(self.tokenizer(text, add_special_tokens=False)["input_ids"])
+        else:
+            count = len(kept)
         finish = "stop" if stopped or ended else "length"
         if not (complete or stopped or ended or len(new) >= limit):
             finish = None

@@ -6,15 +6,17 @@ build a string of gigabytes, recurse, raise, or try to reach Python internals (t
 the whole process. So:
 
 * :func:`probe_tokenizer_files` loads the tokenizer file and encodes probe texts, then renders the chat template
-  once for a probe conversation, in a child process (:mod:`~clova_train.tooluse.template_worker`) with a memory
-  limit, a CPU limit and a wall-clock timeout, before the caller loads either itself. A failure is one
-  :class:`ExportError` naming the file at fault.
+  once for a probe conversation, in a child process (:mod:`~clova_train.sandbox.template_worker`) locked down with
+  the sandbox's layers (no file, process or thread; an address-space limit; a system-call allowlist), a CPU limit
+  and a wall-clock timeout, before the caller loads either itself. A failure is one :class:`ExportError` naming
+  the file at fault.
 * :class:`ChatTemplateRenderer` renders each request's conversation in one long-lived child of the same kind, with
   a wall-clock timeout (the child is killed and started again on the next request) and a cap on the text's length.
 
-Cost (measured on this package's 2-core CPU machine): a probe takes about 0.7 s (the child imports transformers'
-chat template code); a render in the long-lived child adds about 0.2 ms per request over rendering in-process (a
-pipe round trip): see ``tests/tool_llm/test_hostile_lora_files.py``.
+Cost (measured on this package's 2-core CPU machine, idle): a child starts in about 0.7 s (it imports
+transformers' chat template code, warms Jinja up and locks itself down), so a probe takes about that; a render in
+the long-lived child adds about 0.13 ms per request over rendering in-process (a pipe round trip; 0.17 ms against
+0.04 ms for the training template).
 """
 
 from __future__ import annotations
@@ -42,8 +44,8 @@ class GuardLimits:
     """Bounds of the child that runs a chat template or tokenizer parser.
 
     Args:
-        memory_mb: its address space (it needs about 200 MB to start; a real tokenizer.json of a 256k vocabulary
-            takes well under 1 GB to load).
+        memory_mb: address space it may add once started (a real tokenizer.json of a 256k vocabulary takes well
+            under 1 GB to parse).
         probe_timeout_s: wall-clock seconds for the probe (start, load the tokenizer, encode, render once); its CPU
             limit is the same number of seconds.
         render_timeout_s: wall-clock seconds for rendering one request's conversation.
@@ -51,14 +53,14 @@ class GuardLimits:
             its frame: a few kilobytes for real ones).
     """
 
-    memory_mb: int = 2048
+    memory_mb: int = 1536
     probe_timeout_s: float = 30.0
     render_timeout_s: float = 5.0
     max_render_chars: int = 1 << 20
 
 
 DEFAULT_GUARD = GuardLimits()
-STARTUP_S = 15.0  # a child's first request also waits for it to start (transformers' import: about 0.6 s)
+STARTUP_S = 30.0  # how long a child may take to start (import, warm up, lock down: about 0.7 s on an idle machine)
 
 # What the probe renders and encodes: a conversation of every role, and texts that make a badly written
 # pre-tokenizer regex backtrack (long runs of one character class, mixed scripts, an unclosed quote).
@@ -81,24 +83,26 @@ def _message_chars(messages: list[dict[str, Any]]) -> int:
 
 
 class _Worker:
-    """One child running :mod:`~clova_train.tooluse.template_worker`, talked to one JSON line at a time."""
+    """One child running :mod:`~clova_train.sandbox.template_worker`, talked to one JSON line at a time."""
 
-    def __init__(self, memory_mb: int, cpu_s: int) -> None:
+    def __init__(self, memory_mb: int, cpu_s: int, tokenizer_file: Path | None = None) -> None:
+        extra = [str(tokenizer_file)] if tokenizer_file is not None else []
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "clova_train.tooluse.template_worker", str(memory_mb), str(cpu_s)],
+            [sys.executable, "-m", "clova_train.sandbox.template_worker", str(memory_mb), str(cpu_s), *extra],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, bufsize=0,
-            start_new_session=True, close_fds=True,
+            start_new_session=True, close_fds=True, env=_child_environment(),
         )
         self._buffer = b""
         self.owner = os.getpid()  # a forked copy of this object must not talk to the same child
-        self.answered = False  # it has replied once (so it has started: its first request also waits for that)
+        self.ready = False  # it said it is locked down and reading requests
         self._finalizer = weakref.finalize(self, _kill, self.process)
 
     def ask(self, request: dict[str, Any], timeout_s: float, max_reply_bytes: int) -> tuple[dict[str, Any] | None, str]:
         """The child's final reply to ``request`` and the last stage it reported; ``None`` as the reply when it died
-        or ran past ``timeout_s`` (then it is killed)."""
+        or ran past ``timeout_s`` (counted from when it is ready: its start may take :data:`STARTUP_S` more; then it
+        is killed)."""
         assert self.process.stdin is not None and self.process.stdout is not None
-        deadline = time.monotonic() + timeout_s
+        deadline = time.monotonic() + timeout_s + (0.0 if self.ready else STARTUP_S)
         stage = ""
         try:
             self.process.stdin.write((json.dumps(request, ensure_ascii=True) + "\n").encode())
@@ -112,10 +116,13 @@ class _Worker:
                 while b"\n" in self._buffer:
                     line, self._buffer = self._buffer.split(b"\n", 1)
                     reply = json.loads(line)
+                    if "ready" in reply:
+                        self.ready = True
+                        deadline = time.monotonic() + timeout_s
+                        continue
                     if "stage" in reply:
                         stage = str(reply["stage"])
                         continue
-                    self.answered = True
                     return reply, stage
                 left = deadline - time.monotonic()
                 if left <= 0 or len(self._buffer) > max_reply_bytes:
@@ -144,6 +151,13 @@ class _Worker:
 
     def close(self) -> None:
         self._finalizer()
+
+
+def _child_environment() -> dict[str, str]:
+    """A small environment for the child: nothing of the parent's beyond what starting Python needs."""
+    kept = {name: os.environ[name] for name in ("PATH", "PYTHONPATH", "SYSTEMROOT") if name in os.environ}
+    return {**kept, "LANG": "C.UTF-8", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
+            "TOKENIZERS_PARALLELISM": "false", "RAYON_NUM_THREADS": "1", "PYTHONDONTWRITEBYTECODE": "1"}
 
 
 def _kill(process: subprocess.Popen) -> None:
@@ -175,10 +189,9 @@ def probe_tokenizer_files(tokenizer_file: Path | None, template: str | None, spe
     if tokenizer_file is None and template is None:
         return
     limits = limits or DEFAULT_GUARD
-    worker = _Worker(limits.memory_mb, int(limits.probe_timeout_s) + 1)
+    worker = _Worker(limits.memory_mb, int(limits.probe_timeout_s) + 1, tokenizer_file)
     try:
-        request = {"op": "probe", "tokenizer_file": str(tokenizer_file) if tokenizer_file else None,
-                   "template": template, "special": special, "messages": PROBE_CONVERSATION, "texts": PROBE_TEXTS,
+        request = {"op": "probe", "template": template, "special": special, "messages": PROBE_CONVERSATION, "texts": PROBE_TEXTS,
                    "max_chars": limits.max_render_chars + _message_chars(PROBE_CONVERSATION)}
         reply, stage = worker.ask(request, limits.probe_timeout_s, 1 << 20)
         culprit = (f"the tokenizer file {tokenizer_file}" if stage == "tokenizer"
@@ -218,8 +231,7 @@ class ChatTemplateRenderer:
             if self._worker is None or self._worker.owner != os.getpid() or not self._worker.alive():
                 self._worker = _Worker(self.limits.memory_mb, 0)
             worker = self._worker
-            timeout = self.limits.render_timeout_s + (0.0 if worker.answered else STARTUP_S)
-            reply, _ = worker.ask(request, timeout, 8 * max_chars + (1 << 16))
+            reply, _ = worker.ask(request, self.limits.render_timeout_s, 12 * max_chars + (1 << 16))
         if reply is None:
             raise ExportError(f"the chat template of {self.where} cannot render this conversation: it "
                               f"{_why(worker, self.limits.render_timeout_s, self.limits.memory_mb)}")
@@ -250,9 +262,9 @@ def _token_text(value: Any) -> Any:
 def template_and_special_tokens(directory: Path) -> tuple[str | None, dict[str, Any]]:
     """The chat template a tokenizer in ``directory`` loads (``chat_template.jinja``, else ``tokenizer_config.json``'s
     ``chat_template``, the ``default`` one of named templates) and its special tokens, read with the bounded
-    readers (:func:`clova_train.export.export_limits.check_model_files` has bounded their sizes)."""
+    readers (:func:`clova_train.core.model_file_limits.check_model_files` has bounded their sizes)."""
     from clova_train.core.safe_files import read_json_object, read_text
-    from clova_train.export.export_limits import MAX_TEMPLATE_CHARS
+    from clova_train.core.model_file_limits import MAX_TEMPLATE_CHARS
 
     config_file = directory / "tokenizer_config.json"
     config = read_json_object(config_file, "tokenizer config") if config_file.is_file() else {}

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from clova_train.core.errors import ExportError
-from clova_train.export import export_limits
+from clova_train.core import model_file_limits
 from clova_train.tooluse import template_guard
 from clova_train.tooluse.prompt_template import TEMPLATE_FILE, PromptTemplate
 from clova_train.tooluse.served_llm import SERVING_FILE, ContextBudget, ServedToolLLM
@@ -23,6 +23,7 @@ from clova_train.tooluse.template_guard import ChatTemplateRenderer, GuardLimits
 FAST = GuardLimits(memory_mb=1024, probe_timeout_s=1.5, render_timeout_s=0.5)
 LOOP = "{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}"
 USER = [{"role": "user", "content": "hello world"}]
+BOUND_S = 10.0  # a refusal's time in a started child (under 0.6 s on an idle machine; a hang would never end)
 
 
 @pytest.fixture(autouse=True)
@@ -70,10 +71,10 @@ def set_template(export: Path, template: str) -> None:
 
 
 def refused(export: Path, *words: str) -> str:
-    start = time.monotonic()
+    """The one error ``check_export`` gives, which holds ``words`` (a hang would be stopped by the probe's timeout:
+    the test would fail on the message, not hang)."""
     with pytest.raises(ExportError) as caught:
         ServedToolLLM.check_export(export)
-    assert time.monotonic() - start < 2.0
     message = str(caught.value)
     assert all(word in message for word in words), message
     return message
@@ -120,7 +121,7 @@ def test_a_hostile_template_is_one_error_per_render(renderer: ChatTemplateRender
     start = time.monotonic()
     with pytest.raises(ExportError, match=words):
         renderer.render(USER)
-    assert time.monotonic() - start < 2.0
+    assert time.monotonic() - start < BOUND_S
     renderer.template = "{{ bos_token }}{{ messages[0]['content'] }}"
     assert renderer.render(USER) == "<s>hello world"  # and the next render is answered
 
@@ -153,7 +154,7 @@ def test_tokenizer_file_shapes_are_bounded(tiny_export: Path, tmp_path: Path, mo
     edit_json(file, normalizer=nested)
     refused(export, "tokenizer.json", "normalizer", "deep")
     file.write_text(original)
-    monkeypatch.setattr(export_limits, "MAX_VOCAB", 5)  # a vocabulary larger than any model's, in small
+    monkeypatch.setattr(model_file_limits, "MAX_VOCAB", 5)  # a vocabulary larger than any model's, in small
     refused(export, "tokenizer.json", "model.vocab")
 
 
@@ -221,7 +222,7 @@ def test_each_request_is_rendered_under_a_time_and_size_bound(tiny_export: Path,
             start = time.monotonic()
             with pytest.raises(ExportError, match=words):
                 budget.check(ChatRequest([{"role": "user", "content": content}]))
-            assert time.monotonic() - start < 2.0
+            assert time.monotonic() - start < BOUND_S
         assert budget.prompt_tokens(ChatRequest(USER)) > 0
     finally:
         budget.renderer.close()
