@@ -4,9 +4,15 @@
 
 * requires ``Authorization: Bearer <key>`` on ``/v1/...`` when the server has an API key (as vLLM does; ``/health``
   stays open for load balancers), compared in constant time;
-* reads the body up to ``max_body_bytes``: a larger ``Content-Length`` is refused before anything is read, and a
-  ``gzip``/``deflate`` body is decompressed with the limit counted on the decompressed bytes (a small gzip bomb is
-  refused, not inflated); other encodings are refused;
+* reads the body up to ``max_body_bytes``: a larger ``Content-Length`` is refused before anything is read, a body
+  sent in chunks is refused by the chunk that passes the limit, and a ``gzip``/``deflate`` body is decompressed as it
+  arrives with the limit counted on the decompressed bytes (a small gzip bomb is refused by its first chunks, not
+  inflated); other encodings are refused before the body is read;
+* holds at most ``max_inflight_body_bytes`` of request bodies at once over all requests of the server process
+  (counted as they are read, raw and decompressed, and held until the request's response is sent, since the app
+  makes copies of its own): a body that would pass it is answered 503 with ``Retry-After`` at once, so 24 clients
+  sending 15 MB bodies together cannot take gigabytes; the answer to a request refused before its body was read
+  closes the connection (what follows on it cannot be told from the unread body);
 * parses the body once with the package's safe JSON reader (depth limit, duplicate keys refused) whatever the
   ``Content-Type`` (curl's form default included), refuses any list longer than ``max_list_items``, and hands the
   app the canonical JSON it parsed;
@@ -15,7 +21,10 @@
   object or a number), and a repeated field (or ``images``) a list;
 
 and answers every refusal, like every error of the app (see :func:`install_error_handlers`), with OpenAI's error
-shape ``{"error": {"message", "type", "param", "code"}}``: 401, 400, 413 or 415, never a 500 with a traceback.
+shape ``{"error": {"message", "type", "param", "code"}}``: 401, 400, 413, 415 or 503, never a 500 with a traceback.
+Each request meets the guard, pipelined and kept-alive ones included: a connection that sent one authorised request
+gains nothing for the next. How many connections the server holds and how long a client may take to send a request
+are :mod:`clova_train.serving.connections`' part.
 """
 
 from __future__ import annotations
@@ -39,7 +48,8 @@ ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 
 ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
                404: "not_found_error", 405: "invalid_request_error", 413: "invalid_request_error",
-               415: "invalid_request_error", 422: "invalid_request_error", 429: "rate_limit_error"}
+               415: "invalid_request_error", 422: "invalid_request_error", 429: "rate_limit_error",
+               503: "server_busy_error"}
 OPEN_PATHS = ("/health",)  # answered without an API key (as vLLM leaves /health open)
 
 
@@ -55,6 +65,8 @@ class RequestLimits:
             header, before their pixels are read.
         max_request_pixels: most pixels of all of one request's images together (read from their headers; a body of
             small files can describe huge canvases).
+        max_inflight_body_bytes: most bytes of request bodies the server holds at once, over all requests (503
+            beyond, with ``Retry-After``).
     """
 
     max_body_bytes: int = 16 << 20
@@ -62,9 +74,11 @@ class RequestLimits:
     max_list_items: int = 256
     max_image_pixels: int = 40_000_000
     max_request_pixels: int = 100_000_000
+    max_inflight_body_bytes: int = 64 << 20
 
     def __post_init__(self) -> None:
-        for name in ("max_body_bytes", "max_depth", "max_list_items", "max_image_pixels", "max_request_pixels"):
+        for name in ("max_body_bytes", "max_depth", "max_list_items", "max_image_pixels", "max_request_pixels",
+                     "max_inflight_body_bytes"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
 
@@ -84,6 +98,80 @@ class RequestRefused(Exception):
         self.status = status
 
 
+class BodyBudget:
+    """Bytes of request bodies held at once by one server process (its requests share one event loop)."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit, self.held = limit, 0
+
+    def take(self, size: int) -> bool:
+        """Hold ``size`` more bytes; ``False`` (nothing held) when that would pass the limit."""
+        if self.held + size > self.limit:
+            return False
+        self.held += size
+        return True
+
+    def give_back(self, size: int) -> None:
+        self.held = max(0, self.held - size)
+
+
+class BodyReader:
+    """One request's body read piece by piece: the raw and (gzip/deflate) decompressed size limit checked on each
+    piece, every byte held counted against the server's :class:`BodyBudget`."""
+
+    def __init__(self, encoding: str, limit: int, budget: BodyBudget) -> None:
+        self.encoding, self.limit, self.budget = encoding, limit, budget
+        self.held = 0  # bytes taken from the budget, given back when the request ends
+        self.prepaid = 0  # of those, bytes taken ahead (a declared Content-Length) not yet used
+        self.size = 0  # bytes of the (decompressed) body so far
+        self.pieces: list[bytes] = []
+        self.inflater = None
+        if encoding in ("gzip", "x-gzip", "deflate"):
+            wbits = {"gzip": 16 + zlib.MAX_WBITS, "x-gzip": 16 + zlib.MAX_WBITS, "deflate": zlib.MAX_WBITS}[encoding]
+            self.inflater = zlib.decompressobj(wbits)
+
+    def hold(self, size: int) -> None:
+        """Count ``size`` more bytes against the server's budget (503 when it is spent)."""
+        used = min(size, self.prepaid)
+        self.prepaid -= used
+        size -= used
+        if size and not self.budget.take(size):
+            raise RequestRefused(503, f"the server holds {self.budget.limit:,} bytes of request bodies at most and is "
+                                      "busy with others: retry shortly")
+        self.held += size
+
+    def feed(self, chunk: bytes) -> None:
+        if not chunk:
+            return
+        if self.inflater is None:
+            self._keep(chunk)
+            return
+        self.hold(len(chunk))  # the compressed piece, while it is inflated
+        try:
+            data = self.inflater.decompress(chunk, self.limit - self.size + 1)
+            while True:
+                self._keep(data)
+                tail = self.inflater.unconsumed_tail
+                if not tail:
+                    break
+                data = self.inflater.decompress(tail, self.limit - self.size + 1)
+        except zlib.error as err:
+            raise RequestRefused(400, f"the request body is not valid {self.encoding} data: {err}") from None
+
+    def body(self) -> bytes:
+        if self.inflater is not None and not self.inflater.eof:
+            raise RequestRefused(400, f"the request body is truncated {self.encoding} data")
+        return b"".join(self.pieces)
+
+    def _keep(self, data: bytes) -> None:
+        self.size += len(data)
+        if self.size > self.limit:
+            raise RequestRefused(413, f"the request body is more than the {self.limit:,} bytes accepted"
+                                      f"{' once decompressed' if self.inflater is not None else ''}")
+        self.hold(len(data))
+        self.pieces.append(data)
+
+
 def longest_list(value: Any) -> tuple[int, str]:
     """The length and JSON path of the longest list in ``value`` (``(0, "")`` when there is none)."""
     best, where = 0, ""
@@ -99,21 +187,6 @@ def longest_list(value: Any) -> tuple[int, str]:
     return best, where
 
 
-def _inflate(body: bytes, encoding: str, limit: int) -> bytes:
-    """``body`` decompressed (gzip or deflate), at most ``limit`` bytes of it."""
-    wbits = {"gzip": 16 + zlib.MAX_WBITS, "x-gzip": 16 + zlib.MAX_WBITS, "deflate": zlib.MAX_WBITS}[encoding]
-    inflater = zlib.decompressobj(wbits)
-    try:
-        data = inflater.decompress(body, limit + 1)
-    except zlib.error as err:
-        raise RequestRefused(400, f"the request body is not valid {encoding} data: {err}") from None
-    if len(data) > limit or inflater.unconsumed_tail:
-        raise RequestRefused(413, f"the request body is more than {limit:,} bytes once decompressed")
-    if not inflater.eof:
-        raise RequestRefused(400, f"the request body is truncated {encoding} data")
-    return data
-
-
 class RequestGuard:
     """ASGI middleware: API key, body limits and one safe JSON parse for every request (see module docstring).
 
@@ -126,22 +199,35 @@ class RequestGuard:
     def __init__(self, app: ASGIApp, api_key: str | None = None, limits: RequestLimits = RequestLimits()) -> None:
         self.app, self.api_key, self.limits = app, api_key or None, limits
         self.json_limits = ReadLimits(max_bytes=limits.max_body_bytes, max_depth=limits.max_depth)
+        self.budget = BodyBudget(limits.max_inflight_body_bytes)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
+        reader: BodyReader | None = None
         try:
-            self._authorise(scope)
-            if scope["method"] in ("POST", "PUT", "PATCH"):
-                body = await self._read_body(scope, receive)
-                value = await self._parse(scope, body)
-                scope, receive = self._as_json(scope, value, receive)
-        except RequestRefused as refused:
-            await send_error(send, refused.status, str(refused),
-                             {"www-authenticate": "Bearer"} if refused.status == 401 else None)
-            return
-        await self.app(scope, receive, send)
+            try:
+                self._authorise(scope)
+                if scope["method"] in ("POST", "PUT", "PATCH"):
+                    reader = self._reader(scope)
+                    body = await self._read_body(scope, receive, reader)
+                    value = await self._parse(scope, body)
+                    del body
+                    scope, receive = self._as_json(scope, value, receive)
+                    del value
+            except RequestRefused as refused:
+                headers = {"www-authenticate": "Bearer"} if refused.status == 401 else {}
+                if refused.status == 503:
+                    headers["retry-after"] = "1"
+                if scope["method"] in ("POST", "PUT", "PATCH"):  # its body may be unread: nothing after it is usable
+                    headers["connection"] = "close"
+                await send_error(send, refused.status, str(refused), headers)
+                return
+            await self.app(scope, receive, send)
+        finally:
+            if reader is not None:
+                self.budget.give_back(reader.held)
 
     def _authorise(self, scope: Scope) -> None:
         path = scope.get("path", "")
@@ -152,33 +238,31 @@ class RequestGuard:
         if given is None or not hmac.compare_digest(given, expected):
             raise RequestRefused(401, "a valid API key is required: send 'Authorization: Bearer <key>'")
 
-    async def _read_body(self, scope: Scope, receive: Receive) -> bytes:
+    def _reader(self, scope: Scope) -> BodyReader:
+        """A reader for the request's body, once its headers are known to be acceptable (before any of it is read)."""
         limit = self.limits.max_body_bytes
+        encoding = (_header(scope, b"content-encoding") or b"identity").decode("latin-1").strip().lower()
+        if encoding not in ("", "identity", "gzip", "x-gzip", "deflate"):
+            raise RequestRefused(415, f"Content-Encoding {encoding!r} is not accepted (send identity, gzip or deflate)")
         declared = _header(scope, b"content-length")
+        reader = BodyReader(encoding, limit, self.budget)
         if declared is not None:
             if not declared.strip().isdigit():
                 raise RequestRefused(400, "the Content-Length header is not a number")
             if int(declared) > limit:
                 raise RequestRefused(413, f"the request body is {int(declared):,} bytes, more than the {limit:,} accepted")
-        chunks, size = [], 0
+            reader.hold(int(declared))  # refused at once when the server holds too many bodies already
+            reader.prepaid = int(declared)
+        return reader
+
+    async def _read_body(self, scope: Scope, receive: Receive, reader: BodyReader) -> bytes:
         while True:
             message = await receive()
             if message["type"] == "http.disconnect":
                 raise RequestRefused(400, "the client went away before sending its whole body")
-            chunk = message.get("body", b"")
-            size += len(chunk)
-            if size > limit:
-                raise RequestRefused(413, f"the request body is more than the {limit:,} bytes accepted")
-            chunks.append(chunk)
+            reader.feed(message.get("body", b""))
             if not message.get("more_body", False):
-                break
-        body = b"".join(chunks)
-        encoding = (_header(scope, b"content-encoding") or b"identity").decode("latin-1").strip().lower()
-        if encoding in ("", "identity"):
-            return body
-        if encoding in ("gzip", "x-gzip", "deflate"):
-            return _inflate(body, encoding, limit)
-        raise RequestRefused(415, f"Content-Encoding {encoding!r} is not accepted (send identity, gzip or deflate)")
+                return reader.body()
 
     async def _parse(self, scope: Scope, body: bytes) -> Any:
         """The body as a JSON value: parsed safely, or (multipart) converted field by field."""

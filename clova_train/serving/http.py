@@ -27,14 +27,22 @@ decompression, one safe JSON parse, list lengths), and every refusal or error is
 (``{"error": {"message", "type", "param", "code"}}``) with a 4xx status naming the field; a bad request never
 reaches the model and never stops the server. Prompt-tool requests are served one at a time (each request already
 holds a batch of images). Images come as ``data:`` URLs or multipart uploads (written to a private temporary
-directory for the request, :mod:`clova_train.serving.data_urls`; formats limited to common image ones), or as names
-of image files on the server's disk, which the server reads: keep the default
-loopback address (or require ``--api-key``) unless every client may read those files; a file that is missing,
-unreadable, not a regular file (a FIFO is never opened for reading), not an image or too large gets one and the
-same answer, so clients cannot probe which files exist. Files a tool writes (REPLACE's ``output``) go under
-``--output-dir`` (symlinks resolved), never where the client says. A request's images together may hold at most
-``max_request_pixels`` (read from their headers before any is decoded), so a small body of tiny-file, huge-canvas
-images cannot buy minutes of decoding.
+directory for the request, :mod:`clova_train.serving.data_urls`; formats limited to common image ones). A name of a
+file on the server's disk (in any image field: ``image``, ``images``, ``mask``) is refused unless the operator gave
+``--image-root DIR``, and then read only when it lies under that folder (symlinks resolved); a name outside it is
+refused from its text alone, before the file system is asked about it, so neither the answer nor its timing tells a
+client whether a file outside the root exists (:func:`~clova_train.tools.data_urls.confined_server_paths`). Under the
+root, a file that is missing, unreadable, not a regular file (a FIFO is never opened for reading), not an image or too
+large gets one and the same answer. Files a tool writes (REPLACE's ``output``) go under ``--output-dir`` (symlinks
+resolved), never where the client says. A request's images together may hold at most ``max_request_pixels`` (read
+from their headers before any is decoded), so a small body of tiny-file, huge-canvas images cannot buy minutes of
+decoding.
+
+Resources: uvicorn runs with :mod:`clova_train.serving.connections`' protocol (a cap on connections below the
+open-file limit, which is raised to its hard limit at start; header and body deadlines; the connection that waited
+longest for its headers closed when a new one needs its place), and the request guard bounds the request bodies held
+at once (``max_inflight_body_bytes``, 503 beyond), so good requests are answered while a thousand slow or idle
+connections are open.
 """
 
 # No ``from __future__ import annotations`` here: LitServe and FastAPI read these signatures' annotations as
@@ -65,6 +73,7 @@ from litserve.utils import LitAPIStatus, WorkerSetupStatus, azip
 from clova_train.core.errors import ClovaTrainError, DataError, ExportError
 from clova_train.core.run_manifest import read_run_manifest
 from clova_train.serving.abandoned import AbandonedRequests
+from clova_train.serving.connections import ConnectionLimits, bounded_protocol, raise_open_file_limit
 from clova_train.serving.guard import RequestGuard, RequestLimits, error_body, install_error_handlers
 from clova_train.serving.stop_signals import stop_children, stop_on_signals
 from clova_train.tooluse.served_llm import ChatRequest, ContextBudget, default_temperature
@@ -174,16 +183,18 @@ class PromptToolAPI(ls.LitAPI):
         output_dir: where tools that write files (REPLACE) put a request's ``output``.
         max_image_pixels: largest image decoded (width x height, read from the header before any pixel).
         max_request_pixels: most pixels of all a request's images together (read from their headers).
+        image_root: the folder whose image files clients may name (``None``: no server file is read for a client).
     """
 
     def __init__(
         self, export: Path, tool_name: str, top_k: int | None = None, base_model: str | None = None,
         output_dir: Path = Path("served_outputs"), max_image_pixels: int = RequestLimits.max_image_pixels,
-        max_request_pixels: int = RequestLimits.max_request_pixels,
+        max_request_pixels: int = RequestLimits.max_request_pixels, image_root: Optional[Path] = None,
     ) -> None:
         super().__init__(api_path=f"/v1/{tool_name}")
         self.export, self.top_k, self.base_model, self.output_dir = export, top_k, base_model, output_dir
         self.max_image_pixels, self.max_request_pixels = max_image_pixels, max_request_pixels
+        self.image_root = Path(os.path.realpath(image_root)) if image_root is not None else None
         self.setup_report: Optional[Path] = None  # where a worker that fails to load writes why
 
     def check(self) -> None:
@@ -210,11 +221,12 @@ class PromptToolAPI(ls.LitAPI):
 
     def predict(self, request: dict[str, Any]) -> dict[str, Any]:
         from clova_train.serving.data_urls import (SENT_FORMATS, RequestTooLarge, check_request_pixels,
-                                                   materialised_images)
+                                                   confined_server_paths, materialised_images)
         from clova_train.tools.images import ImageReadError
 
         origins: dict[str, str] = {}
         try:
+            request = confined_server_paths(request, self.image_root)  # before anything reads a file
             with materialised_images(request) as (request, origins):
                 check_request_pixels(request, origins, self.max_request_pixels)
                 return self.server.serve(request)
@@ -241,11 +253,13 @@ class DepthAPI(PromptToolAPI):
         model_dir: the model's directory (written by transformers' ``save_pretrained``).
         max_image_pixels: largest image decoded (width x height, read from the header before any pixel).
         max_request_pixels: most pixels of a request's image (read from its header).
+        image_root: the folder whose image files clients may name (``None``: none).
     """
 
     def __init__(self, model_dir: Path, max_image_pixels: int = RequestLimits.max_image_pixels,
-                 max_request_pixels: int = RequestLimits.max_request_pixels) -> None:
-        super().__init__(model_dir, "depth", max_image_pixels=max_image_pixels, max_request_pixels=max_request_pixels)
+                 max_request_pixels: int = RequestLimits.max_request_pixels, image_root: Optional[Path] = None) -> None:
+        super().__init__(model_dir, "depth", max_image_pixels=max_image_pixels, max_request_pixels=max_request_pixels,
+                         image_root=image_root)
 
     def check(self) -> None:
         from clova_train.tools.depth import check_depth_model_dir
@@ -568,6 +582,7 @@ def build_apis(
     exports: list[str], top_k: int | None, base_model: str | None, max_batch_size: int, batch_timeout: float,
     output_dir: Path = Path("served_outputs"), max_image_pixels: int = RequestLimits.max_image_pixels,
     served_model_name: str | None = None, max_request_pixels: int = RequestLimits.max_request_pixels,
+    image_root: Optional[Path] = None,
 ) -> list[ls.LitAPI]:
     """One LitAPI per export; a clear error for a missing export or two exports on one endpoint."""
     from clova_train.tools.prompt_server import read_tool_description
@@ -580,11 +595,12 @@ def build_apis(
             api: ls.LitAPI = ToolChatAPI(directory, base_model, max_batch_size, batch_timeout, served_model_name)
             path = "/v1/chat/completions"
         elif kind == "depth":
-            api = DepthAPI(directory, max_image_pixels, max_request_pixels)
+            api = DepthAPI(directory, max_image_pixels, max_request_pixels, image_root)
             path = api.api_path
         else:
             tool = str(read_tool_description(directory).get("tool", "tool"))
-            api = PromptToolAPI(directory, tool, top_k, base_model, output_dir, max_image_pixels, max_request_pixels)
+            api = PromptToolAPI(directory, tool, top_k, base_model, output_dir, max_image_pixels, max_request_pixels,
+                                image_root)
             path = api.api_path
         if path in apis:
             raise ExportError(f"two exports would both serve {path} ({name} and an earlier one): start one server per export")
@@ -620,16 +636,22 @@ def serve_http(
     exports: list[str], host: str = "127.0.0.1", port: int = 8000, device: str = "cpu", top_k: int | None = None,
     base_model: str | None = None, max_batch_size: int = 4, batch_timeout: float = 0.02, timeout: float = 60.0,
     output_dir: str = "served_outputs", api_key: str | None = None, limits: RequestLimits = RequestLimits(),
-    served_model_name: str | None = None,
+    served_model_name: str | None = None, image_root: str | None = None,
+    connections: ConnectionLimits = ConnectionLimits(),
 ) -> None:
     """Run the server until interrupted (each export is checked here, then loaded once, by its worker, before the port
     opens; a worker that cannot load its export stops the server with that export's one-line error).
 
     ``api_key``: the bearer token every ``/v1/...`` request must carry (``None``: none required); ``limits``: what one
     request may hold (see :class:`~clova_train.serving.guard.RequestLimits`); ``served_model_name``: the chat model's
-    name (default: the export path as given)."""
+    name (default: the export path as given); ``image_root``: the folder whose image files clients may name (``None``:
+    clients send images, no server file is read for them); ``connections``: how many connections are held and how
+    long a request may take to arrive (see :mod:`clova_train.serving.connections`)."""
+    if image_root is not None and not Path(image_root).is_dir():
+        raise ExportError(f"--image-root {image_root} is not a folder")
     apis = build_apis(exports, top_k, base_model, max_batch_size, batch_timeout, Path(output_dir),
-                      limits.max_image_pixels, served_model_name, limits.max_request_pixels)
+                      limits.max_image_pixels, served_model_name, limits.max_request_pixels,
+                      Path(image_root) if image_root is not None else None)
     for api in apis:  # what fails without a model fails here, before any worker starts
         api.check()
     accelerator = "cuda" if device.startswith("cuda") else "cpu"
@@ -645,7 +667,9 @@ def serve_http(
         print(f"loading {', '.join(exports)} for http://{host}:{port} ...", flush=True)
         with stop_on_signals() as received:
             try:
-                server.run(host=host, port=port, generate_client_file=False, num_api_servers=1, log_level="warning")
+                protocol = bounded_protocol(connections, raise_open_file_limit())
+                server.run(host=host, port=port, generate_client_file=False, num_api_servers=1, log_level="warning",
+                           http=protocol, timeout_keep_alive=5)
             except WorkersFailed:
                 failures = [report.read_text(encoding="utf-8") for report in sorted(Path(reports).glob("*.txt"))]
                 raise ExportError("; ".join(failures) or "a server worker could not load its export") from None

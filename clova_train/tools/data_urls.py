@@ -2,7 +2,8 @@
 
 A prompt tool reads its images from files, so :func:`materialised_images` writes each ``data:`` URL of a request's
 image fields to a private temporary directory for the length of the request, hands the tool those paths instead,
-and removes the files afterwards. Server paths pass through unchanged. Multipart uploads reach it as ``data:`` URLs
+and removes the files afterwards. Server paths pass through :func:`confined_server_paths` first where the caller is
+a server (a client names them): refused unless the operator named an image root, then confined to it. Multipart uploads reach it as ``data:`` URLs
 too (the request guard converts them, :func:`as_data_url`). The HTTP server (``clova_train.serving``) and the
 in-process tool client (:class:`~clova_train.tools.tool_clients.LocalToolClient`) share this one implementation.
 """
@@ -11,6 +12,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import os
 import tempfile
 import urllib.parse
 from collections.abc import Iterator
@@ -121,3 +123,45 @@ class RequestTooLarge(DataError):
 def _has_data_url(value: Any) -> bool:
     values = value if isinstance(value, list) else [value]
     return any(isinstance(v, str) and v.startswith("data:") for v in values)
+
+
+class ServerPathRefused(DataError):
+    """A request named a file on the server that the server does not read for clients."""
+
+
+def confined_server_paths(request: dict[str, Any], image_root: Path | None) -> dict[str, Any]:
+    """``request`` with every server path of its image fields (a string that is no ``data:`` URL) resolved inside
+    ``image_root`` (symbolic links followed), or a :class:`ServerPathRefused` naming the field. Without a root no server
+    path is accepted; a path outside the root is refused from its text alone, before the file system is asked anything
+    about it, so the answer and its timing say nothing about files outside the root. A relative path is taken from
+    the root; ``image_root`` must be the root's resolved path (``os.path.realpath``)."""
+
+    def confined(value: Any, where: str) -> Any:
+        if not isinstance(value, str) or value.startswith("data:"):
+            return value
+        if image_root is None:
+            raise ServerPathRefused(f"{where} names a file on the server, which this server does not read for clients "
+                                    "(it was started without --image-root): send the image itself, as a data: URL or "
+                                    "an upload")
+        if "\x00" in value or not value.strip():
+            raise ServerPathRefused(f"{where} is not a file name")
+        lexical = os.path.normpath(os.path.join(image_root, value))
+        if not _inside(lexical, image_root):
+            raise ServerPathRefused(f"{where} names a file outside the server's --image-root: only files under it are "
+                                    "read (or send the image itself, as a data: URL or an upload)")
+        if not _inside(os.path.realpath(lexical), image_root):
+            raise ServerPathRefused(f"{where} leads outside the server's --image-root (through a symbolic link)")
+        return lexical
+
+    converted = dict(request)
+    for name in IMAGE_FIELDS:
+        value = request.get(name)
+        if isinstance(value, list):
+            converted[name] = [confined(v, f"request field {name!r}[{i}]") for i, v in enumerate(value)]
+        elif value is not None:
+            converted[name] = confined(value, f"request field {name!r}")
+    return converted
+
+
+def _inside(path: str, root: Path) -> bool:
+    return path == str(root) or path.startswith(str(root).rstrip(os.sep) + os.sep)
