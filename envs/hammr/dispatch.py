@@ -27,10 +27,11 @@ from typing import Any, Literal
 import gymnasium as gym
 import numpy as np
 
+from clova_train.core.checks import Problems
 from clova_train.envs.avis.agents import AgentSpec, AgentTools
 from clova_train.envs.avis.information_seeking import (
     MaskedObservation, agent_env, build_chat, coerce_parts, default_examples, hydra_chat_for,
-    seeking_problems,
+    seeking_problems, web_tools,
 )
 from clova_train.envs.avis.parts import Dispatcher, MemoryEntry, WorkingMemory
 from clova_train.envs.avis.seeking_world import SEEKING_KINDS, load_seeking_world
@@ -45,6 +46,7 @@ from clova_train.envs.tasks.source import BenchmarkTasksConfig
 from clova_train.llm.backends import EmbeddingBackend
 from clova_train.llm.cache import CacheMode, CallCache
 from clova_train.llm.config import EmbedderConfig, LLMConfig
+from clova_train.llm.search import WebSearchConfig
 
 
 def default_agents() -> list[AgentSpec]:
@@ -95,6 +97,9 @@ class AgentDispatchConfig(MaskedObservation):
         embedder: observation embedder (default: 64-d hashing).
         cache_path: SQLite file recording every LLM call, nested ones included; none: no cache.
         cache_mode: ``record``, ``replay`` (a miss is an error) or ``off``.
+        web: where the ``image_search`` / ``text_search`` actions of every ``avis`` agent go
+            (:class:`~clova_train.llm.search.WebSearchConfig`: HTTP endpoints, through the call cache); both URLs null
+            (the default): the offline world's knowledge base.
     """
 
     world: str = "seeking"
@@ -113,16 +118,20 @@ class AgentDispatchConfig(MaskedObservation):
     embedder: EmbedderConfig = field(default_factory=observation_embedder)
     cache_path: str | None = None
     cache_mode: CacheMode = "record"
+    web: WebSearchConfig = field(default_factory=WebSearchConfig)
 
     def __post_init__(self) -> None:
         coerce_parts(self)
+        if isinstance(self.web, dict):
+            self.web = WebSearchConfig(**self.web)
 
     def problems(self, prefix: str = "") -> list[str]:
         """Every bad value, and whether the dispatcher builds (every agent's graph, tools and controller zip), as
         ``<prefix>.<field> = <value>: <rule>`` (``prefix``: where this section sits)."""
         return seeking_problems(self, prefix, AgentDispatchEnv,
                                 costs=("infeasible_penalty", "call_cost", "llm_call_cost"),
-                                counts=("max_depth", "max_llm_calls"))
+                                counts=("max_depth", "max_llm_calls"),
+                                extra=self.web.problems(Problems(prefix).key("web")))
 
 
 class AgentDispatchEnv(gym.Env):
@@ -156,11 +165,12 @@ class AgentDispatchEnv(gym.Env):
                                          self.world)
             hydra_chat = hydra_chat_for(config.llm, llm, self.cache)
         self.llm = llm
+        self.web = web_tools(config.web, self.cache)
         self.episodes = TaskFileEpisodes(config.tasks, config.split) if config.tasks.given else None
         self.embedder = embedder or config.embedder.build()
         self.names = tuple(spec.name for spec in self.specs)
         self.agents = AgentTools(self.specs, llm, self.embedder, depth=0, hydra_chat=hydra_chat, seeking_env=agent_env,
-                                 world=self.world, episodes=self.episodes)
+                                 world=self.world, web=self.web, episodes=self.episodes)
         self.dispatcher = Dispatcher(llm, [(s.name, s.description) for s in self.specs],
                                      {s.name: [str(e.get("question", "")) for e in s.examples] for s in self.specs})
         n, d = len(self.names), self.embedder.dim
@@ -256,6 +266,8 @@ class AgentDispatchEnv(gym.Env):
 
     def close(self) -> None:
         self.agents.close()
+        if self.web is not None:
+            self.web.close()
 
     def describe(self) -> dict[str, Any]:
         """What a serving stack needs to rebuild the observation and read the actions."""

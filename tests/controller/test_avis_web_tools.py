@@ -208,3 +208,23 @@ def test_good_replies_and_config_checks(bad_server):
     assert InformationSeekingEnv(InformationSeekingConfig()).web is None
     assert json.loads(json.dumps(InformationSeekingEnv(InformationSeekingConfig()).describe()["config"]["web"])) == {
         "image_search_url": None, "text_search_url": None, "api_key_env": "", "timeout_s": 10.0, "max_retries": 2}
+
+
+def test_hammr_agents_search_through_the_dispatchers_web_tools(tmp_path, server):
+    from clova_train.envs.hammr.dispatch import AgentDispatchConfig, AgentDispatchEnv
+
+    web = WebSearchConfig(server.url("image_search"), server.url("text_search"), max_retries=0, timeout_s=5.0)
+    config = AgentDispatchConfig(kinds=["entity", "fact"], web=web, cache_path=str(tmp_path / "calls.sqlite"))
+    assert config.problems("hammr") == []
+    env = AgentDispatchEnv(config)
+    offline = AgentDispatchEnv(AgentDispatchConfig(kinds=["entity", "fact"]))
+    served, local = [], []
+    for seed in SEEDS[:3]:
+        for target, played in ((env, served), (offline, local)):
+            target.reset(seed=seed)
+            _, reward, _, _, info = target.step(target.suggested_index())
+            played.append((reward, info["answer"]))
+    env.close()
+    assert served == local and server.requests > 0  # the agents' searches went over HTTP and answered as offline
+    bad = AgentDispatchConfig(web=WebSearchConfig("ftp://x", None))
+    assert any(p.startswith("hammr.web") for p in bad.problems("hammr")), bad.problems("hammr")
