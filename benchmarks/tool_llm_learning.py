@@ -178,12 +178,13 @@ def main() -> None:
     rows = table_rows(results, sizes, None if args.controls_only else "LoRA-tuned")
     seeds = " ".join(map(str, args.seeds))
     flags = " --controls-only" if args.controls_only else ""
+    seeded = "data and template split" if args.controls_only else "data, template split and training; one model build"
     what = ("the nearest-training-record controls (no LLM; no LLM was run)" if args.controls_only else
             "the quickstart's tiny Llama before and after LoRA tuning, and of the nearest-training-record controls (no LLM)")
     publish("tool_llm_learning", "Tool LLM quickstart: untuned vs LoRA-tuned", f"cpu: {machine()}",
             f"GPT4Tools success rates (paper mode) of {what}, on each seed's test file (requests from templates, and "
-            f"unseen tools, that neither training nor validation holds), seeds {seeds} (data and training; one model "
-            f"build): mean [95% t interval over seeds]. Command: `python benchmarks/tool_llm_learning.py{flags} "
+            f"unseen tools, that neither training nor validation holds), seeds {seeds} ({seeded}): mean [95% t "
+            f"interval over seeds]. Command: `python benchmarks/tool_llm_learning.py{flags} "
             f"--seeds {seeds}`",
             ["samples", "n per seed", "model", *RATES, "SR per seed"], rows, record=not args.no_record)
 
