@@ -7,9 +7,10 @@ space limit, an unprivileged user and a system-call allowlist where the platform
 probe; then it reads one JSON request per line on stdin and writes one JSON reply per line on stdout (the first, ``{"ready": true}``, says it is locked down), until stdin
 closes (its parent is gone):
 
-* ``{"op": "probe", "template": str | null, "special": {...}, "messages": [...], "texts": [...], "max_chars": n}``:
-  parse the tokenizer file (read at start) with the ``tokenizers`` library and encode ``texts``,
-  then render ``template`` for ``messages``. Before each step it writes ``{"stage": "tokenizer" | "template"}``, so
+* ``{"op": "probe", "template": str | null, "special": {...}, "conversations": [[...], ...], "texts": [...],
+  "max_chars": n}``: parse the tokenizer file (read at start) with the ``tokenizers`` library and encode ``texts``,
+  then render ``template`` for the first of ``conversations`` it does not refuse (``raise_exception``: some
+  templates refuse a system message, say); any other failure, or a refusal of all, fails the probe. Before each step it writes ``{"stage": "tokenizer" | "template"}``, so
   that a parent whose child dies (a Rust abort, the memory limit) knows which file did it.
 * ``{"op": "render", "template": str, "special": {...}, "messages": [...], "add_generation_prompt": bool,
   "max_chars": n}``: the rendered text (``{"ok": true, "text": ...}``).
@@ -73,8 +74,17 @@ def probe(request: dict[str, Any], tokenizer_text: str | None) -> dict[str, Any]
     chars = 0
     if request.get("template") is not None:
         _send({"stage": "template"})
-        chars = len(render(request["template"], request.get("special", {}), request["messages"], True,
-                           int(request["max_chars"])))
+        from jinja2.exceptions import TemplateError, TemplateSyntaxError
+
+        conversations = request["conversations"]
+        for number, messages in enumerate(conversations, 1):
+            try:
+                chars = len(render(request["template"], request.get("special", {}), messages, True,
+                                   int(request["max_chars"])))
+                break
+            except TemplateError as err:  # the template's own refusal of this conversation (raise_exception)
+                if isinstance(err, TemplateSyntaxError) or type(err) is not TemplateError or number == len(conversations):
+                    raise
     return {"ok": True, "tokens": tokens, "chars": chars}
 
 

@@ -36,7 +36,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from clova_train.core.errors import ExportError
+from clova_train.core.errors import DataError, ExportError
 
 
 @dataclass(frozen=True)
@@ -64,11 +64,14 @@ STARTUP_S = 30.0  # how long a child may take to start (import, warm up, lock do
 
 # What the probe renders and encodes: a conversation of every role, and texts that make a badly written
 # pre-tokenizer regex backtrack (long runs of one character class, mixed scripts, an unclosed quote).
-PROBE_CONVERSATION = [
-    {"role": "system", "content": "You are a helpful assistant."},
-    {"role": "user", "content": "What is in the image? Use a tool if you need one."},
-    {"role": "assistant", "content": "Thought: Do I need to use a tool? Yes\nAction: Detect\nObservation:"},
-    {"role": "user", "content": "Describe it in one sentence, please."},
+PROBE_CONVERSATIONS = [  # tried in turn: a template may refuse one (raise_exception), not all
+    [
+        {"role": "system", "content": "You are a helpful assistant."},
+        {"role": "user", "content": "What is in the image? Use a tool if you need one."},
+        {"role": "assistant", "content": "Thought: Do I need to use a tool? Yes\nAction: Detect\nObservation:"},
+        {"role": "user", "content": "Describe it in one sentence, please."},
+    ],
+    [{"role": "user", "content": "What is in the image? Use a tool if you need one."}],
 ]
 PROBE_TEXTS = [
     "Hello, world! It's 2024-05-01; the answer is 42.", "<s>" * 500, "日本語のテキスト" * 300, "\t \n" * 1000,
@@ -184,15 +187,15 @@ def _why(worker: _Worker, timeout_s: float, memory_mb: int) -> str:
 def probe_tokenizer_files(tokenizer_file: Path | None, template: str | None, special: dict[str, Any], where: str,
                           limits: GuardLimits | None = None) -> None:
     """Load ``tokenizer_file`` (a ``tokenizer.json``) and encode :data:`PROBE_TEXTS`, then render ``template`` for
-    :data:`PROBE_CONVERSATION`, in a limited child; an :class:`ExportError` naming the tokenizer file or the chat
+    :data:`PROBE_CONVERSATIONS`, in a limited child; an :class:`ExportError` naming the tokenizer file or the chat
     template of ``where`` when either fails, hangs or crashes."""
     if tokenizer_file is None and template is None:
         return
     limits = limits or DEFAULT_GUARD
     worker = _Worker(limits.memory_mb, int(limits.probe_timeout_s) + 1, tokenizer_file)
     try:
-        request = {"op": "probe", "template": template, "special": special, "messages": PROBE_CONVERSATION, "texts": PROBE_TEXTS,
-                   "max_chars": limits.max_render_chars + _message_chars(PROBE_CONVERSATION)}
+        request = {"op": "probe", "template": template, "special": special, "conversations": PROBE_CONVERSATIONS,
+                   "texts": PROBE_TEXTS, "max_chars": limits.max_render_chars + _message_chars(PROBE_CONVERSATIONS[0])}
         reply, stage = worker.ask(request, limits.probe_timeout_s, 1 << 20)
         culprit = (f"the tokenizer file {tokenizer_file}" if stage == "tokenizer"
                    else f"the chat template of {where}" if stage == "template" else f"the tokenizer files of {where}")
@@ -222,8 +225,10 @@ class ChatTemplateRenderer:
         self._lock = threading.Lock()
 
     def render(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True) -> str:
-        """The prompt text of ``messages``; an :class:`ExportError` when the template fails, runs past the
-        timeout, runs out of memory or writes more than the conversation plus ``max_render_chars``."""
+        """The prompt text of ``messages``; a :class:`DataError` when the template refuses them (its
+        ``raise_exception``: roles out of order, say: the client's error), an :class:`ExportError` when it fails
+        otherwise, runs past the timeout, runs out of memory or writes more than the conversation plus
+        ``max_render_chars``."""
         max_chars = self.limits.max_render_chars + _message_chars(messages)
         request = {"op": "render", "template": self.template, "special": self.special, "messages": messages,
                    "add_generation_prompt": add_generation_prompt, "max_chars": max_chars}
@@ -236,8 +241,10 @@ class ChatTemplateRenderer:
             raise ExportError(f"the chat template of {self.where} cannot render this conversation: it "
                               f"{_why(worker, self.limits.render_timeout_s, self.limits.memory_mb)}")
         if not reply.get("ok"):
-            raise ExportError(f"the chat template of {self.where} cannot render this conversation: "
-                              f"{reply.get('error')}")
+            error = str(reply.get("error"))
+            if error.startswith("TemplateError: "):  # the template refuses this conversation (raise_exception)
+                raise DataError(f"the model's chat template refuses this conversation: {error.removeprefix('TemplateError: ')}")
+            raise ExportError(f"the chat template of {self.where} cannot render this conversation: {error}")
         return str(reply["text"])
 
     def close(self) -> None:

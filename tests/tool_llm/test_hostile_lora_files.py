@@ -80,13 +80,19 @@ def refused(export: Path, *words: str) -> str:
     return message
 
 
-def test_the_tiny_export_passes(tiny_export: Path) -> None:
+def test_the_tiny_export_passes(tiny_export: Path, tmp_path: Path) -> None:
+    """As does a real template that refuses a system message (Gemma's): the probe tries a user-only conversation."""
     assert ServedToolLLM.check_export(tiny_export) == "example/tiny-base"
+    export = spoiled(tiny_export, tmp_path)
+    set_template(export, "{% if messages[0]['role'] == 'system' %}{{ raise_exception('System role not supported') }}"
+                         "{% endif %}" + PromptTemplate().chat_template(bos_token=True))
+    assert ServedToolLLM.check_export(export) == "example/tiny-base"
 
 
 @pytest.mark.parametrize("template, words", [
     (LOOP, ("did not finish",)),
     ("{{ ''.__class__.__mro__[1].__subclasses__() }}", ("SecurityError",)),
+    ("{{ raise_exception('never') }}", ("TemplateError: never",)),
 ])
 def test_a_hostile_chat_template_is_one_error_at_load(tiny_export: Path, tmp_path: Path, template: str,
                                                       words: tuple[str, ...]) -> None:
@@ -109,7 +115,6 @@ def renderer() -> ChatTemplateRenderer:
     ("{% set s = namespace(x='ab') %}{% for i in range(40) %}{% set s.x = s.x ~ s.x %}{% endfor %}{{ s.x }}",
      "MemoryError|did not finish"),
     ("{% for i in range(30000) %}{{ 'x' * 100 }}{% endfor %}", "more than the"),
-    ("{{ raise_exception('no') }}", "TemplateError"),
     ("{% if %}", "TemplateSyntaxError"),
     ("{{ ''.__class__.__mro__[1].__subclasses__() }}", "SecurityError"),
     ("{{ cycler.__init__.__globals__.os.system('true') }}", "SecurityError"),
@@ -200,6 +205,15 @@ def test_generation_and_serving_settings_are_bounded(tiny_export: Path, tmp_path
     refused(export, SERVING_FILE, "stop")
     edit_json(export / "adapter" / SERVING_FILE, stop=["x"], max_tokens=10**15)
     refused(export, SERVING_FILE, "max_tokens")
+
+
+def test_a_template_that_refuses_a_conversation_is_the_clients_error(renderer: ChatTemplateRenderer) -> None:
+    """A template's own refusal (``raise_exception``: roles out of order, say) is a DataError (a 400 from the server)."""
+    from clova_train.core.errors import DataError
+
+    renderer.template = "{% if messages[0]['role'] != 'system' %}{{ raise_exception('no system message') }}{% endif %}"
+    with pytest.raises(DataError, match="refuses this conversation: no system message"):
+        renderer.render(USER)
 
 
 def test_each_request_is_rendered_under_a_time_and_size_bound(tiny_export: Path, tmp_path: Path) -> None:
