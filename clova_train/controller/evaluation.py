@@ -4,7 +4,9 @@ The rules (:func:`baselines`): the planner's highest-probability sample (HYDRA w
 random sample, one program from the planner's top sample with no memory and no re-plan (ViperGPT-like), the best fixed sample slot (each slot tried, the best one kept: an upper bound for that rule),
 and, in the offline world, an oracle that knows which instruction kinds are right (a ceiling, not a rule). Beside
 them, :func:`fitted_baselines` gives the controls that read what the controller reads and learn from logged play of
-training tasks (:mod:`clova_train.controller.fitted_controls`: a question rule, logistic regression, an MLP).
+training tasks (:mod:`clova_train.controller.fitted_controls`: a question rule, logistic regression, an MLP; and
+:mod:`clova_train.controller.per_sample_controls`: logistic regression and boosted trees that score each sample or
+action on its own with shared weights, re-planning below a threshold chosen on a validation split of the logs).
 
 ``run_episodes`` plays ``policy`` on held-out tasks ``seed .. seed + episodes - 1`` (the same tasks for every
 policy and every evaluation), and returns the means and the per-episode values that SB3's ``evaluations.npz``
@@ -19,7 +21,8 @@ from typing import Any
 
 import numpy as np
 
-from clova_train.controller.fitted_controls import MLP_HIDDEN, fitted_controls
+from clova_train.controller.fitted_controls import MLP_HIDDEN, fitted_controls, log_budget, log_episodes
+from clova_train.controller.per_sample_controls import LOGISTIC_NAME, TREES_NAME, per_sample_controls
 from clova_train.envs import EnvConfig, ReasoningLoopEnv, make_env
 from clova_train.envs.common.episode import episode_score
 from clova_train.envs.hydra.scripted import GOOD, ScriptedReasoningLLM
@@ -148,14 +151,19 @@ def baselines(env: Any, episodes: int, seed: int, random_seed: int) -> dict[str,
 
 
 def fitted_baselines(env_config: EnvConfig, eval_env: Any, episodes: int, seed: int, steps: int, fit_seed: int,
-                     hidden: Sequence[int] = MLP_HIDDEN) -> dict[str, dict[str, Any]]:
-    """The fitted controls (question rule, logistic regression, MLP ``hidden``) learned from ``steps`` logged steps of
-    training tasks (seeded by ``fit_seed``), played on the held-out tasks of ``eval_env``; nothing when ``steps`` is 0."""
+                     hidden: Sequence[int] = MLP_HIDDEN, per_sample: bool = True) -> dict[str, dict[str, Any]]:
+    """The fitted controls (question rule, logistic regression, MLP ``hidden``, and with ``per_sample`` the per-sample
+    logistic regression and boosted trees) learned from ``steps`` logged steps of training tasks (seeded by
+    ``fit_seed``; every setting chosen on a validation split of those logs), played on the held-out tasks of
+    ``eval_env`` only once fitted; nothing when ``steps`` is 0."""
     if steps <= 0:
         return {}
     train_env = make_env_fn(env_config, "train")()
     try:
-        controls = fitted_controls(train_env, steps, fit_seed, hidden)
+        log = log_episodes(train_env, steps, fit_seed)
+        controls = fitted_controls(train_env, steps, fit_seed, hidden, log)
+        if per_sample:
+            controls |= per_sample_controls(train_env, log, fit_seed, log_budget(steps))
     finally:
         train_env.close()
     return {name: run_episodes(eval_env, policy, episodes, seed) for name, policy in controls.items()}
@@ -168,13 +176,14 @@ def short_name(name: str) -> str:
                         ("best fixed", "best_fixed_slot"), ("oracle", "oracle"), ("planner's own", "planner_own"),
                         ("LLM dispatcher", "llm_dispatcher"),
                         ("question rule", "question_rule"), ("logistic regression", "logistic_regression"),
+                        (LOGISTIC_NAME, "per_sample_logistic_regression"), (TREES_NAME, "per_sample_boosted_trees"),
                         ("MLP", "mlp")):
         if name.startswith(prefix):
             return key
     return "_".join(name.split()[:3]).lower()
 
 
-FITTED_PREFIXES = ("question rule", "logistic regression", "MLP")  # the rows of :func:`fitted_baselines`
+FITTED_PREFIXES = ("question rule", "logistic regression", "MLP", LOGISTIC_NAME, TREES_NAME)  # :func:`fitted_baselines`
 
 
 def best_rule(results: dict[str, dict[str, Any]], include_fitted: bool = True) -> tuple[str, float]:

@@ -15,6 +15,9 @@ instead of reinforcement learning, so a gain of the DQN over them is a gain of R
   supervised learners: they never bootstrap from later steps, so where the right action pays off only later
   (a comparison's first count) they learn what random continuations made of it.
 
+Beside them, :mod:`clova_train.controller.per_sample_controls` fits learners that score each sample (or action) on
+its own with one set of weights, on the same log.
+
 Data (:func:`log_episodes`): a uniform random feasible policy plays whole episodes of *training* tasks (the split
 the controller trains on; the held-out tasks are never seen) until ``steps`` environment steps are logged,
 ``train.control_steps`` (by default the controller's own ``total_timesteps``: the same budget). The classifiers'
@@ -121,6 +124,13 @@ def log_episodes(env: Any, steps: int, seed: int) -> EpisodeLog:
     return log
 
 
+def validation_episodes(log: EpisodeLog, seed: int) -> np.ndarray:
+    """The logged episodes held out of every fitted control's fit to choose its settings on: a fifth of them (at
+    least one), drawn by ``seed``."""
+    rng = np.random.default_rng(seed)
+    return rng.permutation(log.episodes)[:max(1, int(VALIDATION_FRACTION * log.episodes))]
+
+
 class QuestionRule:
     """The situation -> action-description table of the module docstring (Laplace-smoothed success rates; a
     situation never logged falls back to the description with the best rate over all situations)."""
@@ -183,9 +193,7 @@ class OutcomeClassifier:
         observations = torch.as_tensor(np.stack(log.observations))
         actions = torch.as_tensor(log.actions)
         success = torch.as_tensor(log.success, dtype=torch.float32)
-        rng = np.random.default_rng(self.seed)
-        validation_episodes = rng.permutation(log.episodes)[:max(1, int(VALIDATION_FRACTION * log.episodes))]
-        is_validation = torch.as_tensor(np.isin(log.episode, validation_episodes))
+        is_validation = torch.as_tensor(np.isin(log.episode, validation_episodes(log, self.seed)))
         train, valid = torch.nonzero(~is_validation)[:, 0], torch.nonzero(is_validation)[:, 0]
         if len(train) == 0:  # one episode logged: validate on what was fitted
             train = valid
@@ -237,15 +245,22 @@ class OutcomeClassifier:
         return int(np.argmax(scores))
 
 
-def fitted_controls(train_env: Any, steps: int, seed: int, hidden: Sequence[int]) -> dict[str, Any]:
-    """The three controls of the module docstring, fitted on ``steps`` logged steps of ``train_env``'s tasks."""
+def log_budget(steps: int) -> str:
+    """How the fitted controls' names say what they learned from."""
+    return f"{steps} steps of random play on training tasks"
+
+
+def fitted_controls(train_env: Any, steps: int, seed: int, hidden: Sequence[int],
+                    log: EpisodeLog | None = None) -> dict[str, Any]:
+    """The three controls of the module docstring, fitted on ``steps`` logged steps of ``train_env``'s tasks (``log``:
+    those steps, logged by :func:`log_episodes` already)."""
     import torch
 
-    log = log_episodes(train_env, steps, seed)
+    log = log_episodes(train_env, steps, seed) if log is None else log
     with torch.random.fork_rng():
         logistic = OutcomeClassifier((), seed).fit(log)
         mlp = OutcomeClassifier(hidden, seed).fit(log)
-    budget = f"{steps} steps of random play on training tasks"
+    budget = log_budget(steps)
     return {f"question rule fitted on logs ({budget})": QuestionRule(log),
             f"logistic regression on logs ({budget})": logistic,
             f"MLP {list(hidden)} on logs ({budget})": mlp}

@@ -83,7 +83,8 @@ def test_classifier_chooses_on_a_validation_split_and_respects_masks(log: Episod
 def test_fitted_controls_read_the_question_and_beat_every_probability_rule() -> None:
     eval_env = make_env_fn(CONFIG, "eval")()
     try:
-        results = fitted_baselines(CONFIG, eval_env, 100, 10_000, steps=3000, fit_seed=0, hidden=[64])
+        results = fitted_baselines(CONFIG, eval_env, 100, 10_000, steps=3000, fit_seed=0, hidden=[64],
+                                   per_sample=False)  # those: tests/controller/test_per_sample_controls.py
         planner = run_episodes(eval_env, planner_top_policy, 100, 10_000)
     finally:
         eval_env.close()
