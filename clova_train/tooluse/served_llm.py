@@ -18,6 +18,7 @@ a hostile template is one error, never a hang or a crash of the server.
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -162,7 +163,13 @@ def template_renderer(tokenizer: Any, source: Path) -> ChatTemplateRenderer | No
         return None
     special = {name: str(value) if not isinstance(value, list) else [str(v) for v in value]
                for name, value in tokenizer.special_tokens_map.items()}
-    return ChatTemplateRenderer(template, special, str(source))
+    key = (template, json.dumps(special, sort_keys=True), str(source))
+    if key not in _RENDERERS:  # one child per template in a process, however many loaders ask for it
+        _RENDERERS[key] = ChatTemplateRenderer(template, special, str(source))
+    return _RENDERERS[key]
+
+
+_RENDERERS: dict[tuple[str, str, str], ChatTemplateRenderer] = {}
 
 
 def default_temperature(directory: str | os.PathLike[str]) -> float:
