@@ -145,11 +145,12 @@ def _int_in(file: Path, name: str, value: Any, low: int, high: int) -> int:
 
 
 def _bounded(file: Path, name: str, value: Any, high: int) -> None:
-    if value is None:
+    """``value`` (a size setting) at most ``high``; unset (None, False) and -1 ("none", as some configs write) pass."""
+    if value is None or isinstance(value, bool):
         return
     if isinstance(value, float) and value.is_integer():
         value = int(value)
-    _int_in(file, name, value, 0, high)
+    _int_in(file, name, value, -1, high)
 
 
 def check_regex(file: Path, name: str, pattern: str) -> None:
@@ -261,9 +262,11 @@ def _parameters(config: dict[str, Any]) -> float:
     hidden = first("hidden_size", "d_model", "n_embd")
     inner = first("intermediate_size", "ffn_dim", "n_inner", "d_ff", default=4 * hidden)
     experts = max(1.0, first("num_local_experts", "num_experts", "n_routed_experts", default=1))
+    expert_inner = first("moe_intermediate_size", default=0)  # experts of their own size beside a dense MLP
     layers = first("num_hidden_layers", "n_layer", "num_layers", "n_layers")
     vocab = first("vocab_size")
-    return 2 * vocab * hidden + layers * (4 * hidden * hidden + 3 * hidden * inner * experts)
+    mlp = 3 * hidden * (inner + expert_inner * experts if expert_inner else inner * experts)
+    return 2 * vocab * hidden + layers * (4 * hidden * hidden + mlp)
 
 
 def check_model_config(file: Path) -> dict[str, Any]:

@@ -256,3 +256,28 @@ def test_export_reads_a_runs_adapter_files_within_bounds(tiny_export: Path, tmp_
     spoil(run / "adapter")
     with pytest.raises(ExportError, match=words):
         export_lora_run(run, tmp_path / "staging", merged=False)
+
+
+REAL_CONFIGS = [  # the shapes of the largest public models' files (sizes from their config.json)
+    {"model_type": "llama", "vocab_size": 128256, "hidden_size": 16384, "intermediate_size": 53248,
+     "num_hidden_layers": 126, "num_attention_heads": 128, "num_key_value_heads": 8,
+     "max_position_embeddings": 131072, "rope_theta": 500000.0, "rope_scaling": {"factor": 8.0}},
+    {"model_type": "qwen2", "vocab_size": 152064, "hidden_size": 8192, "sliding_window": 131072,
+     "use_sliding_window": False, "num_hidden_layers": 80, "intermediate_size": 29568},
+    {"model_type": "mixtral", "vocab_size": 32000, "hidden_size": 4096, "num_local_experts": 8,
+     "intermediate_size": 14336, "num_hidden_layers": 32, "sliding_window": None},
+    {"model_type": "gemma3", "text_config": {"vocab_size": 262208, "hidden_size": 5376, "num_hidden_layers": 62,
+                                             "intermediate_size": 21504}, "vision_config": {"hidden_size": 1152}},
+    {"model_type": "deepseek_v3", "vocab_size": 129280, "hidden_size": 7168, "n_routed_experts": 256,
+     "moe_intermediate_size": 2048, "intermediate_size": 18432, "num_hidden_layers": 61},
+]
+
+
+@pytest.mark.parametrize("config", REAL_CONFIGS, ids=[c["model_type"] for c in REAL_CONFIGS])
+def test_the_bounds_pass_the_largest_real_configs(tmp_path: Path, config: dict) -> None:
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    model_file_limits.check_model_config(tmp_path / "config.json")
+    (tmp_path / "adapter_config.json").write_text(json.dumps({
+        "r": 256, "lora_alpha": 512, "target_modules": r".*\.(q_proj|v_proj)$", "layers_to_transform": [0, 1, 2],
+        "rank_pattern": {"model.layers.0.self_attn.q_proj": 8}, "layer_replication": [[0, 16], [8, 24], [16, 32]]}))
+    model_file_limits.check_adapter_config(tmp_path / "adapter_config.json")
