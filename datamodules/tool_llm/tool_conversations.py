@@ -13,6 +13,11 @@ chain cut there, earlier steps and their observations moved into the instruction
 
 Tool names are those of GPT4Tools Table 5: 23 from Visual ChatGPT (``SEEN_TOOLS``, used for training) and
 8 new ones (``UNSEEN_TOOLS``, Table 6). The descriptions are short paraphrases in the same style.
+
+Requests come from templates worded as users word them (:data:`COMMANDS`: five per seen tool, three per unseen
+tool; :data:`CHAIN_COMMANDS` for the chains; :data:`CHAT` for the no-tool exchanges). The generator draws them from
+a :class:`Templates` selection, so a split can be given templates of its own
+(:mod:`~clova_train.datamodules.tool_llm.template_split`); the default is every template.
 """
 
 from __future__ import annotations

@@ -14,7 +14,8 @@
   batch (:mod:`clova_train.datamodules.tool_llm.sharding`).
 
 The data report (:attr:`ToolInstructionDataModule.report`) counts kept, too long, mis-tokenised and
-invalid samples per split, lists their indices, and is written to ``<default_root_dir>/data_report.json``.
+invalid samples per split, lists their indices, and is written to ``<default_root_dir>/data_report.json``; for the
+synthetic data it also holds the template split (``template_split``: the rule, the seed, each split's templates).
 """
 
 from __future__ import annotations
