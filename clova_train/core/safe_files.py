@@ -168,6 +168,15 @@ def _path_text(path: tuple[Any, ...]) -> str:
     return text[:200] or "(the top level)"
 
 
+def _integer_text(value: int) -> str:
+    """A huge integer for a message: its first digits and how many (Python refuses ``str`` past 4,300 digits)."""
+    try:
+        text = str(value)
+    except ValueError:
+        return f"an integer of {value.bit_length():,} bits"
+    return text if len(text) <= 24 else f"{text[:20]}... ({len(text.lstrip('-')):,} digits)"
+
+
 def check_values(value: Any, where: str, limits: ReadLimits) -> Any:
     """``value`` (a parsed JSON/YAML document) if it keeps within ``limits``: nesting depth, ``max_values``,
     ``max_text`` and, with ``finite_only``, finite numbers; else one :class:`DataError` naming ``where`` and the
@@ -199,8 +208,8 @@ def check_values(value: Any, where: str, limits: ReadLimits) -> Any:
             raise DataError(f"{where}: {_path_text(path)} = {item}: must be a finite number")
         elif limits.finite_only and isinstance(item, int) and not isinstance(item, bool) \
                 and not -(2**63) <= item < 2**64:
-            raise DataError(f"{where}: {_path_text(path)} is an integer of {item.bit_length():,} bits, "
-                            "outside the 64-bit range")
+            raise DataError(f"{where}: {_path_text(path)} = {_integer_text(item)}: must be an integer within the "
+                            "64-bit range")
     return value
 
 
@@ -255,8 +264,9 @@ def parse_json(text: str | bytes, where: str, limits: ReadLimits = DEFAULT_LIMIT
         raise DataError(f"{where} is {len(text):,} bytes, more than the {limits.max_bytes:,} accepted")
     if isinstance(text, bytes):
         text = decode_utf8(text, where)
+    # ``limits.finite_only`` is checked after parsing, by the walk that names the place of a bad number
     strict = {"parse_constant": _no_constant, "parse_float": _finite_float, "parse_int": _bounded_int} \
-        if finite_only or limits.finite_only else {}
+        if finite_only else {}
     try:
         value = json.loads(text, object_pairs_hook=_unique_pairs, **strict)
     except _NotFinite as err:

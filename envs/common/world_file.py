@@ -13,7 +13,15 @@ from typing import Any
 
 from clova_train.core.checks import is_integer, is_number
 from clova_train.core.errors import DataError
-from clova_train.core.safe_files import read_json, read_yaml
+from clova_train.core.safe_files import ReadLimits, read_json, read_yaml
+
+# What a world file can hold: a few sections of a few keys (the shipped ones are under 2 kB), so a file of a megabyte,
+# ten thousand values or a text of a thousand characters is not a world; numbers are finite.
+WORLD_LIMITS = ReadLimits(max_bytes=1 << 20, max_depth=8, max_nodes=10_000, max_values=10_000, max_text=1_000,
+                          finite_only=True)
+MAX_NAME_CHARS = 200
+MAX_WEIGHT = 1e6  # a question kind's weight (only their ratios matter)
+MAX_GUESS_ONE_IN = 1_000_000
 
 
 def shown(value: Any, width: int = 40) -> str:
@@ -52,6 +60,9 @@ def world_name(raw: dict[str, Any], where: str) -> str:
     name = raw.get("name", Path(where).stem)
     if not isinstance(name, str) or not name.strip():
         raise DataError(f"{where}: name must be non-empty text")
+    if len(name) > MAX_NAME_CHARS or not name.isprintable():
+        raise DataError(f"{where}: name = {shown(name)}: must be one line of printable text of at most "
+                        f"{MAX_NAME_CHARS} characters")
     return name.strip()
 
 
@@ -61,8 +72,8 @@ def question_weights(raw: dict[str, Any], kinds: tuple[str, ...], default: Mappi
     questions = section(raw, "questions", where) or dict(default)
     refuse_unknown(questions, kinds, f"{where}: questions")
     for kind, weight in questions.items():
-        if not is_number(weight) or weight < 0:
-            raise DataError(f"{where}: questions.{kind} = {shown(weight)}: must be a number >= 0")
+        if not is_number(weight) or not 0 <= weight <= MAX_WEIGHT:
+            raise DataError(f"{where}: questions.{kind} = {shown(weight)}: must be a number from 0 to {MAX_WEIGHT:g}")
     if not any(questions.values()):
         raise DataError(f"{where}: questions: at least one kind needs a weight > 0")
     if not math.isfinite(sum(float(v) for v in questions.values())):
@@ -73,8 +84,9 @@ def question_weights(raw: dict[str, Any], kinds: tuple[str, ...], default: Mappi
 def guess_right_one_in(tools: dict[str, Any], default: int, where: str) -> int:
     """``tools.guess_right_one_in``: a guessing tool gives the gold answer once in this many questions (>= 1)."""
     guess = tools.get("guess_right_one_in", default)
-    if not is_integer(guess) or guess < 1:
-        raise DataError(f"{where}: tools.guess_right_one_in = {shown(guess)}: must be an integer >= 1")
+    if not is_integer(guess) or not 1 <= guess <= MAX_GUESS_ONE_IN:
+        raise DataError(f"{where}: tools.guess_right_one_in = {shown(guess)}: must be an integer from 1 to "
+                        f"{MAX_GUESS_ONE_IN:,}")
     return int(guess)
 
 
@@ -97,5 +109,6 @@ def read_world_file(path_or_preset: str, presets_dir: Path, family: str) -> tupl
     path = preset_or_file(path_or_preset, presets_dir)
     if path is None:
         raise DataError(f"world {path_or_preset!r} is neither a file nor a shipped {family} ({shipped(presets_dir)})")
-    raw = read_json(path, "world file") if path.suffix == ".json" else read_yaml(path, "world file")
+    raw = read_json(path, "world file", WORLD_LIMITS) if path.suffix == ".json" \
+        else read_yaml(path, "world file", WORLD_LIMITS)
     return raw, str(path)

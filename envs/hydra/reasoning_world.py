@@ -45,6 +45,9 @@ WORLDS_DIR = Path(__file__).resolve().parent.parent / "worlds"
 STEPS = ("count", "exists", "colour", "compare-1", "compare-2")
 RANDOM_RANK = "random"
 REWARD_KEYS = ("r1", "alpha", "error_penalty", "reject_penalty")
+MAX_RANK = 1_000  # |good_rank|: no planner list holds more samples
+MAX_REWARD = 1e6  # |reward|: the paper's are 100; larger ones only overflow the Q-values
+MAX_ATTEMPTS = 100  # planner.has_good entries (one per re-plan)
 
 
 @dataclass(frozen=True)
@@ -112,15 +115,17 @@ def world_from_dict(raw: Any, where: str) -> ReasoningWorld:
         raise DataError(f"{where}: planner.confidence = {shown(confidence)}: must be [low, high] with 0 < low < high <= 1")
     has_good = planner.get("has_good", list(default.has_good))
     has_good = has_good if isinstance(has_good, list) else [has_good]
-    if not has_good:
-        raise DataError(f"{where}: planner.has_good must hold at least one probability")
+    if not 1 <= len(has_good) <= MAX_ATTEMPTS:
+        raise DataError(f"{where}: planner.has_good must hold at least one probability and at most {MAX_ATTEMPTS}, "
+                        f"got {len(has_good)}")
     has_good = [_probability(p, f"{where}: planner.has_good[{i}]") for i, p in enumerate(has_good)]
     ranks = section(planner, "good_rank", f"{where}: planner")
     refuse_unknown(ranks, STEPS, f"{where}: planner.good_rank")
     good_rank = {**default.good_rank, **ranks}
     for step, rank in good_rank.items():
-        if rank != RANDOM_RANK and not is_integer(rank):
-            raise DataError(f"{where}: planner.good_rank.{step} = {shown(rank)}: must be an integer rank or 'random'")
+        if rank != RANDOM_RANK and not (is_integer(rank) and -MAX_RANK <= rank < MAX_RANK):
+            raise DataError(f"{where}: planner.good_rank.{step} = {shown(rank)}: must be an integer rank "
+                            f"({-MAX_RANK} to {MAX_RANK - 1}) or 'random'")
     malformed = _probability(planner.get("malformed", default.malformed), f"{where}: planner.malformed")
     tools = section(raw, "tools", where)
     refuse_unknown(tools, ("guess_right_one_in",), f"{where}: tools")
@@ -128,9 +133,9 @@ def world_from_dict(raw: Any, where: str) -> ReasoningWorld:
     rewards = section(raw, "rewards", where)
     refuse_unknown(rewards, REWARD_KEYS, f"{where}: rewards")
     for key, value in rewards.items():
-        if not is_number(value) or (key in ("error_penalty", "reject_penalty") and value < 0):
-            raise DataError(f"{where}: rewards.{key} = {shown(value)}: must be a finite number"
-                            + (" >= 0" if key in ("error_penalty", "reject_penalty") else ""))
+        low = 0 if key in ("error_penalty", "reject_penalty") else -MAX_REWARD
+        if not is_number(value) or not low <= value <= MAX_REWARD:
+            raise DataError(f"{where}: rewards.{key} = {shown(value)}: must be a number from {low:g} to {MAX_REWARD:g}")
     return ReasoningWorld(name, questions,
                           (float(confidence[0]), float(confidence[1])), tuple(has_good), good_rank, malformed,
                           int(guess), {k: float(v) for k, v in rewards.items()})
