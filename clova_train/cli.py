@@ -338,7 +338,7 @@ def served_api_key(given: str | None, key_file: str | None) -> str | None:
     return given if given is not None else os.environ.get(API_KEY_ENV) or None
 
 
-def answer_json_lines(export: str, lines: Iterable[tuple[int, str]] | None, top_k: int | None, device: str,
+def answer_json_lines(export: str, lines: Iterable[tuple[int, Any]] | None, top_k: int | None, device: str,
                       base_model: str | None, output_dir: Path) -> int:
     """Answer numbered JSON request lines (``None``: stdin's, read as bytes one line at a time) with one prompt-tool
     export: one JSON line on stdout per request, the reply or an error in its place (also named on stderr); returns
@@ -349,10 +349,14 @@ def answer_json_lines(export: str, lines: Iterable[tuple[int, str]] | None, top_
     from clova_train.tools.prompt_server import PromptToolServer
 
     server = PromptToolServer.from_export(export, top_k=top_k, device=device, base_model=base_model)
-    source = numbered_lines(sys.stdin.buffer, "request line") if lines is None else lines
-    label = "request line" if lines is None else "--request"
+    if lines is None:  # bytes, one line at a time (a text stdin, as an embedding program may set, is read as text)
+        stdin = getattr(sys.stdin, "buffer", None)
+        lines = numbered_lines(stdin, "request line") if stdin is not None else enumerate(sys.stdin, 1)
+        label = "request line"
+    else:
+        label = "--request"
     answered, failed = 0, []
-    for answer in answer_lines(server.serve, source, output_dir, label):
+    for answer in answer_lines(server.serve, lines, output_dir, label):
         if answer.error is None:
             answered += 1
             print(json.dumps(answer.reply), flush=True)
