@@ -9,7 +9,10 @@ example in view, a random feasible tool; HAMMR: the prompted LLM dispatcher, whi
 and example questions, a random agent, each agent always, the flat ``generic`` agent with every tool and example
 among them), the oracle (a ceiling), and the controls fitted on as many logged steps of random play on training
 tasks as the DQN trains for (``clova_train.controller.fitted_controls``: a question rule, logistic regression, an MLP
-of the DQN's width). Reported per policy: the mean held-out accuracy over seeds with a 95% Student t interval from
+of the DQN's width; ``clova_train.controller.per_sample_controls``: logistic regression and boosted trees that score
+each sample, or each AVIS/HAMMR action, on its own with shared weights, HYDRA re-planning below a threshold; every
+setting of every fitted control chosen on a validation split of the logs, never on the held-out tasks). Reported per
+policy: the mean held-out accuracy over seeds with a 95% Student t interval from
 the seed-to-seed variation, and the paired difference DQN - control per seed, with its t interval (scipy).
 
 HYDRA, AVIS and HAMMR on task files (``--environments hydra-benchmark avis-benchmark hammr-benchmark``):
@@ -30,9 +33,11 @@ in-context examples, so the prompted planner and dispatcher misroute some of the
 
     python benchmarks/controller_controls.py [--environments hydra avis hammr] [--worlds shapes shapes-replan]
         [--random-worlds 2] [--seeking-worlds seeking-paraphrased] [--seeds 0 1 2 3 4] [--runs-dir DIR]
-        [--no-record]
+        [--no-record] [--total-timesteps N] [--eval-episodes K]
 
 ``--runs-dir`` keeps the runs (a rerun reuses every finished one); the default is a temporary directory.
+``--total-timesteps`` and ``--eval-episodes`` shrink the runs (the DQN's steps, and so the fitted controls' logged
+steps, and the held-out tasks) for a quick look: such tables are printed, never recorded.
 """
 
 from __future__ import annotations
@@ -78,9 +83,10 @@ def random_world(seed: int) -> dict:
     }
 
 
-def run(environment: str, world: str | None, seed: int, runs: Path) -> dict[str, dict]:
-    """The evaluation of one controller fit (trained if not there yet)."""
-    out = runs / f"{environment}-{Path(world).stem if world else 'quickstart'}-{seed}"
+def run(environment: str, world: str | None, seed: int, runs: Path, budget: tuple[str, ...] = ()) -> dict[str, dict]:
+    """The evaluation of one controller fit (trained if not there yet); ``budget``: options that shrink it."""
+    shrunk = "".join(f"-{option.split('.')[-1].replace('=', '')}" for option in budget)
+    out = runs / f"{environment}-{Path(world).stem if world else 'quickstart'}-{seed}{shrunk}"
     if world is None:
         world_args = []
     elif environment == "hydra":
@@ -91,14 +97,16 @@ def run(environment: str, world: str | None, seed: int, runs: Path) -> dict[str,
     return controller_evaluation(  # the world's own rewards, not the quickstart's
         out, "--config", str(REPO / "configs/quickstart" / CONFIGS[environment]), f"--train.seed={seed}",
         f"--{section}.cache_path=null", "--train.eval_every=0", "--train.log_formats=[csv]", "--force", *world_args,
+        *budget,
         env={"OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")})
 
 
 def table(environment: str, world: str | None, seeds: list[int], runs: Path, record: bool,
-          drawn: int | None = None) -> None:
+          drawn: int | None = None, budget: tuple[str, ...] = ()) -> None:
     """One environment and world over ``seeds``: print (and with ``record`` append) its table; ``drawn``: the seed of
-    a world drawn by :func:`random_world`."""
-    evaluations = [run(environment, world, seed, runs) for seed in seeds]
+    a world drawn by :func:`random_world`; ``budget``: options that shrink the runs (then nothing is recorded)."""
+    evaluations = [run(environment, world, seed, runs, budget) for seed in seeds]
+    record = record and not budget
     shared = [name for name in evaluations[0] if all(name in e for e in evaluations)]
     fitted = [n for n in shared if n.startswith(FITTED_PREFIXES)]
     oracle = [n for n in shared if n.startswith("oracle")]
@@ -130,7 +138,8 @@ def table(environment: str, world: str | None, seeds: list[int], runs: Path, rec
             f"{CONFIGS[environment]}`{setting}, seeds "
             f"{', '.join(map(str, seeds))}: mean [95% t interval over seeds]; DQN - control: paired per seed. "
             f"Command: `python benchmarks/controller_controls.py --environments {environment}"
-            f"{option} --seeds {' '.join(map(str, seeds))}`",
+            f"{option} --seeds {' '.join(map(str, seeds))}"
+            f"{''.join(' --' + o.split('.')[-1].replace('_', '-').replace('=', ' ') for o in budget)}`",
             ["policy", "accuracy", "DQN - policy", "per seed"], rows, record)
 
 
@@ -144,26 +153,33 @@ def main() -> None:
     parser.add_argument("--random-worlds", type=int, default=2, help="HYDRA worlds drawn by random_world (seeds 1..K)")
     parser.add_argument("--seeking-worlds", nargs="*", default=["seeking-paraphrased"],
                         help="AVIS and HAMMR worlds besides the quickstart's (presets or files)")
+    parser.add_argument("--total-timesteps", type=int, default=None,
+                        help="the DQN's steps (and the fitted controls' logged steps) instead of the config's; not recorded")
+    parser.add_argument("--eval-episodes", type=int, default=None,
+                        help="held-out tasks instead of the config's; not recorded")
     add_seeded_run_arguments(parser)
     args = parser.parse_args()
+    budget = tuple(f"--train.{key}={value}" for key, value in (("total_timesteps", args.total_timesteps),
+                                                                ("eval_episodes", args.eval_episodes))
+                   if value is not None)
     with runs_directory(args.runs_dir) as runs:
         for environment in args.environments:
             if environment in BENCHMARKS:
                 from clova_train.quickstart.hydra_benchmark import prepare
 
                 prepare()  # the quickstart config's task files and tool exports (reused when already written)
-                table(environment, None, args.seeds, runs, not args.no_record)
+                table(environment, None, args.seeds, runs, not args.no_record, budget=budget)
                 continue
             if environment != "hydra":
                 for world in [None, *args.seeking_worlds]:
-                    table(environment, world, args.seeds, runs, not args.no_record)
+                    table(environment, world, args.seeds, runs, not args.no_record, budget=budget)
                 continue
             for world in [None, *args.worlds]:
-                table(environment, world, args.seeds, runs, not args.no_record)
+                table(environment, world, args.seeds, runs, not args.no_record, budget=budget)
             for k in range(1, args.random_worlds + 1):
                 path = runs / f"random-{k}.yaml"
                 path.write_text(yaml.safe_dump(random_world(k), sort_keys=False))
-                table(environment, str(path), args.seeds, runs, not args.no_record, drawn=k)
+                table(environment, str(path), args.seeds, runs, not args.no_record, drawn=k, budget=budget)
 
 
 if __name__ == "__main__":

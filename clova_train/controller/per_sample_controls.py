@@ -82,7 +82,10 @@ class CandidateRows:
     @classmethod
     def for_env(cls, env: Any) -> CandidateRows | None:
         """The rows of ``env``'s observation (its ``describe()`` offsets); ``None`` when its observation tells the
-        samples apart by nothing (HYDRA's ``joint`` layout without probabilities)."""
+        samples apart by nothing (HYDRA's ``joint`` layout without probabilities) or the actions (an environment that
+        does not describe its observation, or describes no part with one entry per action)."""
+        if not hasattr(env, "describe"):
+            return None
         description = env.describe()
         parts = {name: (int(span[0]), int(span[1])) for name, span in description["observation_parts"].items()}
         actions = int(env.action_space.n)
@@ -95,6 +98,8 @@ class CandidateRows:
                             if name != "probabilities" and not name.startswith("sample_"))
             return cls(context, samples, probabilities, (), actions, actions - 1)
         per_action = tuple(parts[name] for name in PER_ACTION_PARTS if name in parts)
+        if not per_action:
+            return None
         context = tuple(span for name, span in parts.items() if name not in PER_ACTION_PARTS)
         return cls(context, (), None, per_action, actions, None)
 
