@@ -292,13 +292,16 @@ def run_serve(args: Sequence[str]) -> int | None:
     parser.add_argument("--served-model-name", default=None,
                         help="chat: the model name clients send as 'model' and /v1/models lists (default: the export "
                              "path as given)")
+    add_http_resource_flags(parser)
     parser.add_argument("--request", action="append", default=[], help="a JSON request to answer and exit (repeatable)")
     parser.add_argument("--stdin", action="store_true", help="answer JSON requests read from stdin, one per line")
     parsed = parser.parse_args(list(args))
     try:
         limits = RequestLimits(max_body_bytes=parsed.max_body_bytes, max_list_items=parsed.max_list_items,
                                max_image_pixels=parsed.max_image_pixels,
-                               max_request_pixels=parsed.max_request_pixels)
+                               max_request_pixels=parsed.max_request_pixels,
+                               max_inflight_body_bytes=parsed.max_inflight_body_bytes)
+        connections = http_connection_limits(parsed)
     except ValueError as err:
         raise ClovaTrainError(f"serve: {err}") from None
     if parsed.top_k is not None and parsed.top_k < 1:
@@ -319,7 +322,35 @@ def run_serve(args: Sequence[str]) -> int | None:
     api_key = served_api_key(parsed.api_key, parsed.api_key_file)
     serve_http(parsed.exports, parsed.host, parsed.port, parsed.device, parsed.top_k, parsed.base_model,
                parsed.max_batch_size, parsed.batch_timeout, output_dir=parsed.output_dir, api_key=api_key,
-               limits=limits, served_model_name=parsed.served_model_name)
+               limits=limits, served_model_name=parsed.served_model_name, image_root=parsed.image_root,
+               connections=connections)
+
+
+def add_http_resource_flags(parser: argparse.ArgumentParser) -> None:
+    """``serve``'s HTTP flags for the server files clients may name and the resources one client may hold."""
+    from clova_train.serving.connections import ConnectionLimits
+    from clova_train.serving.guard import RequestLimits
+
+    parser.add_argument("--image-root", default=None, metavar="DIR",
+                        help="HTTP: clients may name image files under DIR (symlinks resolved; relative names are "
+                             "taken from DIR); default: none, clients send images as data: URLs or uploads and no "
+                             "server file is read for them")
+    parser.add_argument("--max-connections", type=int, default=ConnectionLimits.max_connections,
+                        help="HTTP: most client connections held at once (kept below the open-file limit); beyond it "
+                             "the connection that waited longest for its request is closed")
+    parser.add_argument("--header-timeout", type=float, default=ConnectionLimits.header_timeout_s, metavar="SECONDS",
+                        help="HTTP: seconds a request's headers may take to arrive (the connection is closed after)")
+    parser.add_argument("--body-timeout", type=float, default=ConnectionLimits.body_timeout_s, metavar="SECONDS",
+                        help="HTTP: seconds a request's body may take to arrive after its headers")
+    parser.add_argument("--max-inflight-body-bytes", type=int, default=RequestLimits.max_inflight_body_bytes,
+                        help="HTTP: most bytes of request bodies held at once over all requests (503 beyond)")
+
+
+def http_connection_limits(parsed: argparse.Namespace) -> "ConnectionLimits":
+    """The :class:`ConnectionLimits` of ``serve``'s flags (a ``ValueError`` naming a bad one)."""
+    from clova_train.serving.connections import ConnectionLimits
+
+    return ConnectionLimits(parsed.max_connections, parsed.header_timeout, parsed.body_timeout)
 
 
 def served_api_key(given: str | None, key_file: str | None) -> str | None:

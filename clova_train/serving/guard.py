@@ -161,7 +161,8 @@ class BodyReader:
     def body(self) -> bytes:
         if self.inflater is not None and not self.inflater.eof:
             raise RequestRefused(400, f"the request body is truncated {self.encoding} data")
-        return b"".join(self.pieces)
+        body, self.pieces, self.inflater = b"".join(self.pieces), [], None  # one copy kept, by the caller
+        return body
 
     def _keep(self, data: bytes) -> None:
         self.size += len(data)

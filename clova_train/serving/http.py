@@ -225,8 +225,9 @@ class PromptToolAPI(ls.LitAPI):
         from clova_train.tools.images import ImageReadError
 
         origins: dict[str, str] = {}
+        given_names: dict[str, str] = {}  # a resolved server path -> the name the client sent
         try:
-            request = confined_server_paths(request, self.image_root)  # before anything reads a file
+            request = confined_server_paths(request, self.image_root, given_names)  # before anything reads a file
             with materialised_images(request) as (request, origins):
                 check_request_pixels(request, origins, self.max_request_pixels)
                 return self.server.serve(request)
@@ -237,7 +238,8 @@ class PromptToolAPI(ls.LitAPI):
                 raise HTTPException(400, f"{origins[err.path]} is not a readable image of at most "
                                          f"{self.max_image_pixels:,} pixels in one of the formats accepted "
                                          f"({', '.join(SENT_FORMATS)})") from None
-            raise HTTPException(400, unreadable_image_message(err.path, self.max_image_pixels)) from None
+            raise HTTPException(400, unreadable_image_message(given_names.get(err.path, err.path),
+                                                              self.max_image_pixels)) from None
         except ClovaTrainError as err:
             raise HTTPException(400, str(err)) from None
 

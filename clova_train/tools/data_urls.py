@@ -129,12 +129,14 @@ class ServerPathRefused(DataError):
     """A request named a file on the server that the server does not read for clients."""
 
 
-def confined_server_paths(request: dict[str, Any], image_root: Path | None) -> dict[str, Any]:
+def confined_server_paths(request: dict[str, Any], image_root: Path | None,
+                          given_names: dict[str, str] | None = None) -> dict[str, Any]:
     """``request`` with every server path of its image fields (a string that is no ``data:`` URL) resolved inside
     ``image_root`` (symbolic links followed), or a :class:`ServerPathRefused` naming the field. Without a root no server
     path is accepted; a path outside the root is refused from its text alone, before the file system is asked anything
     about it, so the answer and its timing say nothing about files outside the root. A relative path is taken from
-    the root; ``image_root`` must be the root's resolved path (``os.path.realpath``)."""
+    the root; ``image_root`` must be the root's resolved path (``os.path.realpath``). ``given_names`` (when given)
+    receives each resolved path's name as the client wrote it, for answers that do not show the server's folders."""
 
     def confined(value: Any, where: str) -> Any:
         if not isinstance(value, str) or value.startswith("data:"):
@@ -151,6 +153,8 @@ def confined_server_paths(request: dict[str, Any], image_root: Path | None) -> d
                                     "read (or send the image itself, as a data: URL or an upload)")
         if not _inside(os.path.realpath(lexical), image_root):
             raise ServerPathRefused(f"{where} leads outside the server's --image-root (through a symbolic link)")
+        if given_names is not None:
+            given_names[lexical] = value
         return lexical
 
     converted = dict(request)

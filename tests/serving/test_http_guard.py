@@ -242,7 +242,7 @@ def server(clip_export: Path, tmp_path_factory: pytest.TempPathFactory):
     key_file.write_text(KEY + "\n")
     args = [str(clip_export), "--max-list-items", "16", "--max-body-bytes", "65536", "--max-image-pixels", "250000",
             "--max-request-pixels", "300000", "--output-dir", str(tmp_path_factory.mktemp("served")),
-            "--api-key-file", str(key_file)]
+            "--api-key-file", str(key_file), "--image-root", str(tmp_path_factory.getbasetemp())]
     with serving(args) as (base, process):
         assert KEY not in " ".join(process.args)  # nothing in the process list gives the key away
         yield base, process
@@ -287,10 +287,10 @@ def hostile_images(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
     Image.new("L", (600, 600)).save(root / "huge.png")  # 360,000 pixels > the server's 250,000
     (root / "link-to-fifo.png").symlink_to(root / "fifo.png")
     (root / "dangling.png").symlink_to(root / "nowhere.png")
-    return {"fifo": str(root / "fifo.png"), "directory": str(root / "folder.png"), "device": "/dev/zero",
+    return {"fifo": str(root / "fifo.png"), "directory": str(root / "folder.png"),
             "missing": str(root / "missing.png"), "not an image": str(root / "text.png"),
             "over the pixel limit": str(root / "huge.png"), "symlink to a FIFO": str(root / "link-to-fifo.png"),
-            "dangling symlink": str(root / "dangling.png"), "server file": "/etc/hostname"}
+            "dangling symlink": str(root / "dangling.png")}
 
 
 def test_every_unusable_image_gets_the_same_400_without_blocking(server, hostile_images: dict[str, str]) -> None:
@@ -302,6 +302,12 @@ def test_every_unusable_image_gets_the_same_400_without_blocking(server, hostile
         assert status == 400 and time.monotonic() - started < 30, (kind, reply)
         messages[kind] = reply["error"]["message"].replace(repr(path), "<name>")
     assert len(set(messages.values())) == 1, messages  # a client learns nothing about which files exist
+    outside = {}
+    for path in ("/dev/zero", "/etc/hostname", "/no/such/file.png"):  # outside --image-root: refused from the name
+        status, reply = classify(base, [path])
+        assert status == 400, reply
+        outside[path] = reply["error"]["message"]
+    assert len(set(outside.values())) == 1 and "--image-root" in outside["/etc/hostname"], outside
     assert process.poll() is None
 
 

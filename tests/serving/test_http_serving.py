@@ -30,8 +30,9 @@ def post(url: str, body: object, timeout: float = 60) -> tuple[int, dict]:
 
 
 @pytest.fixture(scope="module")
-def server(clip_export: Path, lora_export: Path):
-    with serving([str(clip_export), str(lora_export), "--max-batch-size", "4", "--batch-timeout", "0.2"]) as (base, _):
+def server(clip_export: Path, lora_export: Path, tmp_path_factory: pytest.TempPathFactory):
+    with serving([str(clip_export), str(lora_export), "--max-batch-size", "4", "--batch-timeout", "0.2",
+                  "--image-root", str(tmp_path_factory.getbasetemp())]) as (base, _):
         yield base
 
 
@@ -48,7 +49,7 @@ def test_classify_and_select_match_the_in_process_loader(server: str, clip_expor
 
 
 @pytest.mark.parametrize("body, message", [
-    ({"images": ["/nonexistent.png"], "labels": ["red"]}, "image '/nonexistent.png' cannot be used"),
+    ({"images": ["/nonexistent.png"], "labels": ["red"]}, "'images'[0] names a file outside the server's --image-root"),
     ({"images": [], "labels": ["red"]}, "'images'"),
     ({"images": ["x.png"]}, "needs 'labels'"),
     (["not", "an", "object"], "JSON object"),
@@ -378,7 +379,8 @@ def test_the_http_documentation_examples_run_against_a_live_server(clip_export: 
     commands = [without_comment(c) for c in shell_commands(REPO / "docs" / "http-api.md") if c.startswith("curl ")]
     live = [c for c in commands if any(p in c for p in ("/v1/clip", "/v1/chat/", "/v1/models"))]
     assert len(live) >= 9 and any(" -F " in c for c in live) and any("data:image" in c for c in live), live
-    with serving([str(clip_export), str(lora_export), "--served-model-name", served], cwd=tmp_path) as (base, _):
+    with serving([str(clip_export), str(lora_export), "--served-model-name", served, "--image-root", str(tmp_path)],
+                 cwd=tmp_path) as (base, _):
         for command in live:
             run = subprocess.run(["bash", "-c", command.replace("localhost:8000", base.removeprefix("http://"))],
                                  cwd=tmp_path, capture_output=True, text=True, timeout=120)

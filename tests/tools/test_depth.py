@@ -172,7 +172,7 @@ def test_clova_train_serve_answers_depth_requests_at_v1_depth(depth_dir: Path, i
     box and an unreadable image each a 400 naming it, in OpenAI's error shape."""
     from helpers.serving import serving
 
-    with serving([str(depth_dir)]) as (base, _):
+    with serving([str(depth_dir), "--image-root", str(image_file.parent)]) as (base, _):
         body = {"image": str(image_file), "boxes": [[0, 0, 10, 10], [20, 20, 70, 50]]}
         status, reply = post(base + "/v1/depth", body)
         assert status == 200, reply
@@ -184,6 +184,8 @@ def test_clova_train_serve_answers_depth_requests_at_v1_depth(depth_dir: Path, i
                                                                   abs=1e-5)
         status, reply = post(base + "/v1/depth", {"image": str(image_file), "boxes": [[100, 0, 110, 10]]})
         assert status == 400 and "'boxes[0]'" in reply["error"]["message"] and "outside" in reply["error"]["message"]
-        status, reply = post(base + "/v1/depth", {"image": "/nonexistent.png"})
-        assert status == 400 and "image '/nonexistent.png' cannot be used" in reply["error"]["message"]
+        status, reply = post(base + "/v1/depth", {"image": str(image_file.parent / "nonexistent.png")})
+        assert status == 400 and "nonexistent.png' cannot be used" in reply["error"]["message"]
+        status, reply = post(base + "/v1/depth", {"image": "/etc/hostname"})  # outside --image-root
+        assert status == 400 and "outside the server's --image-root" in reply["error"]["message"]
 
