@@ -16,6 +16,7 @@ from clova_train.report.runs import Series
 ACCEPTED, REJECTED, UNTUNED = "#2a7f3f", "#b8322a", "#9a9a9a"
 MAX_WIDTH_INCHES = 40.0  # matplotlib refuses images over 2**16 pixels a side; wide tables stay in the page
 MAX_CURVES_DRAWN = 300  # per group: thousands of thin lines only slow the drawing
+MAX_CONCEPTS_DRAWN = 60  # bars in the gate picture; the table lists every concept
 
 
 def _figure(width: float, height: float) -> tuple[Figure, Any]:
@@ -72,28 +73,36 @@ def gate_acceptance(instances: list[dict[str, Any]], path: Path) -> str:
     def name(item: dict[str, Any]) -> str:  # a tool without concepts (VQA) stores every prompt under None
         return "(all)" if item.get("concept") is None else str(item["concept"])
 
-    concepts = sorted({name(item) for item in instances})
-
-    def count(concept: str, test: Any) -> int:
-        return sum(1 for i in instances if name(i) == concept and test(i))
-
-    untuned = [count(c, lambda i: i.get("steps", 1) == 0) for c in concepts]
-    accepted = [count(c, lambda i: i["accepted"] and i.get("steps", 1) > 0) for c in concepts]
-    rejected = [count(c, lambda i: not i["accepted"]) for c in concepts]
-    figure, axes = _figure(max(4, 0.9 * len(concepts) + 2), 3.6)
-    axes.bar(concepts, accepted, color=ACCEPTED, label="accepted")
-    axes.bar(concepts, rejected, bottom=accepted, color=REJECTED, label="rejected")
+    tally: dict[str, Counter] = {}
+    reasons: dict[str, Counter] = {}
+    for item in instances:  # one pass: a summary may hold a hundred thousand concepts
+        counts = tally.setdefault(name(item), Counter())
+        tuned = item.get("steps", 1) > 0
+        counts["untuned"] += not tuned
+        counts["accepted"] += item["accepted"] and tuned
+        counts["rejected"] += not item["accepted"]
+        reasons.setdefault(name(item), Counter()).update(r["kind"] for r in item.get("rejections", []))
+    concepts = sorted(tally)
+    # the picture shows the concepts with most instances (a bar each); the table below lists every concept
+    drawn = sorted(sorted(concepts, key=lambda c: -sum(tally[c].values()))[:MAX_CONCEPTS_DRAWN])
+    accepted = [tally[c]["accepted"] for c in drawn]
+    rejected = [tally[c]["rejected"] for c in drawn]
+    untuned = [tally[c]["untuned"] for c in drawn]
+    figure, axes = _figure(max(4, 0.9 * len(drawn) + 2), 3.6)
+    axes.bar(drawn, accepted, color=ACCEPTED, label="accepted")
+    axes.bar(drawn, rejected, bottom=accepted, color=REJECTED, label="rejected")
     if any(untuned):
-        axes.bar(concepts, untuned, bottom=np.add(accepted, rejected), color=UNTUNED, label="stored without tuning")
-    axes.set(ylabel="instances", title="Validation gate per concept")
+        axes.bar(drawn, untuned, bottom=np.add(accepted, rejected), color=UNTUNED, label="stored without tuning")
+    shown = "" if len(drawn) == len(concepts) else f" ({len(drawn)} of {len(concepts)} concepts, most instances)"
+    axes.set(ylabel="instances", title=f"Validation gate per concept{shown}")
     axes.legend()
     axes.tick_params(axis="x", labelrotation=30)
     _save(figure, path)
     rows = []
-    for concept, yes, no, kept in zip(concepts, accepted, rejected, untuned):
-        reasons = Counter(r["kind"] for i in instances if name(i) == concept for r in i.get("rejections", []))
+    for concept in concepts:
+        yes, no, kept = tally[concept]["accepted"], tally[concept]["rejected"], tally[concept]["untuned"]
         rows.append([concept, yes + no, yes, yes / (yes + no) if yes + no else 0.0, kept,
-                     ", ".join(f"{kind} ({n})" for kind, n in reasons.most_common(3)) or "-"])
+                     ", ".join(f"{kind} ({n})" for kind, n in reasons[concept].most_common(3)) or "-"])
     return table(["concept", "tuned", "accepted", "share", "stored without tuning", "rejections"], rows)
 
 

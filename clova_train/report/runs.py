@@ -9,16 +9,29 @@ A prompt-tuning run has ``summary.json`` (every instance's gate verdict and lear
 from __future__ import annotations
 
 import csv
+import io
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from clova_train.core.errors import DataError
-from clova_train.core.safe_files import read_json_object
+from clova_train.core.safe_files import ReadLimits, printable, read_json_object, read_text
 from clova_train.core.run_manifest import SUMMARY_FILE, read_run_manifest
 
 KINDS = ("prompt_tuning", "lora", "controller")
+
+# What the files of a run can hold. A log: a row per logged step of a few hundred metrics (a million-step run logging
+# every step is about 100 MB). A summary: a record per instance with its loss at every inner step (60,000 LVIS
+# instances of 100 steps are about 60 MB). An evaluation: a row per concept of a few columns.
+MAX_LOG_BYTES = 512 << 20
+MAX_LOG_COLUMNS = 10_000
+MAX_LOG_ROWS = 10_000_000
+SUMMARY_LIMITS = ReadLimits(max_bytes=512 << 20, max_depth=8, max_values=50_000_000, max_text=100_000)
+EVALUATION_LIMITS = ReadLimits(max_bytes=64 << 20, max_depth=8, max_values=5_000_000, max_text=10_000)
+MAX_INSTANCES = 2_000_000
+MAX_CURVE_STEPS = 1_000_000
+MAX_NAME_CHARS = 1_000  # a concept, a policy, a rejection kind
 
 
 @dataclass
@@ -50,25 +63,36 @@ def run_kind(directory: Path) -> str:
 
 
 def read_series(path: Path, x_columns: tuple[str, ...]) -> dict[str, Series]:
-    """Every numeric column of a CSV log as a series against the first of ``x_columns`` the row has."""
+    """Every numeric column of a CSV log as a series against the first of ``x_columns`` the row has; a log that is
+    not a regular file, or holds more than :data:`MAX_LOG_BYTES`, columns or rows than a real log does, is one
+    :class:`DataError` naming it."""
+    where = f"the log {printable(path)}"
+    text = read_text(path, "log", MAX_LOG_BYTES)
     series: dict[str, Series] = {}
     try:
-        with path.open(newline="") as handle:
-            for row in csv.DictReader(handle):
-                x = next((_number(row.get(c)) for c in x_columns if _number(row.get(c)) is not None), None)
-                if x is None:
-                    continue
-                for key, value in row.items():
-                    y = _number(value)
-                    if key and key not in x_columns and y is not None:
-                        series.setdefault(key, Series()).x.append(x)
-                        series[key].y.append(y)
-    except (OSError, UnicodeDecodeError, csv.Error) as err:
-        raise DataError(f"cannot read the log {path}: {err}") from err
+        reader = csv.DictReader(io.StringIO(text, newline=""))
+        if len(reader.fieldnames or ()) > MAX_LOG_COLUMNS:
+            raise DataError(f"{where} has {len(reader.fieldnames or ()):,} columns, more than the {MAX_LOG_COLUMNS:,} "
+                            "a log holds")
+        for number, row in enumerate(reader, 1):
+            if number > MAX_LOG_ROWS:
+                raise DataError(f"{where} has more than {MAX_LOG_ROWS:,} rows")
+            x = next((_number(row.get(c)) for c in x_columns if _number(row.get(c)) is not None), None)
+            if x is None:
+                continue
+            for key, value in row.items():
+                y = _number(value)
+                if key and key not in x_columns and y is not None:
+                    series.setdefault(key, Series()).x.append(x)
+                    series[key].y.append(y)
+    except csv.Error as err:
+        raise DataError(f"cannot read {where}: {err}") from None
     return series
 
 
 def _number(value: Any) -> float | None:
+    if not isinstance(value, str) or len(value) > 100:  # a cell of a 100,000-digit number is not a metric
+        return None
     try:
         number = float(value)
     except (TypeError, ValueError):
@@ -81,7 +105,7 @@ def csv_logs(directory: Path) -> list[Path]:
     validate or test), oldest first; exports and reports are not searched."""
     found = [p for p in directory.rglob("metrics.csv")
              if not {"export", "report"} & set(p.relative_to(directory).parts[:-1])]
-    return sorted(found, key=lambda p: p.stat().st_mtime)
+    return sorted(found, key=lambda p: p.lstat().st_mtime)  # lstat: a dangling link is refused when read
 
 
 def merged_series(logs: list[Path]) -> dict[str, Series]:
@@ -101,14 +125,99 @@ def read_run(directory: Path) -> Run:
     kind = run_kind(directory)
     if kind == "controller":
         progress = directory / "logs" / "progress.csv"
-        metrics = read_series(progress, ("time/total_timesteps",)) if progress.is_file() else {}
+        metrics = read_series(progress, ("time/total_timesteps",)) if progress.exists() else {}
         evaluations = {}
-        if (directory / "evaluation.json").is_file():
-            evaluations["held-out tasks"] = read_json_object(directory / "evaluation.json", "controller evaluation")
+        if (directory / "evaluation.json").exists():
+            evaluations["held-out tasks"] = read_policy_evaluation(directory / "evaluation.json")
         return Run(directory, kind, metrics, evaluations=evaluations)
     metrics = merged_series(csv_logs(directory))
-    summary = read_json_object(directory / SUMMARY_FILE, "run summary") if (directory / SUMMARY_FILE).is_file() \
-        else None
-    evaluations = {path.stem: read_json_object(path, "evaluation")
+    summary = read_summary(directory / SUMMARY_FILE) if (directory / SUMMARY_FILE).exists() else None
+    evaluations = {path.stem: read_concept_evaluation(path)
                    for path in sorted((directory / "evaluation").glob("*.json"))}
     return Run(directory, kind, metrics, summary, evaluations)
+
+
+def _name(value: Any, where: str) -> None:
+    if value is not None and not (isinstance(value, (str, int, float)) and len(str(value)) <= MAX_NAME_CHARS):
+        raise DataError(f"{where} must be a name of at most {MAX_NAME_CHARS:,} characters, got "
+                        f"{type(value).__name__}")
+
+
+def _not_infinite(value: Any, where: str) -> None:
+    """A number (NaN allowed: an evaluation over no sample has no mean), never infinite, a bool or another type."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or math.isinf(value):
+        raise DataError(f"{where} = {str(value)[:40]}: must be a finite number (or NaN)")
+
+
+def read_summary(path: Path) -> dict[str, Any]:
+    """``summary.json`` with every field the report draws checked: ``instances`` a list of records, each with a
+    boolean ``accepted``, a ``concept`` name (or null), a ``loss_curve`` of finite numbers, an integer ``steps`` and
+    ``rejections`` with a text ``kind``."""
+    summary = read_json_object(path, "run summary", SUMMARY_LIMITS)
+    where = f"run summary {printable(path)}"
+    instances = summary.get("instances", [])
+    if not isinstance(instances, list) or len(instances) > MAX_INSTANCES:
+        raise DataError(f"{where}: instances must be a list of at most {MAX_INSTANCES:,} records")
+    for i, item in enumerate(instances):
+        at = f"{where}: instances[{i}]"
+        if not isinstance(item, dict):
+            raise DataError(f"{at} must be an object, got {type(item).__name__}")
+        if not isinstance(item.get("accepted"), bool):
+            raise DataError(f"{at}.accepted must be true or false, got {str(item.get('accepted'))[:40]}")
+        _name(item.get("concept"), f"{at}.concept")
+        steps = item.get("steps", 1)
+        if isinstance(steps, bool) or not isinstance(steps, int) or not 0 <= steps <= MAX_CURVE_STEPS:
+            raise DataError(f"{at}.steps = {str(steps)[:40]}: must be an integer from 0 to {MAX_CURVE_STEPS:,}")
+        curve = item.get("loss_curve", [])
+        if not isinstance(curve, list) or len(curve) > MAX_CURVE_STEPS:
+            raise DataError(f"{at}.loss_curve must be a list of at most {MAX_CURVE_STEPS:,} losses")
+        for j, value in enumerate(curve):
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+                raise DataError(f"{at}.loss_curve[{j}] = {str(value)[:40]}: must be a finite number")
+        rejections = item.get("rejections", [])
+        if not isinstance(rejections, list) or not all(
+                isinstance(r, dict) and isinstance(r.get("kind"), str) and len(r["kind"]) <= MAX_NAME_CHARS
+                for r in rejections):
+            raise DataError(f"{at}.rejections must be a list of objects with a text 'kind'")
+    return summary
+
+
+def read_concept_evaluation(path: Path) -> dict[str, Any]:
+    """A prompt-tuning ``evaluation/<stage>.json``: ``per_concept`` rows whose columns hold a numeric ``mean`` and a
+    two-number ``ci95``."""
+    evaluation = read_json_object(path, "evaluation", EVALUATION_LIMITS)
+    where = f"evaluation {printable(path)}"
+    rows = evaluation.get("per_concept", [])
+    if not isinstance(rows, list):
+        raise DataError(f"{where}: per_concept must be a list")
+    for i, row in enumerate(rows):
+        if not isinstance(row, dict):
+            raise DataError(f"{where}: per_concept[{i}] must be an object")
+        _name(row.get("concept"), f"{where}: per_concept[{i}].concept")
+        for key, value in row.items():
+            if isinstance(value, dict) and "mean" in value:
+                _not_infinite(value["mean"], f"{where}: per_concept[{i}].{key}.mean")
+                ci = value.get("ci95", [math.nan, math.nan])
+                if not isinstance(ci, list) or len(ci) != 2:
+                    raise DataError(f"{where}: per_concept[{i}].{key}.ci95 must be [low, high]")
+                for j, bound in enumerate(ci):
+                    _not_infinite(bound, f"{where}: per_concept[{i}].{key}.ci95[{j}]")
+    _name(evaluation.get("stage"), f"{where}: stage")
+    return evaluation
+
+
+POLICY_NUMBERS = ("accuracy", "steps", "rejects", "llm_calls", "return")
+
+
+def read_policy_evaluation(path: Path) -> dict[str, Any]:
+    """A controller's ``evaluation.json``: policy name -> its numbers (``accuracy``, ``steps``, ...)."""
+    evaluation = read_json_object(path, "controller evaluation", EVALUATION_LIMITS)
+    where = f"controller evaluation {printable(path)}"
+    for policy, numbers in evaluation.items():
+        _name(policy, f"{where}: a policy name")
+        if not isinstance(numbers, dict):
+            raise DataError(f"{where}: {policy[:60]!r} must be an object of numbers")
+        for key in POLICY_NUMBERS:
+            if key in numbers:
+                _not_infinite(numbers[key], f"{where}: {policy[:60]}.{key}")
+    return evaluation
