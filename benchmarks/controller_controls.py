@@ -154,7 +154,8 @@ def main() -> None:
     parser.add_argument("--seeking-worlds", nargs="*", default=["seeking-paraphrased"],
                         help="AVIS and HAMMR worlds besides the quickstart's (presets or files)")
     parser.add_argument("--total-timesteps", type=int, default=None,
-                        help="the DQN's steps (and the fitted controls' logged steps) instead of the config's; not recorded")
+                        help="the DQN's steps (and the fitted controls' logged steps) instead of the config's; "
+                             "not recorded")
     parser.add_argument("--eval-episodes", type=int, default=None,
                         help="held-out tasks instead of the config's; not recorded")
     add_seeded_run_arguments(parser)
