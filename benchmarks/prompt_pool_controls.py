@@ -20,7 +20,15 @@ orange are the concepts it has to learn, blue is purple's look-alike):
 Reported: per concept group and setting, the mean over seeds with a 95% Student t interval from the seed-to-seed
 variation, and the paired per-seed differences (pool - unmodified, gated - ungated) with t intervals (scipy).
 
+``--operating-point`` reports the pool where it is served instead (issue 55): each clean run is exported, its
+``classify_margin`` chosen by the fixed rule (``clova_train.tools.operating_point``: ``MARGIN_RULE`` below, declared
+before any run) on ``VALIDATION_IMAGES`` validation images per concept and written into the export, the export loaded
+again the way ``clova-train serve`` loads it, and the test images classified at the margin it carries: how often the
+served pool differs from the unmodified CLIP, the gain when it does, the pool against random prompts at the same
+margin, and the share of the unmodified CLIP's right answers on concepts without prompts that the served pool loses.
+
     python benchmarks/prompt_pool_controls.py [--seeds 0 1 2 3 4] [--label-noise 0.2] [--runs-dir DIR] [--no-record]
+    python benchmarks/prompt_pool_controls.py --operating-point --seeds 10 11 12 ...
 """
 
 from __future__ import annotations
@@ -42,6 +50,11 @@ LOOK_ALIKE = "blue"
 VALIDATION_SEED_OFFSET = 4_441  # validation images for the margin: neither the training nor the test images' seed
 IMAGE_SIZE = 32  # the quickstart's
 VALIDATION_IMAGES = 300  # per concept: choose_margin needs 217 or more to show its 2% bound for 4 concepts together
+MARGIN_RULE = ("classify_margin: the most accurate of 0, 0.025, ..., 0.5 and 1 (never) on the validation images under "
+               "which, with 95% confidence for all concepts without prompts together (Clopper-Pearson, Bonferroni), "
+               f"the pool takes at most 2% of each one's images from the unmodified CLIP's right answers; "
+               f"{VALIDATION_IMAGES} validation images per concept, rendered with the run's seed + "
+               f"{VALIDATION_SEED_OFFSET}")
 
 
 def fit_and_test(name: str, seed: int, label_noise: float, runs: Path) -> Path:
@@ -93,6 +106,74 @@ def margin_study(run_dir: Path, seed: int, runs: Path) -> dict[str, dict[str, fl
             "zero-prompt control, margin 0": score(control_forwards["zero"], 0.0), "margin": {"chosen": chosen}}
 
 
+def export_run(run_dir: Path) -> Path:
+    """``clova-train export`` of a run (reusing a finished one); the export directory."""
+    export = run_dir / "export"
+    if not (export / "export.json").is_file():
+        clova_train("export", str(run_dir), "--output", str(export))
+    return export
+
+
+def served_study(run_dir: Path, seed: int, runs: Path) -> dict:
+    """The clean run's export calibrated (its ``classify_margin`` chosen on validation images and written into it),
+    loaded again as a server loads it, and measured on the test images at the margin it carries."""
+    from served_point import ServedSeed
+
+    from clova_train.core.pool import control_pool
+    from clova_train.tools.clip.demo import load_folder
+    from clova_train.tools.clip.margin import choose_margin, classify_forwards, decide
+    from clova_train.tools.clip.synthetic import write_concept_folders
+    from clova_train.tools.operating_point import operating_point_record, write_operating_point
+    from clova_train.tools.prompt_server import PromptToolServer
+
+    export = export_run(run_dir)
+    names = sorted(p.name for p in (runs / f"data-{seed}").iterdir() if p.is_dir())
+    validation = runs / f"validation-{VALIDATION_IMAGES}-{seed}"
+    if not validation.is_dir():
+        write_concept_folders(validation, names, VALIDATION_IMAGES, 64, seed=seed + VALIDATION_SEED_OFFSET)
+    concepts, _, images, truth = load_folder(validation, IMAGE_SIZE)
+    chosen, _ = choose_margin(PromptToolServer.from_export(export), images, truth, concepts)
+    write_operating_point(export, "classify_margin", chosen,
+                          operating_point_record("classify_margin", chosen, str(validation), len(images)))
+    server = PromptToolServer.from_export(export)  # as clova-train serve loads it
+    margin = server.tool.classify_margin
+    assert margin == chosen, f"the export serves at {margin}, calibrated {chosen}"
+    concepts, _, images, truth = load_folder(Path(f"{runs / f'data-{seed}'}_test"), IMAGE_SIZE)
+    control = PromptToolServer(server.tool, control_pool(server.pool, "random", seed), server.top_k)
+    with torch.no_grad():
+        forwards = classify_forwards(server, images, concepts)
+        served = server.classify(images, concepts)[1].argmax(-1)  # the served operation itself
+        random = decide(server.tool, classify_forwards(control, images, concepts), margin)
+    unmodified = forwards.unprompted.argmax(-1)
+    assert torch.equal(served, decide(server.tool, forwards, margin))
+    without = torch.tensor([concepts[int(t)] not in server.pool for t in truth])
+    result = {}
+    for name, rows in (("all", torch.ones_like(truth, dtype=torch.bool)),
+                       ("purple+orange", torch.tensor([concepts[int(t)] in LEARNED for t in truth]))):
+        known = rows & without & (unmodified == truth)
+        result[name] = ServedSeed(
+            seed, margin, float((served[rows] != unmodified[rows]).float().mean()),
+            float((unmodified[rows] == truth[rows]).float().mean()), float((served[rows] == truth[rows]).float().mean()),
+            float((random[rows] == truth[rows]).float().mean()),
+            float((known & (served != truth)).sum() / known.sum()) if bool(known.any()) else 0.0)
+    return result
+
+
+def operating_point_main(args: argparse.Namespace) -> None:
+    """``--operating-point``: the pool reported where it is served (module docstring)."""
+    from served_point import HEADER, operating_point_rows
+
+    with runs_directory(args.runs_dir) as runs:
+        studies = [served_study(fit_and_test("clean", s, 0.0, runs), s, runs) for s in args.seeds]
+    rows = [row for name in ("all", "purple+orange") for row in operating_point_rows("clip", name, [s[name] for s in studies])]
+    publish("prompt_pool_controls", "CLIP prompt pool against controls", f"served operating point, cpu: {machine()}",
+            f"CLASSIFY on the quickstart's test images (100 per concept) at the margin the export carries. Fixed before "
+            f"the run: {MARGIN_RULE}. Seeds {', '.join(map(str, args.seeds))} (data, negatives and prompt "
+            f"initialisation). The last row's items: test images of concepts without prompts that the unmodified CLIP "
+            f"classifies right. Command: `python benchmarks/prompt_pool_controls.py --operating-point --seeds "
+            f"{' '.join(map(str, args.seeds))}`", HEADER, rows, record=not args.no_record)
+
+
 def group(scores: dict[str, float], name: str) -> float:
     if name == "purple+orange":
         return (scores["purple"] + scores["orange"]) / 2
@@ -106,7 +187,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     add_seeded_run_arguments(parser, "data and training seeds")
     parser.add_argument("--label-noise", type=float, default=0.2, help="share of flipped training labels (noisy)")
+    parser.add_argument("--operating-point", action="store_true",
+                        help="report the clean pools at the margin their exports carry (module docstring)")
     args = parser.parse_args()
+    if args.operating_point:
+        operating_point_main(args)
+        return
     rows: list[str] = []
     with runs_directory(args.runs_dir) as runs:
         clean = [fit_and_test("clean", s, 0.0, runs) for s in args.seeds]

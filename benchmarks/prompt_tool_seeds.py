@@ -98,6 +98,12 @@ def table_rows(tool: str, measurement: SeedMeasurement, per_seed: list[dict[str,
             counts = [int(s[name]["count"]) for s in per_seed]
             rows.append(f"| {tool} | prompts accepted | - | - | - | {', '.join(map(str, counts))} |")
             continue
+        if reference_column not in per_seed[0][name]:  # quantities, not policies (the served operating point)
+            for quantity in per_seed[0][name]:
+                values = [s[name][quantity] for s in per_seed]
+                rows.append(f"| {tool} | {name} | {quantity} | {seed_interval(values, limits=None)} | - | "
+                            f"{', '.join(f'{v:g}' for v in values)} |")
+            continue
         reference = [s[name][reference_column] for s in per_seed]
         for column in measurement.columns:
             values = [s[name][column] for s in per_seed]
@@ -109,7 +115,21 @@ def table_rows(tool: str, measurement: SeedMeasurement, per_seed: list[dict[str,
             differences = [round(s[name][learned] - s[name][control], 9) + 0.0 for s in per_seed]
             rows.append(f"| {tool} | {name} | {learned} - {control} | - | {seed_interval(differences, True, limits)} | "
                         f"{', '.join(f'{v:+.2f}' for v in differences)} |")
-    return rows
+    return rows + served_rows(tool, measurement, per_seed)
+
+
+def served_rows(tool: str, measurement: SeedMeasurement, per_seed: list[dict[str, dict[str, float]]]) -> list[str]:
+    """With an ``operating point`` group (a served margin chosen on validation): how many seeds' served pools answer
+    anything differently from the unmodified tool, and the served pool's gain on ``all`` over those seeds."""
+    if "operating point" not in per_seed[0] or "all" not in per_seed[0]:
+        return []
+    differs = [k for k, s in enumerate(per_seed) if s["operating point"].get("answers changed", 0) > 0]
+    unmodified, served = measurement.columns[0], measurement.columns[1]
+    gains = [round(per_seed[k]["all"][served] - per_seed[k]["all"][unmodified], 9) + 0.0 for k in differs]
+    return [f"| {tool} | all | seeds whose {served} differs from the {unmodified} tool | - | - | {len(differs)} of "
+            f"{len(per_seed)} |",
+            f"| {tool} | all | {served} - {unmodified}, seeds where it differs | - | "
+            f"{seed_interval(gains, True) if gains else '-'} | {', '.join(f'{v:+.2f}' for v in gains) or '-'} |"]
 
 
 def main() -> None:

@@ -77,6 +77,31 @@ def with_base_model(
     return {**description, "init_args": {**init_args, "model_name": model_name}}
 
 
+def with_served_margins(description: dict[str, Any], directory: Path, margins: dict[str, float | None]
+                        ) -> dict[str, Any]:
+    """``description`` with each given (not ``None``) served margin put in its ``init_args``, in place of the one the
+    export carries; an :class:`ExportError` when the tool takes no such margin."""
+    given = {name: value for name, value in margins.items() if value is not None}
+    if not given:
+        return description
+    import inspect
+
+    from clova_train.tools.base import tool_class
+
+    try:
+        takes = inspect.signature(tool_class(description)).parameters
+    except ModelError as err:
+        raise ExportError(f"{directory / TOOL_FILE}: {err}") from err
+    for name in given:
+        if name not in takes:
+            raise ExportError(f"the {description.get('tool')} tool of {directory} takes no {name} (its served margin "
+                              f"is {', '.join(n for n in margins if n in takes) or 'none'})")
+    init_args = description.get("init_args") or {}
+    if not isinstance(init_args, dict):
+        raise ExportError(f"{directory / TOOL_FILE}: init_args must be an object")
+    return {**description, "init_args": {**init_args, **given}}
+
+
 class PromptToolServer:
     """A frozen prompt tool with its prompt pool, serving the tool's operations with the prompt ensemble.
 
@@ -115,15 +140,22 @@ class PromptToolServer:
         top_k: int | None = None,
         device: str | torch.device = "cpu",
         base_model: str | os.PathLike[str] | None = None,
+        classify_margin: float | None = None,
+        answer_margin: float | None = None,
     ) -> PromptToolServer:
         """Load a directory written by ``clova-train export`` (or a finished run directory).
 
         The frozen network is the one ``tool.json`` names: the copy inside the export when it was written with
         ``--copy-base``, else the (absolute) path or hub id it was trained from. ``base_model`` (a local
         directory) overrides both; its weights must still be the ones the prompts were trained on.
+
+        The pool is served at the operating point ``tool.json`` carries (the margin its calibration chose and wrote
+        there: ``clova_train.tools.operating_point``); ``classify_margin`` (CLIP) or ``answer_margin`` (BLIP VQA)
+        overrides it.
         """
         directory = Path(directory)
-        description = cls.check_export(directory, base_model)
+        description = with_served_margins(cls.check_export(directory, base_model), directory,
+                                          {"classify_margin": classify_margin, "answer_margin": answer_margin})
         try:
             tool = PromptTool.from_description(description).to(device)
         except ModelError as err:

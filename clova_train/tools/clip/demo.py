@@ -4,7 +4,9 @@
 Lightning) and classifies test images over all concept names. It first chooses CLASSIFY's ``classify_margin`` on a
 validation set (rendered with a seed of its own, 300 images per concept; ``clova_train.tools.clip.margin``: the most
 accurate margin under which, with 95% confidence for all of them together, the pool takes at most 2% of each concept
-without prompts away from the unmodified tool's right answers), then prints, on the test
+without prompts away from the unmodified tool's right answers) and writes it into the export's ``tool.json``, so
+that every later ``PromptToolServer.from_export`` / ``clova-train serve`` of the export serves at it
+(``--no-write-margin``: leave the export as it is), then prints, on the test
 images, per-concept accuracy of the unmodified tool, of the pool at margin 0 and at the chosen margin, and of the
 random-prompt control (the pool with every prompt replaced by a random one of its norm: the same retrieval and
 decision rule with nothing learned; a zero prompt is exactly the unmodified tool under CLASSIFY's rule), with 95%
@@ -31,6 +33,7 @@ from clova_train.tools.clip.margin import (
     CONFIDENCE, NEVER, TOLERANCE, choose_margin, classify_forwards, decide, images_needed,
 )
 from clova_train.tools.images import list_images, load_image, text_named
+from clova_train.tools.operating_point import operating_point_record, write_operating_point
 from clova_train.tools.prompt_server import PromptToolServer
 
 TEST_SEED, VALIDATION_SEED = 987_654, 123_457
@@ -100,6 +103,8 @@ def main(argv: list[str] | None = None) -> None:
                              f"{images_needed(1)} for one concept without prompts, {images_needed(4)} for four)")
     parser.add_argument("--image-size", type=int, default=None, help="image side used in training")
     parser.add_argument("--top-k", type=int, default=None, help="ensemble only the k most similar prompts")
+    parser.add_argument("--no-write-margin", action="store_true",
+                        help="do not write the chosen classify_margin into the export's tool.json")
     args = parser.parse_args(argv)
     defaults = _data_defaults(args.export)
     image_size = args.image_size or defaults.get("image_size", 224)
@@ -119,6 +124,10 @@ def main(argv: list[str] | None = None) -> None:
                              f"({args.validation_data or 'rendered with another seed'})")
             if margin == NEVER:
                 calibrated_on += ": no margin keeps every concept without prompts safe, so prompts never override"
+            if not args.no_write_margin:
+                write_operating_point(args.export, "classify_margin", margin, operating_point_record(
+                    "classify_margin", margin, str(args.validation_data or "rendered with another seed"), len(images)))
+                calibrated_on += "; written to the export's tool.json (served at it from now on)"
         report, confusion, concepts = evaluate(server, args.data or render("test", TEST_SEED, args.test_images), image_size, margin)
     source = args.data or "freshly rendered synthetic images"
     print(f"\nCLASSIFY on test images ({source}), {len(server.pool)} prompts in the pool, top-k {server.top_k}")

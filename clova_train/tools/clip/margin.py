@@ -20,12 +20,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
-from scipy import stats
 
-NEVER = 1.0  # probabilities differ by less than 1: at this margin the prompted forward never takes an image
-MARGINS = (*(round(0.025 * k, 3) for k in range(21)), NEVER)  # 0.0, 0.025, ..., 0.5, never
-TOLERANCE = 0.02
-CONFIDENCE = 0.95
+from clova_train.tools.operating_point import (  # noqa: F401 (the rule's constants and bounds, re-exported)
+    CONFIDENCE, MARGINS, NEVER, TOLERANCE, choose_operating_point, images_needed, label_confidence, taken_share_bound,
+)
 
 
 @dataclass(frozen=True)
@@ -88,46 +86,27 @@ def per_label_accuracy(predicted: torch.Tensor, truth: torch.Tensor, labels: Seq
     return {**accuracy, "all": float((predicted == truth).float().mean())}
 
 
-def label_confidence(labels_without_prompts: int, confidence: float = CONFIDENCE) -> float:
-    """The confidence each label's bound needs so that all hold together with ``confidence`` (Bonferroni)."""
-    return 1 - (1 - confidence) / max(1, labels_without_prompts)
-
-
-def taken_share_bound(taken: int, images: int, confidence: float = CONFIDENCE) -> float:
-    """One-sided upper confidence bound on the share of a label's images the pool takes away (``taken`` of
-    ``images``, Clopper-Pearson)."""
-    if taken >= images:
-        return 1.0
-    return float(stats.beta.ppf(confidence, taken + 1, images - taken))
-
-
-def images_needed(labels_without_prompts: int = 1, tolerance: float = TOLERANCE, confidence: float = CONFIDENCE) -> int:
-    """The fewest validation images per label that can show ``tolerance`` for ``labels_without_prompts`` labels
-    together (none of their images taken)."""
-    each, images = label_confidence(labels_without_prompts, confidence), 1
-    while taken_share_bound(0, images, each) > tolerance:
-        images += 1
-    return images
-
-
 def choose_margin(server, images: torch.Tensor, truth: torch.Tensor, labels: Sequence[str],
                   tolerance: float = TOLERANCE, margins: Sequence[float] = MARGINS,
                   confidence: float = CONFIDENCE) -> tuple[float, dict]:
-    """The margin chosen on these validation images (module docstring) and, per margin (``NEVER`` included), the
-    per-label accuracies with, under ``"taken_bound"``, each label without prompts' upper bound on the share taken
-    away (``"unmodified"``: the tool without its pool)."""
+    """The margin chosen on these validation images (module docstring;
+    :func:`~clova_train.tools.operating_point.choose_operating_point` with the labels without prompts as the protected
+    groups) and, per margin (``NEVER`` included), the per-label accuracies with, under ``"taken_bound"``, each label
+    without prompts' upper bound on the share taken away (``"unmodified"``: the tool without its pool)."""
     with torch.no_grad():
         forwards = classify_forwards(server, images, labels)
     unmodified = forwards.unprompted.argmax(-1)
+    without = {labels[k]: truth == k for k in range(len(labels))
+               if k not in forwards.prompted and bool((truth == k).any())}
+    predicted: dict[float, torch.Tensor] = {}
+
+    def served_right_at(margin: float) -> torch.Tensor:
+        predicted[margin] = decide(server.tool, forwards, margin)
+        return predicted[margin] == truth
+
+    margin, bounds = choose_operating_point(unmodified == truth, without, served_right_at, margins, tolerance,
+                                            confidence)
     table: dict = {"unmodified": per_label_accuracy(unmodified, truth, labels)}
-    without = [k for k in range(len(labels)) if k not in forwards.prompted and bool((truth == k).any())]
-    each = label_confidence(len(without), confidence)
-    best: tuple[float, float] | None = None
-    for margin in sorted({*margins, NEVER}):
-        predicted = decide(server.tool, forwards, margin)
-        bounds = {labels[k]: taken_share_bound(int(((truth == k) & (unmodified == k) & (predicted != k)).sum()),
-                                               int((truth == k).sum()), each) for k in without}
-        table[margin] = {**per_label_accuracy(predicted, truth, labels), "taken_bound": bounds}
-        if all(b <= tolerance for b in bounds.values()) and (best is None or table[margin]["all"] >= best[0]):
-            best = (table[margin]["all"], margin)
-    return (best[1] if best is not None else NEVER), table
+    for m, entry in bounds.items():
+        table[m] = {**per_label_accuracy(predicted[m], truth, labels), "taken_bound": entry["taken_bound"]}
+    return margin, table

@@ -106,26 +106,49 @@ PROMPT_TUNING = VqaPromptTuning
 LEARNED_COLOURS = ("orange", "purple")  # the quickstart's learn_colours
 
 
-def measure_seed(server: PromptToolServer, export: Path, seed: int) -> dict[str, dict[str, float]]:
-    """Exact-match accuracy on the run's ``eval.jsonl`` per answer group (the colours the tiny BLIP has to learn, the
-    colours it knows, all, each answer) without prompts, with the pool and with the random-prompt pool."""
-    from clova_train.tools.vqa.demo import _default_records, evaluate, read_eval_records
+SERVED, RANDOM, ALWAYS = "pool, served", "random-prompt pool, same margin", "pool, always prompted"
 
-    table = evaluate(server, read_eval_records(_default_records(export)))
+
+def measure_seed(server: PromptToolServer, export: Path, seed: int) -> dict[str, dict[str, float]]:
+    """The export's ``answer_margin`` chosen on validation records rendered with a seed of their own
+    (``clova_train.tools.vqa.demo.VALIDATION_PER_ANSWER`` per answer, the fixed rule of
+    ``clova_train.tools.operating_point``) and written into it; the export loaded again as a server loads it; then
+    exact-match accuracy on the run's ``eval.jsonl`` per answer group (the colours the tiny BLIP has to learn, the
+    colours it knows, all, each answer) without prompts, with the pool served at that margin, with the random-prompt
+    pool at the same margin and with the pool always prompted (the paper's rule); and the operating point: the margin,
+    the share of questions answered differently from the unmodified tool, and the share of its right answers lost."""
+    from clova_train.tools.prompt_server import PromptToolServer
+    from clova_train.tools.vqa.demo import (
+        VALIDATION_PER_ANSWER, _default_records, evaluate, read_eval_records, render_validation_records,
+    )
+    from clova_train.tools.vqa.margin import calibrate_export
+
+    records = _default_records(export)
+    validation = render_validation_records(export, export.parent / "validation", VALIDATION_PER_ANSWER)
+    calibrate_export(export, read_eval_records(validation), f"{VALIDATION_PER_ANSWER} rendered records per answer",
+                     held_out=[records])
+    server = PromptToolServer.from_export(export)
+    table = evaluate(server, read_eval_records(records))
     groups = {"learned colours": [a for a in table if a in LEARNED_COLOURS],
               "known colours": [a for a in table if a not in LEARNED_COLOURS], "all": list(table),
               **{f"answer {a}": [a] for a in table}}
-    scores = {}
+    scores: dict[str, dict[str, float]] = {}
     for name, answers in groups.items():
         total = sum(table[a][0] for a in answers)
         scores[name] = {column: sum(table[a][k] for a in answers) / total
-                        for k, column in ((1, "no prompt"), (2, "pool"), (3, "random-prompt pool"))}
+                        for k, column in ((1, "no prompt"), (2, SERVED), (3, RANDOM), (4, ALWAYS))}
+    right = sum(r[1] for r in table.values())
+    scores["operating point"] = {
+        "answer_margin": float(server.tool.answer_margin),
+        "answers changed": sum(r[5] for r in table.values()) / sum(r[0] for r in table.values()),
+        "right answers lost": sum(r[6] for r in table.values()) / right if right else 0.0,
+    }
     return scores
 
 
 SEEDS = SeedMeasurement(
     metric="exact-match accuracy",
-    columns=("no prompt", "pool", "random-prompt pool"),
-    contrasts=(("pool", "random-prompt pool"),),
+    columns=("no prompt", SERVED, RANDOM, ALWAYS),
+    contrasts=((SERVED, RANDOM),),
     measure=measure_seed,
 )

@@ -20,6 +20,14 @@ target. Greedy decoding produces the target exactly when that holds, so both giv
 
 Pool: no concepts (paper: all learned prompts are stored together); feature: the average-pooled image
 embedding (vision hidden size); serving ensembles the top-20 by cosine.
+
+Serving rule (``answer_margin``): applying any prompt can change answers the unmodified tool gives right (a yellow
+image that retrieves orange's prompts, or any random prompt, answered "orange"). With ``answer_margin`` set, the
+prompted answer replaces the unmodified one only where its confidence (the product of its greedy tokens'
+probabilities, [SEP] included) beats the unmodified answer's by more than the margin, as CLASSIFY's
+``classify_margin`` does for labels; ``clova_train.tools.vqa.margin`` chooses it on validation records by the same
+fixed rule (``clova_train.tools.operating_point``) and writes it into the export. ``None`` (the default): the
+prompted answer always (the paper's rule).
 """
 
 from __future__ import annotations
@@ -105,6 +113,9 @@ class BlipVqa(PromptTool):
             greedy decoding produces.
         top_k: serving ensembles the ``top_k`` stored prompts most similar to the query image (paper: 20;
             a small pool needs fewer, or one query mixes the prompts of unrelated images).
+        answer_margin: the serving rule (module docstring): ``None``, the prompted answer always; a number in
+            [0, 1], the prompted answer only where its confidence beats the unmodified answer's by more than it
+            (1: never).
     """
 
     name: ClassVar[str] = "blip_vqa"
@@ -115,9 +126,14 @@ class BlipVqa(PromptTool):
     served_operations: ClassVar[tuple[str, ...]] = ("answer",)
 
     def __init__(
-        self, model_name: str = DEFAULT_MODEL, num_prompt_tokens: int = 16, max_answer_tokens: int = 10, top_k: int = 20
+        self, model_name: str = DEFAULT_MODEL, num_prompt_tokens: int = 16, max_answer_tokens: int = 10, top_k: int = 20,
+        answer_margin: float | None = None,
     ) -> None:
         super().__init__()
+        if answer_margin is not None and (not isinstance(answer_margin, (int, float)) or isinstance(answer_margin, bool)
+                                          or not 0.0 <= answer_margin <= 1.0):
+            raise ModelError(f"answer_margin must be null or a number in [0, 1], got {answer_margin!r}")
+        self.answer_margin = None if answer_margin is None else float(answer_margin)
         from transformers import BlipForQuestionAnswering, BlipProcessor
 
         if num_prompt_tokens < 1:
@@ -159,7 +175,7 @@ class BlipVqa(PromptTool):
 
     def init_args(self) -> dict[str, Any]:
         return {"model_name": self.model_name, "num_prompt_tokens": self.num_prompt_tokens,
-                "max_answer_tokens": self.max_answer_tokens, "top_k": self.top_k}
+                "max_answer_tokens": self.max_answer_tokens, "top_k": self.top_k, "answer_margin": self.answer_margin}
 
     @property
     def serving_top_k(self) -> int:
@@ -257,21 +273,31 @@ class BlipVqa(PromptTool):
         A plain loop over the decoder's forward (answers are a few tokens), so the cross-attention mask is
         exactly the one training used; BLIP's ``generate`` is the reference it is checked against.
         """
+        return self.greedy_with_confidence(encoded, prompts)[0]
+
+    @torch.no_grad()
+    def greedy_with_confidence(self, encoded: _Encoded, prompts: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+        """:meth:`greedy`'s answers and each one's confidence ``[n]``: the product of its tokens' probabilities
+        ([SEP] included; an answer cut at ``max_answer_tokens`` counts the tokens it has)."""
         states, mask = self._with_prompts(encoded, prompts)
         n = states.shape[0]
         ids = torch.full((n, 1), self.bos_id, dtype=torch.long, device=states.device)
         done = torch.zeros(n, dtype=torch.bool, device=states.device)
+        log_confidence = torch.zeros(n, dtype=torch.float32, device=states.device)
         for _ in range(self.max_answer_tokens):
             logits = self.model.text_decoder(
                 input_ids=ids, encoder_hidden_states=states, encoder_attention_mask=mask, use_cache=False,
                 return_dict=True,
             ).logits[:, -1]
-            token = torch.where(done, torch.full_like(done, self.pad_id, dtype=torch.long), logits.argmax(-1))
+            log_probs = logits.float().log_softmax(-1)
+            best, chosen = log_probs.max(-1)
+            log_confidence += torch.where(done, torch.zeros_like(best), best)
+            token = torch.where(done, torch.full_like(done, self.pad_id, dtype=torch.long), chosen)
             ids = torch.cat([ids, token[:, None]], 1)
             done |= token == self.sep_id
             if bool(done.all()):
                 break
-        return ids
+        return ids, log_confidence.exp()
 
     def _matches(self, generated: torch.Tensor, answers: _Answers) -> list[bool]:
         result = []
@@ -348,7 +374,17 @@ class BlipVqa(PromptTool):
         image_embeds = self.image_embeddings(self.pixel_values(images))
         encoded = self.encode_questions(image_embeds, *self.tokenize_questions(questions))
         prompts = lookup.prompts_for(None, image_embeds.mean(1))
-        return self.decode(self.greedy(encoded, prompts))
+        if prompts is None or self.answer_margin is None:
+            return self.decode(self.greedy(encoded, prompts))
+        return served_answers(*self.both_answers(encoded, prompts), self.answer_margin)
+
+    def both_answers(self, encoded: _Encoded, prompts: torch.Tensor
+                     ) -> tuple[list[str], torch.Tensor, list[str], torch.Tensor]:
+        """The unmodified answers and their confidences, then the prompted ones and theirs (``answer_margin``
+        decides between them)."""
+        plain, plain_confidence = self.greedy_with_confidence(encoded, None)
+        prompted, prompted_confidence = self.greedy_with_confidence(encoded, prompts)
+        return self.decode(plain), plain_confidence, self.decode(prompted), prompted_confidence
 
     def evaluate(self, lookup: PromptLookup, batch: dict[str, Any]) -> dict[str, torch.Tensor]:
         """Exact-match accuracy (normalised text) of the answers, without prompts and with the pool."""
@@ -370,6 +406,21 @@ class BlipVqa(PromptTool):
         if not isinstance(question, str) or not question.strip():
             raise DataError("a VQA request needs 'question': a non-empty string")
         return {"answer": self.answer(lookup, [load_image_uint8(Path(image))], [question])[0]}
+
+
+def prompted_answer_wins(plain_confidence: torch.Tensor, prompted_confidence: torch.Tensor, margin: float
+                         ) -> torch.Tensor:
+    """Booleans ``[n]``: where the prompted answer is served (its confidence beats the unmodified one's by more than
+    ``margin``)."""
+    return prompted_confidence > plain_confidence + margin
+
+
+def served_answers(plain: Sequence[str], plain_confidence: torch.Tensor, prompted: Sequence[str],
+                   prompted_confidence: torch.Tensor, margin: float) -> list[str]:
+    """The answers served at ``margin``: each question's prompted answer where it wins
+    (:func:`prompted_answer_wins`), else the unmodified one."""
+    wins = prompted_answer_wins(plain_confidence, prompted_confidence, margin).tolist()
+    return [p if win else a for a, p, win in zip(plain, prompted, wins)]
 
 
 def honour_cross_attention_masks(model: nn.Module) -> int:
