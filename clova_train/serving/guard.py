@@ -11,8 +11,10 @@
 * holds at most ``max_inflight_body_bytes`` of request bodies at once over all requests of the server process
   (counted as they are read, raw and decompressed, and held until the request's response is sent, since the app
   makes copies of its own): a body that would pass it is answered 503 with ``Retry-After`` at once, so 24 clients
-  sending 15 MB bodies together cannot take gigabytes; the answer to a request refused before its body was read
-  closes the connection (what follows on it cannot be told from the unread body);
+  sending 15 MB bodies together cannot take gigabytes. The body of a request refused before it was read (no key,
+  server busy) is read and dropped when its declared length is within ``max_body_bytes``, so that the client gets
+  the answer and the connection stays usable; else the answer closes the connection (what follows on it cannot be
+  told from the unread body);
 * parses the body once with the package's safe JSON reader (depth limit, duplicate keys refused) whatever the
   ``Content-Type`` (curl's form default included), refuses any list longer than ``max_list_items``, and hands the
   app the canonical JSON it parsed;
@@ -207,12 +209,14 @@ class RequestGuard:
             await self.app(scope, receive, send)
             return
         reader: BodyReader | None = None
+        body_read = scope["method"] not in ("POST", "PUT", "PATCH")
         try:
             try:
                 self._authorise(scope)
-                if scope["method"] in ("POST", "PUT", "PATCH"):
+                if not body_read:
                     reader = self._reader(scope)
                     body = await self._read_body(scope, receive, reader)
+                    body_read = True
                     value = await self._parse(scope, body)
                     del body
                     scope, receive = self._as_json(scope, value, receive)
@@ -221,14 +225,28 @@ class RequestGuard:
                 headers = {"www-authenticate": "Bearer"} if refused.status == 401 else {}
                 if refused.status == 503:
                     headers["retry-after"] = "1"
-                if scope["method"] in ("POST", "PUT", "PATCH"):  # its body may be unread: nothing after it is usable
-                    headers["connection"] = "close"
+                if not body_read and not (refused.status in (401, 503) and await self._discard_body(scope, receive)):
+                    headers["connection"] = "close"  # its body is unread: nothing after it on the connection is usable
                 await send_error(send, refused.status, str(refused), headers)
                 return
             await self.app(scope, receive, send)
         finally:
             if reader is not None:
                 self.budget.give_back(reader.held)
+
+    async def _discard_body(self, scope: Scope, receive: Receive) -> bool:
+        """Read and drop the body of a request refused before it was read (no key, server busy), so that the client
+        reads the answer and the connection stays usable; ``False`` (stopped) beyond ``max_body_bytes`` or without a
+        declared length within it. Nothing is kept; the connection's body deadline bounds the time."""
+        declared = _header(scope, b"content-length")
+        if declared is None or not declared.strip().isdigit() or int(declared) > self.limits.max_body_bytes:
+            return False
+        while True:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                return False
+            if not message.get("more_body", False):
+                return True
 
     def _authorise(self, scope: Scope) -> None:
         path = scope.get("path", "")

@@ -383,7 +383,7 @@ def test_bounded_load_no_errors(server, concept_root: Path, hostile_images: dict
     """8 clients x 50 requests on 127.0.0.1, every fifth one hostile: each gets its expected status, none fails."""
     base, process = server
     good = [str(p) for p in sorted((concept_root / "red").glob("*.png"))[:2]]
-    bad = [hostile_images["fifo"], hostile_images["missing"], hostile_images["device"]]
+    bad = [hostile_images["fifo"], hostile_images["missing"], hostile_images["dangling symlink"]]
 
     def client(number: int) -> list[tuple[int, int, float]]:
         results = []
