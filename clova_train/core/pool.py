@@ -43,7 +43,9 @@ from clova_train.core.safe_files import ReadLimits, parse_json
 
 POOL_FORMAT_VERSION = 1
 _METADATA_KEY = "clova_train.pool"
-_METADATA_LIMITS = ReadLimits(max_bytes=256 << 20, max_depth=16)
+# What a pool's metadata holds: the spec and, per concept, its name and instance ids (a pool of 100,000 prompts is
+# about 5 MB); numbers are finite and texts (an id, a name, a model identity) at most 4,096 characters.
+_METADATA_LIMITS = ReadLimits(max_bytes=16 << 20, max_depth=8, max_values=4_000_000, max_text=4_096, finite_only=True)
 
 
 @dataclass(frozen=True)
