@@ -56,7 +56,9 @@ def demo_commands(recipe: ToolRecipe) -> list[tuple[list[str], dict[str, str]]]:
     commands.append((["clova-train", "report", str(run_dir)], {}))
     if recipe.demo_request is not None:
         request = json.loads(json.dumps(dict(recipe.demo_request)).replace("{run}", str(run_dir)))
-        commands.append((["clova-train", "serve", str(export), "--request", json.dumps(request)], {}))
+        # a request's output file goes under --output-dir: the run's folder, where the demo's other files are
+        commands.append((["clova-train", "serve", str(export), "--request", json.dumps(request),
+                          "--output-dir", str(run_dir)], {}))
     return commands
 
 

@@ -155,7 +155,7 @@ class ToolRecipe:
         paper_config: the config at the paper's model size and settings (same).
         demo: the module run on the quickstart's export to report what the prompts changed (``python -m``).
         demo_request: a JSON request ``make demo-<name>`` serves after the demo (``{run}`` stands for the run
-            directory), or None.
+            directory; an ``output`` file is written under the run directory, ``serve --output-dir``), or None.
         example_request: ``"module:function"`` taking ``(workdir, instance)``: a request the tool serves for that
             training instance's concept, with any image it needs written under ``workdir`` (the conformance suite).
         benchmark: the module of its ``benchmarks/prompt_tuning.py`` settings (the small model, data and the public

@@ -29,7 +29,8 @@ def test_a_demo_fits_exports_demonstrates_reports_and_serves_from_the_recipe(mon
     ]
     serve = commands[4]
     assert serve[:3] == ["clova-train", "serve", "checkpoints/quickstart_replace/export"]
-    assert json.loads(serve[4])["output"] == "checkpoints/quickstart_replace/export/demo/served.png"  # {run} filled in
+    assert json.loads(serve[4])["output"] == "export/demo/served.png"
+    assert serve[5:] == ["--output-dir", "checkpoints/quickstart_replace"]  # written in the run's folder
 
 
 def test_every_recipe_has_a_demo_whose_paths_its_quickstart_config_names(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -32,7 +32,7 @@ RECIPE = ToolRecipe(
         "image": "checkpoints/data/synthetic_masked_concepts/orange_circle/orange_circle_000.png",
         "mask": "checkpoints/data/synthetic_masked_concepts/orange_circle/masks/orange_circle_000.png",
         "concept": "orange_circle",
-        "output": "{run}/export/demo/served.png",
+        "output": "export/demo/served.png",  # under the run folder: the demo serves with --output-dir <run>
         "seed": 0,
     }),
     example_request="clova_train.tools.replace.recipe:example_request",
