@@ -117,6 +117,8 @@ def export_run(run_dir: Path) -> Path:
 def served_study(run_dir: Path, seed: int, runs: Path) -> dict:
     """The clean run's export calibrated (its ``classify_margin`` chosen on validation images and written into it),
     loaded again as a server loads it, and measured on the test images at the margin it carries."""
+    import dataclasses
+
     from served_point import ServedSeed
 
     from clova_train.core.pool import control_pool
@@ -126,6 +128,9 @@ def served_study(run_dir: Path, seed: int, runs: Path) -> dict:
     from clova_train.tools.operating_point import operating_point_record, write_operating_point
     from clova_train.tools.prompt_server import PromptToolServer
 
+    measured = run_dir / "served_operating_point.json"
+    if measured.is_file():  # a finished study of this run (its export already calibrated)
+        return {name: ServedSeed(**values) for name, values in json.loads(measured.read_text()).items()}
     export = export_run(run_dir)
     names = sorted(p.name for p in (runs / f"data-{seed}").iterdir() if p.is_dir())
     validation = runs / f"validation-{VALIDATION_IMAGES}-{seed}"
@@ -156,6 +161,7 @@ def served_study(run_dir: Path, seed: int, runs: Path) -> dict:
             float((unmodified[rows] == truth[rows]).float().mean()), float((served[rows] == truth[rows]).float().mean()),
             float((random[rows] == truth[rows]).float().mean()),
             float((known & (served != truth)).sum() / known.sum()) if bool(known.any()) else 0.0)
+    measured.write_text(json.dumps({name: dataclasses.asdict(value) for name, value in result.items()}))
     return result
 
 
