@@ -237,12 +237,25 @@ def load_round(port: int, path: str, body: bytes, clients: int, requests: int, t
     return summary(latencies, time.perf_counter() - start, failed[0], tokens, firsts)
 
 
+def image_root_for(body: dict) -> str:
+    """The folder ``serve --image-root`` must confine the request's server paths to: the common folder of the images
+    it names (a relative name is read from the working directory, which is then the root)."""
+    names = [value for key in ("image", "images", "mask") for value in
+             (body.get(key) if isinstance(body.get(key), list) else [body.get(key)])
+             if isinstance(value, str) and not value.startswith("data:")]
+    if not names or not all(os.path.isabs(name) for name in names):
+        return os.getcwd()
+    return os.path.commonpath([os.path.dirname(name) for name in names])
+
+
 def measure_server(args: argparse.Namespace, path: str, body: dict) -> tuple[dict[tuple[str, int], dict], float]:
     """Start ``clova-train serve`` in its own process group, load it at each client count, stop it (the whole group,
     worker included). Returns the rounds and the seconds from start to a healthy server."""
     port = free_port()
     command = [sys.executable, "-m", "clova_train", "serve", str(args.export), "--port", str(port), "--device",
                args.device, "--max-batch-size", str(max(args.clients))]
+    if not path.endswith("/chat/completions") and not args.server_commit:  # servers before --image-root read any path
+        command += ["--image-root", args.image_root or image_root_for(body)]
     log = (args.log_dir / "server.log").open("w") if args.log_dir else subprocess.DEVNULL
     env = dict(os.environ)
     if args.server_commit:
@@ -336,6 +349,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--random-lora-on", type=Path, default=None, metavar="BASE",
                         help="when EXPORT does not exist, first write there a LoRA export of random adapter weights on "
                              "this base model (a directory), through clova-train export")
+    parser.add_argument("--image-root", default=None, metavar="DIR",
+                        help="prompt tools: the server's --image-root (default: the common folder of the request's "
+                             "images, or the working directory for relative names)")
     parser.add_argument("--modes", nargs="+", default=["non-stream"], choices=["non-stream", "stream"],
                         help="chat: measure without and/or with streaming (\"stream\": true, read to data: [DONE])")
     parser.add_argument("--server-commit", default=None, metavar="REV",
