@@ -267,6 +267,12 @@ def run_serve(args: Sequence[str]) -> int | None:
     parser.add_argument("--port", type=int, default=8000, help="TCP port")
     parser.add_argument("--device", default="cpu", help="torch device (cpu, cuda, cuda:1)")
     parser.add_argument("--top-k", type=int, default=None, help="prompt tools: ensemble the k most similar stored prompts")
+    parser.add_argument("--classify-margin", type=float, default=None, metavar="M",
+                        help="CLIP exports: serve at this classify_margin (0..1) instead of the one the export carries "
+                             "(the margin its calibration chose)")
+    parser.add_argument("--answer-margin", type=float, default=None, metavar="M",
+                        help="BLIP VQA exports: serve at this answer_margin (0..1) instead of the one the export "
+                             "carries")
     parser.add_argument("--base-model", default=None, help="directory of the frozen base model, overriding the export's")
     parser.add_argument("--max-batch-size", type=int, default=4, help="chat: requests generated together")
     parser.add_argument("--batch-timeout", type=float, default=0.02, help="chat: seconds to wait for a batch to fill")
@@ -306,6 +312,10 @@ def run_serve(args: Sequence[str]) -> int | None:
         raise ClovaTrainError(f"serve: {err}") from None
     if parsed.top_k is not None and parsed.top_k < 1:
         raise ClovaTrainError(f"--top-k must be >= 1, got {parsed.top_k}")
+    margins = {"classify_margin": parsed.classify_margin, "answer_margin": parsed.answer_margin}
+    for name, value in margins.items():
+        if value is not None and not 0.0 <= value <= 1.0:
+            raise ClovaTrainError(f"--{name.replace('_', '-')} must be within 0 and 1, got {value}")
     if parsed.max_batch_size < 1 or parsed.batch_timeout < 0:
         raise ClovaTrainError("--max-batch-size must be >= 1 and --batch-timeout >= 0")
     if parsed.request or parsed.stdin:
@@ -316,14 +326,14 @@ def run_serve(args: Sequence[str]) -> int | None:
         Image.MAX_IMAGE_PIXELS = limits.max_image_pixels
         lines = enumerate(parsed.request, 1) if parsed.request else None  # None: stdin's lines
         return answer_json_lines(parsed.exports[0], lines, parsed.top_k, parsed.device, parsed.base_model,
-                                 Path(parsed.output_dir))
+                                 Path(parsed.output_dir), margins)
     from clova_train.serving.http import serve_http
 
     api_key = served_api_key(parsed.api_key, parsed.api_key_file)
     serve_http(parsed.exports, parsed.host, parsed.port, parsed.device, parsed.top_k, parsed.base_model,
                parsed.max_batch_size, parsed.batch_timeout, output_dir=parsed.output_dir, api_key=api_key,
                limits=limits, served_model_name=parsed.served_model_name, image_root=parsed.image_root,
-               connections=connections)
+               connections=connections, margins=margins)
 
 
 def add_http_resource_flags(parser: argparse.ArgumentParser) -> None:
@@ -370,16 +380,18 @@ def served_api_key(given: str | None, key_file: str | None) -> str | None:
 
 
 def answer_json_lines(export: str, lines: Iterable[tuple[int, Any]] | None, top_k: int | None, device: str,
-                      base_model: str | None, output_dir: Path) -> int:
+                      base_model: str | None, output_dir: Path, margins: dict[str, float | None] | None = None) -> int:
     """Answer numbered JSON request lines (``None``: stdin's, read as bytes one line at a time) with one prompt-tool
-    export: one JSON line on stdout per request, the reply or an error in its place (also named on stderr); returns
-    the exit status, 1 when any request failed (:mod:`clova_train.serving.predict`)."""
+    export (``margins``: served margins overriding the export's): one JSON line on stdout per request, the reply or an
+    error in its place (also named on stderr); returns the exit status, 1 when any request failed
+    (:mod:`clova_train.serving.predict`)."""
     import json
 
     from clova_train.serving.predict import answer_lines, error_line, numbered_lines
     from clova_train.tools.prompt_server import PromptToolServer
 
-    server = PromptToolServer.from_export(export, top_k=top_k, device=device, base_model=base_model)
+    server = PromptToolServer.from_export(export, top_k=top_k, device=device, base_model=base_model,
+                                          **{k: v for k, v in (margins or {}).items() if v is not None})
     if lines is None:  # bytes, one line at a time (a text stdin, as an embedding program may set, is read as text)
         stdin = getattr(sys.stdin, "buffer", None)
         lines = numbered_lines(stdin, "request line") if stdin is not None else enumerate(sys.stdin, 1)

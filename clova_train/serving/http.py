@@ -184,17 +184,20 @@ class PromptToolAPI(ls.LitAPI):
         max_image_pixels: largest image decoded (width x height, read from the header before any pixel).
         max_request_pixels: most pixels of all a request's images together (read from their headers).
         image_root: the folder whose image files clients may name (``None``: no server file is read for a client).
+        margins: served margins overriding the ones the export carries (``classify_margin``, ``answer_margin``).
     """
 
     def __init__(
         self, export: Path, tool_name: str, top_k: int | None = None, base_model: str | None = None,
         output_dir: Path = Path("served_outputs"), max_image_pixels: int = RequestLimits.max_image_pixels,
         max_request_pixels: int = RequestLimits.max_request_pixels, image_root: Optional[Path] = None,
+        margins: Optional[dict[str, float]] = None,
     ) -> None:
         super().__init__(api_path=f"/v1/{tool_name}")
         self.export, self.top_k, self.base_model, self.output_dir = export, top_k, base_model, output_dir
         self.max_image_pixels, self.max_request_pixels = max_image_pixels, max_request_pixels
         self.image_root = Path(os.path.realpath(image_root)) if image_root is not None else None
+        self.margins = dict(margins or {})
         self.setup_report: Optional[Path] = None  # where a worker that fails to load writes why
 
     def check(self) -> None:
@@ -210,7 +213,8 @@ class PromptToolAPI(ls.LitAPI):
 
         Image.MAX_IMAGE_PIXELS = self.max_image_pixels  # the image reader refuses anything above it from the header
         with reported_setup(self.setup_report):
-            self.server = PromptToolServer.from_export(self.export, self.top_k, device, self.base_model)
+            self.server = PromptToolServer.from_export(self.export, self.top_k, device, self.base_model,
+                                                       **self.margins)
 
     def decode_request(self, request):  # noqa: ANN001, ANN201 (unannotated: LitServe then hands over the parsed JSON)
         if not isinstance(request, dict):
@@ -350,9 +354,12 @@ class ToolChatSpec(OpenAISpec):
         try:
             request._served = served_chat(request, self.default_temperature)
             if self.budget is not None:  # before any generation: a prompt past the context is the client's error
-                self.budget.check(request._served.request)
+                # rendered in the template's limited child: off the event loop, so a slow template holds one request
+                await asyncio.to_thread(self.budget.check, request._served.request)
         except DataError as err:
             raise HTTPException(400, str(err)) from err
+        except ExportError as err:  # the export's template failed (timeout, output cap): the server's fault
+            raise HTTPException(500, str(err)) from err
         if self.abandoned is not None:
             request._abandon_token = token = AbandonedRequests.new_token()
         if self.abandoned is None or request.stream:  # a client leaving a stream ends it: streaming_completion marks it
@@ -584,11 +591,14 @@ def build_apis(
     exports: list[str], top_k: int | None, base_model: str | None, max_batch_size: int, batch_timeout: float,
     output_dir: Path = Path("served_outputs"), max_image_pixels: int = RequestLimits.max_image_pixels,
     served_model_name: str | None = None, max_request_pixels: int = RequestLimits.max_request_pixels,
-    image_root: Optional[Path] = None,
+    image_root: Optional[Path] = None, margins: Optional[dict[str, Optional[float]]] = None,
 ) -> list[ls.LitAPI]:
-    """One LitAPI per export; a clear error for a missing export or two exports on one endpoint."""
-    from clova_train.tools.prompt_server import read_tool_description
+    """One LitAPI per export; a clear error for a missing export or two exports on one endpoint, or for a served
+    margin (``margins``: ``classify_margin`` / ``answer_margin`` overrides) that no served export takes."""
+    from clova_train.tools.prompt_server import margins_taken, read_tool_description
 
+    wanted = {name: value for name, value in (margins or {}).items() if value is not None}
+    used: set[str] = set()
     apis: dict[str, ls.LitAPI] = {}
     for name in exports:
         directory = Path(name)
@@ -601,12 +611,18 @@ def build_apis(
             path = api.api_path
         else:
             tool = str(read_tool_description(directory).get("tool", "tool"))
+            taken = margins_taken(directory, wanted)
+            used |= set(taken)
             api = PromptToolAPI(directory, tool, top_k, base_model, output_dir, max_image_pixels, max_request_pixels,
-                                image_root)
+                                image_root, taken)
             path = api.api_path
         if path in apis:
             raise ExportError(f"two exports would both serve {path} ({name} and an earlier one): start one server per export")
         apis[path] = api
+    unused = sorted(set(wanted) - used)
+    if unused:
+        raise ExportError(f"--{unused[0].replace('_', '-')}: no served export's tool takes {unused[0]} (CLIP exports "
+                          "take classify_margin, BLIP VQA exports answer_margin)")
     return list(apis.values())
 
 
@@ -639,7 +655,7 @@ def serve_http(
     base_model: str | None = None, max_batch_size: int = 4, batch_timeout: float = 0.02, timeout: float = 60.0,
     output_dir: str = "served_outputs", api_key: str | None = None, limits: RequestLimits = RequestLimits(),
     served_model_name: str | None = None, image_root: str | None = None,
-    connections: ConnectionLimits = ConnectionLimits(),
+    connections: ConnectionLimits = ConnectionLimits(), margins: Optional[dict[str, Optional[float]]] = None,
 ) -> None:
     """Run the server until interrupted (each export is checked here, then loaded once, by its worker, before the port
     opens; a worker that cannot load its export stops the server with that export's one-line error).
@@ -648,12 +664,13 @@ def serve_http(
     request may hold (see :class:`~clova_train.serving.guard.RequestLimits`); ``served_model_name``: the chat model's
     name (default: the export path as given); ``image_root``: the folder whose image files clients may name (``None``:
     clients send images, no server file is read for them); ``connections``: how many connections are held and how
-    long a request may take to arrive (see :mod:`clova_train.serving.connections`)."""
+    long a request may take to arrive (see :mod:`clova_train.serving.connections`); ``margins``: served margins
+    (``classify_margin``, ``answer_margin``) overriding the ones the exports carry, for the exports that take them."""
     if image_root is not None and not Path(image_root).is_dir():
         raise ExportError(f"--image-root {image_root} is not a folder")
     apis = build_apis(exports, top_k, base_model, max_batch_size, batch_timeout, Path(output_dir),
                       limits.max_image_pixels, served_model_name, limits.max_request_pixels,
-                      Path(image_root) if image_root is not None else None)
+                      Path(image_root) if image_root is not None else None, margins)
     for api in apis:  # what fails without a model fails here, before any worker starts
         api.check()
     accelerator = "cuda" if device.startswith("cuda") else "cpu"

@@ -102,6 +102,23 @@ def with_served_margins(description: dict[str, Any], directory: Path, margins: d
     return {**description, "init_args": {**init_args, **given}}
 
 
+def margins_taken(directory: Path, margins: dict[str, float | None]) -> dict[str, float]:
+    """The given (not ``None``) served margins that the tool of the export ``directory`` takes (``serve``'s
+    ``--classify-margin`` / ``--answer-margin`` apply to the exports whose tool has that setting)."""
+    import inspect
+
+    from clova_train.tools.base import tool_class
+
+    given = {name: value for name, value in margins.items() if value is not None}
+    if not given:
+        return {}
+    try:
+        takes = inspect.signature(tool_class(read_tool_description(directory))).parameters
+    except ModelError as err:
+        raise ExportError(f"{directory / TOOL_FILE}: {err}") from err
+    return {name: value for name, value in given.items() if name in takes}
+
+
 class PromptToolServer:
     """A frozen prompt tool with its prompt pool, serving the tool's operations with the prompt ensemble.
 

@@ -136,3 +136,18 @@ def test_the_vqa_margin_is_chosen_on_validation_records_only(tmp_path: Path) -> 
     with pytest.raises(DataError, match="test images"):  # refused before any model loads
         calibrate_export(tmp_path / "no-export", read_eval_records(test_records), "the test records",
                          held_out=[test_records])
+
+
+def test_serve_applies_a_margin_flag_to_the_exports_that_take_it(clip_tool, vqa_tool, tmp_path: Path) -> None:
+    """``serve --classify-margin`` / ``--answer-margin``: each served export gets the margins its tool takes; a margin
+    no served export takes is one error naming the flag."""
+    from clova_train.core.errors import ExportError
+    from clova_train.serving.http import build_apis
+
+    clip = _export(clip_tool, "purple", tmp_path / "clip")
+    vqa = _export(vqa_tool, "orange", tmp_path / "vqa")
+    apis = build_apis([str(clip), str(vqa)], None, None, 1, 0.0,
+                      margins={"classify_margin": 0.4, "answer_margin": None})
+    assert [api.margins for api in apis] == [{"classify_margin": 0.4}, {}]
+    with pytest.raises(ExportError, match="--answer-margin"):
+        build_apis([str(clip)], None, None, 1, 0.0, margins={"answer_margin": 0.1})
