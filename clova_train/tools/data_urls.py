@@ -15,7 +15,7 @@ import binascii
 import os
 import tempfile
 import urllib.parse
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -75,14 +75,7 @@ def materialised_images(request: dict[str, Any]) -> Iterator[tuple[dict[str, Any
             origins[str(path)] = where
             return str(path)
 
-        converted = dict(request)
-        for name in IMAGE_FIELDS:
-            value = request.get(name)
-            if isinstance(value, list):
-                converted[name] = [to_path(v, f"request field {name!r}[{i}]") for i, v in enumerate(value)]
-            elif value is not None:
-                converted[name] = to_path(value, f"request field {name!r}")
-        yield converted, origins
+        yield with_image_fields(request, to_path), origins
 
 
 def image_paths(request: dict[str, Any]) -> list[str]:
@@ -118,6 +111,19 @@ def check_request_pixels(request: dict[str, Any], origins: dict[str, str], max_r
 
 class RequestTooLarge(DataError):
     """A request whose images together are more than the server decodes for one request (HTTP 413)."""
+
+
+def with_image_fields(request: dict[str, Any], convert: Callable[[Any, str], Any]) -> dict[str, Any]:
+    """A copy of ``request`` with each value of its image fields (each item of a list) replaced by ``convert(value,
+    where)``, ``where`` naming the field (and index) for messages."""
+    converted = dict(request)
+    for name in IMAGE_FIELDS:
+        value = request.get(name)
+        if isinstance(value, list):
+            converted[name] = [convert(v, f"request field {name!r}[{i}]") for i, v in enumerate(value)]
+        elif value is not None:
+            converted[name] = convert(value, f"request field {name!r}")
+    return converted
 
 
 def _has_data_url(value: Any) -> bool:
@@ -157,14 +163,7 @@ def confined_server_paths(request: dict[str, Any], image_root: Path | None,
             given_names[lexical] = value
         return lexical
 
-    converted = dict(request)
-    for name in IMAGE_FIELDS:
-        value = request.get(name)
-        if isinstance(value, list):
-            converted[name] = [confined(v, f"request field {name!r}[{i}]") for i, v in enumerate(value)]
-        elif value is not None:
-            converted[name] = confined(value, f"request field {name!r}")
-    return converted
+    return with_image_fields(request, confined)
 
 
 def _inside(path: str, root: Path) -> bool:
