@@ -358,6 +358,7 @@ def test_controller_cli_fits_avis_exports_and_the_export_serves_as_an_agent(tmp_
     config = str(REPO / "configs/quickstart/controller_avis.yaml")
     common = [f"--train.output_dir={run}", "--train.progress_bar=false"]
     result = run_cli_subprocess(["controller", "fit", "--config", config, *common, "--train.total_timesteps=3000",
+                                 "--train.control_steps=300",  # the controls are not what this test reads
                                  "--train.eval_every=0", "--train.eval_episodes=60", "--train.log_formats=[csv]"],
                                 timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
