@@ -73,13 +73,8 @@ def test_served_knowledge_answers_as_offline_and_replays_without_http(tmp_path, 
         play(other)
 
 
-def test_called_agents_share_the_web_tools_and_replay(tmp_path, server):
-    entity = AgentSpec("entity", graph="avis", tools=["detect", "select", "image_search"], policy="scripted",
-                       path=["detect", "select", "image_search"])
-    fields = {"graph": str(Path(__file__).resolve().parents[2] / "envs/graphs/fact_via_agent.yaml"), "kinds": ["fact"], "agents": [entity]}
-    cache = str(tmp_path / "calls.sqlite")
-    env = InformationSeekingEnv(web_config(server, cache_path=cache, **fields))
-    before = server.requests
+def via_entity_agent(env: InformationSeekingEnv) -> list[tuple]:
+    """The first three seeds' steps along ``agent:entity`` then ``text_search``: (reward, answer, the step's output)."""
     steps = []
     for seed in SEEDS[:3]:
         env.reset(seed=seed)
@@ -88,16 +83,19 @@ def test_called_agents_share_the_web_tools_and_replay(tmp_path, server):
             steps.append((reward, info["answer"], info["path"][-1]["output"]))
             if terminated or truncated:
                 break
+    return steps
+
+
+def test_called_agents_share_the_web_tools_and_replay(tmp_path, server):
+    entity = AgentSpec("entity", graph="avis", tools=["detect", "select", "image_search"], policy="scripted",
+                       path=["detect", "select", "image_search"])
+    fields = {"graph": str(Path(__file__).resolve().parents[2] / "envs/graphs/fact_via_agent.yaml"), "kinds": ["fact"], "agents": [entity]}
+    cache = str(tmp_path / "calls.sqlite")
+    env = InformationSeekingEnv(web_config(server, cache_path=cache, **fields))
+    before = server.requests
+    steps = via_entity_agent(env)
     assert server.requests - before >= 2  # the agent's image_search and the caller's text_search
-    offline = InformationSeekingEnv(InformationSeekingConfig(**fields))
-    again = []
-    for seed in SEEDS[:3]:
-        offline.reset(seed=seed)
-        for action in ("agent:entity", "text_search"):
-            _, reward, terminated, truncated, info = offline.step(offline.graph.index(action))
-            again.append((reward, info["answer"], info["path"][-1]["output"]))
-            if terminated or truncated:
-                break
+    again = via_entity_agent(InformationSeekingEnv(InformationSeekingConfig(**fields)))
     assert steps == again and any(reward > 0 for reward, _, _ in steps)
 
     moved = WebSearchConfig("http://127.0.0.1:9/image_search", server.url("text_search"), max_retries=0)
