@@ -388,6 +388,7 @@ class InformationSeekingEnv(gym.Env):
         reward, terminated, answer = -cfg.step_cost, False, None
         event: dict[str, Any] = {"step": self.iteration, "state": self.state, "action": name}
         tool_calls = 0
+        terms = episode_terms(self.task, None, self.episodes)  # no answer yet: what a step without one reports
         try:
             if not self.action_masks()[int(action)]:
                 reward -= cfg.infeasible_penalty
@@ -397,7 +398,8 @@ class InformationSeekingEnv(gym.Env):
                 label, answer = self._act(name, event)
                 if label == "answer":
                     terminated, answer = True, normalise_answer(answer)
-                    reward += cfg.answer_reward * episode_terms(self.task, answer, self.episodes)["score"]
+                    terms = episode_terms(self.task, answer, self.episodes)
+                    reward += cfg.answer_reward * terms["score"]
                 self._settle(event)
                 if not terminated:
                     self._suggest()
@@ -410,7 +412,7 @@ class InformationSeekingEnv(gym.Env):
         truncated = not terminated and (self.iteration >= cfg.max_iterations or not feasible_left or bool(self.stopped))
         answer = answer if terminated else None
         info = {"task_id": self.task.task_id, "iteration": self.iteration, "answer": answer,
-                **episode_terms(self.task, answer, self.episodes), "infeasible": event.get("result") == "infeasible", "state": self.state,
+                **terms, "infeasible": event.get("result") == "infeasible", "state": self.state,
                 "action_mask": self.action_masks(), "path": list(self.path),
                 "costs": {"llm_calls": info_calls, "tool_calls": tool_calls},
                 "nested_calls": list(self.llm.budget.calls) if self.depth == 0 else [],

@@ -232,6 +232,7 @@ class AgentDispatchEnv(gym.Env):
         cfg, name = self.config, self.names[int(action)]
         self.iteration += 1
         reward, terminated, answer, result = -cfg.call_cost, False, None, None
+        terms = episode_terms(self.task, None, self.episodes)  # no answer yet: what a step without one reports
         if not self.action_masks()[int(action)]:
             reward -= cfg.infeasible_penalty
         else:
@@ -239,7 +240,8 @@ class AgentDispatchEnv(gym.Env):
             result = self.agents.call(name, self.task.question, self.task)
             if result.ok:
                 terminated, answer = True, normalise_answer(result.answer)
-                reward += cfg.answer_reward * episode_terms(self.task, answer, self.episodes)["score"]
+                terms = episode_terms(self.task, answer, self.episodes)
+                reward += cfg.answer_reward * terms["score"]
             else:
                 self.memory.add(MemoryEntry(f"agent:{name}", self.task.question, result.output(), "uninformative"))
                 if self.llm.budget.spent:  # every level below stopped too; no agent can run now
@@ -252,7 +254,7 @@ class AgentDispatchEnv(gym.Env):
         truncated = not terminated and (not self.action_masks().any() or bool(self.stopped))
         budget = self.llm.budget
         info = {"task_id": self.task.task_id, "iteration": self.iteration, "answer": answer,
-                **episode_terms(self.task, answer, self.episodes), "agent": name, "infeasible": result is None,
+                **terms, "agent": name, "infeasible": result is None,
                 "action_mask": self.action_masks(), "nested_calls": list(budget.calls),
                 "max_depth_reached": budget.deepest, "stopped": self.stopped,
                 "costs": {"llm_calls": spent,
