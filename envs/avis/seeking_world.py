@@ -38,7 +38,7 @@ from typing import Any
 import numpy as np
 
 from clova_train.core.errors import DataError
-from clova_train.envs.common.world import COLOURS, SHAPES
+from clova_train.envs.common.world import COLOURS, SHAPES, task_split
 from clova_train.envs.common.world_file import (
     guess_right_one_in, question_weights, read_world_file, refuse_unknown, section, shipped, world_mapping, world_name,
 )
@@ -56,6 +56,7 @@ COLOURED = ("count", "exists")  # the kinds whose answer depends on a colour as 
 
 
 MAX_WORDINGS = 20  # per kind
+TEST_ONLY_FROM = 3  # a kind with this many wordings or more keeps its last one for test tasks (phrasings_for)
 MAX_WORDING_CHARS = 300
 GROUP_PATTERNS = {"c": r"(?P<c>\w+)", "s": r"(?P<s>\w+?)"}  # {s} lazily, so that "{s}s" reads a plural
 
@@ -106,9 +107,17 @@ class SeekingWorld:
             return kinds[int(rng.integers(len(kinds)))]
         return kinds[int(rng.choice(len(kinds), p=weights / weights.sum()))]
 
-    def phrase(self, kind: str, task_id: int, **groups: str) -> str:
-        """Task ``task_id``'s wording of a ``kind`` question (drawn by the task id when the kind has several)."""
+    def phrasings_for(self, kind: str, split: str) -> tuple[str, ...]:
+        """The wordings a ``kind`` question of a ``split`` task is asked in: a test task any of the kind's wordings;
+        a training or validation task not the last one of a kind with :data:`TEST_ONLY_FROM` or more (a wording
+        seen only at test)."""
         wordings = self.phrasings[kind]
+        return wordings if split == "test" or len(wordings) < TEST_ONLY_FROM else wordings[:-1]
+
+    def phrase(self, kind: str, task_id: int, **groups: str) -> str:
+        """Task ``task_id``'s wording of a ``kind`` question (drawn by the task id among :meth:`phrasings_for` its
+        split when the kind has several)."""
+        wordings = self.phrasings_for(kind, task_split(task_id))
         pick = int(np.random.default_rng([task_id, 9]).integers(len(wordings))) if len(wordings) > 1 else 0
         return wordings[pick].format(**groups)
 

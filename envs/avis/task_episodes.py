@@ -18,10 +18,10 @@ import numpy as np
 
 from clova_train.envs.avis.model_tools import ModelSeekingTools
 from clova_train.envs.avis.seeking_world import SeekingWorld
-from clova_train.envs.common.world import Task
+from clova_train.envs.common.world import Task, split_name
 from clova_train.envs.tasks.metrics import eq3_answer_terms
 from clova_train.envs.tasks.records import BenchmarkTask
-from clova_train.envs.tasks.source import BenchmarkTasksConfig, benchmark_tasks, episode_index, gold_text, task_by_id
+from clova_train.envs.tasks.source import BenchmarkTasksConfig, episode_index, gold_text, task_by_id
 from clova_train.sandbox import ToolAPI
 from clova_train.tools.image_patch import ImagePatchTools
 
@@ -31,17 +31,18 @@ class TaskFileEpisodes:
 
     Args:
         tasks: the config's ``tasks`` section.
-        split: ``train`` or ``eval``: which files the episodes play.
+        split: ``train``, ``val`` or ``test`` (``eval``: ``test``): which tasks the episodes play
+            (:meth:`~clova_train.envs.tasks.source.BenchmarkTasksConfig.split_tasks`).
     """
 
     def __init__(self, tasks: BenchmarkTasksConfig, split: str) -> None:
-        self.config, self.split = tasks, split
-        self.files = tasks.files(split)
-        self.tasks, self.skipped = benchmark_tasks(self.files)
+        self.config, self.split = tasks, split_name(split)
+        chosen = tasks.split_tasks(self.split)
+        self.files, self.tasks, self.skipped, self._where = chosen.files, chosen.tasks, chosen.skipped, chosen.where
         self.client = tasks.tools.client()  # loaded (or connected) once per process, shared by every environment
 
     def where(self) -> str:
-        return f"tasks.{self.split} ({self.files.questions})"
+        return self._where
 
     def draw(self, seed: int | None, options: dict[str, Any], rng: np.random.Generator) -> BenchmarkTask:
         """The task of an episode: ``options["task_id"]`` if given, else by the seed / the generator."""

@@ -3,7 +3,8 @@
 Each environment config (:class:`~clova_train.envs.hydra.reasoning_loop.ReasoningLoopConfig`,
 :class:`~clova_train.envs.avis.information_seeking.InformationSeekingConfig`,
 :class:`~clova_train.envs.hammr.dispatch.AgentDispatchConfig`) has an ``llm``, an ``embedder``, a call cache and a
-task split; :func:`coerce_models` turns their dict forms (``gymnasium.make`` keyword arguments) into configs and
+task split (``train``, ``val`` or ``test``; ``eval`` is read as ``test``,
+:func:`clova_train.envs.common.world.split_name`); :func:`coerce_models` turns their dict forms (``gymnasium.make`` keyword arguments) into configs and
 :func:`shared_problems` checks them. The observation embedder defaults to 64-d hashing here, smaller than the
 closed loop's retrieval embedder: the vector is a DQN's input.
 """
@@ -13,6 +14,7 @@ from __future__ import annotations
 from typing import Any, get_args
 
 from clova_train.core.checks import Problems
+from clova_train.envs.common.world import ACCEPTED_SPLITS
 from clova_train.llm.cache import CacheMode
 from clova_train.llm.config import EmbedderConfig, LLMConfig
 
@@ -35,7 +37,7 @@ def coerce_models(config: Any) -> None:
 def shared_problems(config: Any, prefix: str) -> list[str]:
     """The checks of what every environment config has: ``llm``, ``embedder``, ``cache_mode`` and ``split``."""
     found = Problems(prefix)
-    found.one_of("split", config.split, ("train", "eval"))
+    found.one_of("split", config.split, ACCEPTED_SPLITS)
     found.need(config.cache_mode in get_args(CacheMode), "cache_mode", config.cache_mode,
                f"must be one of {', '.join(get_args(CacheMode))}")
     return [*found.messages, *config.llm.problems(found.key("llm")), *config.embedder.problems(found.key("embedder"))]

@@ -9,7 +9,12 @@ question of one of four types:
 * ``compare``: "Are there more red circles than green squares?" (two steps: count one group, remember the
   number, then count the other and compare)
 
-Ids with ``task_id % 5 == 0`` are held out for evaluation; training draws the others.
+Task ids fall in three splits (:func:`task_split`): ``train`` (``task_id % 5 != 0``, what training draws),
+``val`` (held out, ``(task_id // 5) % 2 == 0``: what a run chooses on: its evaluation callback, ``best_model.zip``,
+thresholds) and ``test`` (the other held-out ids: reported once). ``eval``, the name of the held-out split before
+there were two, is read as ``test`` (:func:`split_name`). The questions of this world have one wording per type, so
+there is no wording to hold out here (the information-seeking worlds hold some out:
+:meth:`clova_train.envs.avis.seeking_world.SeekingWorld.phrasings_for`).
 
 :class:`SceneTools` answers the sandbox's tool calls from the scene's annotations (an oracle for ``find``,
 ``exists``, ``verify_property``, ``compute_depth``; ``simple_query`` and ``llm_query`` are weak guessers,
@@ -22,6 +27,7 @@ from __future__ import annotations
 import re
 import zlib
 from dataclasses import dataclass
+from typing import Literal
 
 import numpy as np
 from PIL import Image, ImageDraw
@@ -35,6 +41,10 @@ SHAPES = ("circle", "square", "triangle")
 QUESTION_TYPES = ("count", "exists", "colour", "compare")
 SIZE = 64
 HELD_OUT_MODULUS = 5
+SPLITS = ("train", "val", "test")
+SPLIT_ALIASES = {"eval": "test"}  # the held-out split's name before it was cut in two (validation and test)
+ACCEPTED_SPLITS = (*SPLITS, *SPLIT_ALIASES)
+Split = Literal["train", "val", "test", "eval"]  # what an environment config's ``split`` takes
 
 
 @dataclass(frozen=True)
@@ -62,7 +72,23 @@ class Task:
 
 
 def is_held_out(task_id: int) -> bool:
+    """Whether ``task_id`` is no training task (a validation or a test one)."""
     return task_id % HELD_OUT_MODULUS == 0
+
+
+def split_name(split: str) -> str:
+    """``split`` by its current name (``eval`` -> ``test``); a :class:`DataError` for any other unknown name."""
+    split = SPLIT_ALIASES.get(split, split)
+    if split not in SPLITS:
+        raise DataError(f"split {split!r:.60}: must be one of {', '.join(SPLITS)} (eval is read as test)")
+    return split
+
+
+def task_split(task_id: int) -> str:
+    """The split of a task id: ``train``, ``val`` or ``test`` (module docstring); the same on every machine."""
+    if not is_held_out(task_id):
+        return "train"
+    return "val" if (task_id // HELD_OUT_MODULUS) % 2 == 0 else "test"
 
 
 def task_id_option(options: dict, rng: np.random.Generator, split: str) -> int:
@@ -79,10 +105,12 @@ def task_id_option(options: dict, rng: np.random.Generator, split: str) -> int:
 
 
 def draw_task_id(rng: np.random.Generator, split: str) -> int:
-    """A random task id of ``split`` (``train``: not held out; ``eval``: held out)."""
+    """A random task id of ``split`` (``train``, ``val`` or ``test``; ``eval``: ``test``); a generator seeded alike
+    draws the same training ids as before the held-out ids were cut in two."""
+    wanted = split_name(split)
     while True:
         candidate = int(rng.integers(0, 2**31 - 1))
-        if is_held_out(candidate) == (split == "eval"):
+        if task_split(candidate) == wanted:
             return candidate
 
 

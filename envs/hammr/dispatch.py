@@ -88,8 +88,8 @@ class AgentDispatchConfig(MaskedObservation):
         max_llm_calls: LLM calls per episode, nested calls included.
         context_examples: ``scripted`` LLM only: how many of the last in-context examples its planner reads (null:
             all, as an LLM given them; a number is an ablation that handicaps the untrained planner).
-        split: ``train`` draws tasks with id % 5 != 0, ``eval`` the held-out rest (with ``tasks``: the train or the
-            eval task files).
+        split: ``train`` draws tasks with id % 5 != 0, ``val`` and ``test`` the two halves of the held-out rest
+            (``eval``: the old name of ``test``); with ``tasks``: the train, val or test task files.
         tasks: episodes from a benchmark's own task files, every agent's tools run on the task's image by the tool
             exports of ``tasks.tools``, answers scored by the benchmark's metric
             (``clova_train.envs.avis.task_episodes``); without task files: the offline world.
@@ -112,7 +112,7 @@ class AgentDispatchConfig(MaskedObservation):
     max_depth: int = 2
     max_llm_calls: int = 200
     context_examples: int | None = None
-    split: Literal["train", "eval"] = "train"
+    split: Literal["train", "val", "test", "eval"] = "train"
     tasks: BenchmarkTasksConfig = field(default_factory=BenchmarkTasksConfig)
     llm: LLMConfig = field(default_factory=LLMConfig)
     embedder: EmbedderConfig = field(default_factory=observation_embedder)

@@ -44,12 +44,14 @@ from clova_train.core.errors import DataError
 from clova_train.envs.hydra.reasoning_world import ReasoningWorld, load_world
 from clova_train.envs.hydra.scripted import ScriptedReasoningLLM
 from clova_train.envs.common.selection import ObservationTail, part_offsets
-from clova_train.envs.common.world import COLOURS, SIZE, SceneTools, Task, make_task, normalise_answer, task_id_option
+from clova_train.envs.common.world import (
+    COLOURS, SIZE, SceneTools, Split, Task, make_task, normalise_answer, task_id_option,
+)
 from clova_train.envs.tasks.formats import TaskFiles
 from clova_train.envs.tasks.metrics import eq3_answer_terms
 from clova_train.envs.tasks.records import BenchmarkTask
 from clova_train.envs.tasks.source import (
-    BenchmarkTasksConfig, as_benchmark_answer, benchmark_tasks, episode_index, gold_text, image_dimensions, score_answer,
+    BenchmarkTasksConfig, as_benchmark_answer, episode_index, gold_text, image_dimensions, score_answer,
     task_by_id,
 )
 
@@ -93,8 +95,9 @@ class ReasoningLoopConfig:
         layout: observation layout, ``per_part`` or ``joint`` (see ObservationEncoder).
         probability_features: ``joint`` layout: append the N planner probabilities to the embedding (what HYDRA's
             Eq. 2 selection reads; the ``per_part`` layout always ends with them).
-        split: ``train`` draws tasks with id % 5 != 0, ``eval`` the held-out rest (with ``tasks``: the train or the
-            eval task files).
+        split: ``train`` draws tasks with id % 5 != 0, ``val`` and ``test`` the two halves of the held-out rest
+            (``clova_train.envs.common.world.task_split``; ``eval``: the old name of ``test``); with ``tasks``: the
+            train, val or test task files.
         tasks: episodes from a benchmark's own task files (GQA, OK-VQA, A-OKVQA, RefCOCO...) with model-backed
             ``ImagePatch`` tools, scored by the benchmark's metric (``clova_train.envs.tasks.source``); without task
             files: the offline world's scenes and annotation tools.
@@ -116,7 +119,7 @@ class ReasoningLoopConfig:
     reject_penalty: float | None = None
     layout: Literal["per_part", "joint"] = "per_part"
     probability_features: bool = False
-    split: Literal["train", "eval"] = "train"
+    split: Split = "train"
     tasks: BenchmarkTasksConfig = field(default_factory=BenchmarkTasksConfig)
     llm: LLMConfig = field(default_factory=LLMConfig)
     embedder: EmbedderConfig = field(default_factory=observation_embedder)
@@ -236,8 +239,9 @@ class ReasoningLoopEnv(gym.Env):
         self.benchmark_tasks: tuple[BenchmarkTask, ...] | None = None
         self.task_files: TaskFiles | None = None
         if config.tasks.given:
-            self.task_files = config.tasks.files(config.split)
-            self.benchmark_tasks, self.skipped_records = benchmark_tasks(self.task_files)
+            chosen = config.tasks.split_tasks(config.split)
+            self.task_files, self.benchmark_tasks, self.skipped_records = chosen.files, chosen.tasks, chosen.skipped
+            self._tasks_where = chosen.where
             if tools_factory is None:
                 # loaded (or connected) now, once per process: a program's time limit must not pay for it
                 self._tool_client = config.tasks.tools.client()
@@ -275,7 +279,7 @@ class ReasoningLoopEnv(gym.Env):
     def _benchmark_task(self, seed: int | None, options: dict[str, Any]) -> BenchmarkTask:
         tasks = self.benchmark_tasks
         if options.get("task_id") is not None:
-            return task_by_id(tasks, options["task_id"], f"tasks.{self.config.split} ({self.task_files.questions})")
+            return task_by_id(tasks, options["task_id"], self._tasks_where)
         return tasks[episode_index(len(tasks), self.config.split, seed, self.np_random.integers)]
 
     def _judge(self, final: Any) -> tuple[str, bool, float]:

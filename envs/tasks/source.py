@@ -1,15 +1,18 @@
 """Episodes of a reasoning-loop environment drawn from a benchmark's own task files instead of the offline world.
 
-``tasks`` in an environment config (:class:`BenchmarkTasksConfig`) names the files training draws from (``train``)
-and the files evaluation plays (``eval``): two datasets when a controller trained on one benchmark is tested on
-another (HYDRA Table 4: trained on GQA, tested on OK-VQA), or two splits of one. Each file set is read once per
-process (:func:`benchmark_tasks`) and shared by every environment of the process. The ``ImagePatch`` tools of an
+``tasks`` in an environment config (:class:`BenchmarkTasksConfig`) names the files training draws from (``train``),
+the files a run chooses on (``val``: its evaluation callback, ``best_model.zip``, thresholds) and the files it is
+reported on once (``test``; ``eval`` is its old name, still read): two datasets when a controller trained on one
+benchmark is tested on another (HYDRA Table 4: trained on GQA, tested on OK-VQA), or splits of one. Without ``val``
+files, the ``test`` files are cut in two by question id (:func:`held_out_half`: the CRC-32 of the id, even:
+validation, odd: test), the same way on every machine, so no task is both chosen on and reported. Each file set is
+read once per process (:func:`benchmark_tasks`) and shared by every environment of the process. The ``ImagePatch`` tools of an
 episode are model-backed (``tools``: LOC / CLASSIFY / VQA exports and a depth model, in-process or behind one
 ``clova-train serve``; :mod:`clova_train.tools.image_patch`).
 
-Which task an episode plays: training draws one at random (the environment's seeded generator); evaluation, reset
-with a seed ``s``, plays task ``s mod n`` of its ``n``, so the episodes of seeds ``0 .. n-1`` play every evaluation
-task once, in file order, and every policy compared on the same seeds sees the same tasks.
+Which task an episode plays: training draws one at random (the environment's seeded generator); validation and
+test, reset with a seed ``s``, play task ``s mod n`` of their ``n``, so the episodes of seeds ``0 .. n-1`` play every
+task of the split once, in file order, and every policy compared on the same seeds sees the same tasks.
 
 A final answer is scored by the tasks' metric (:mod:`clova_train.envs.tasks.metrics`; Eq. 3's ``m``), and is related
 or not by the answer type of the question. A grounding task's answer is a box: an ``ImagePatch`` (or the
@@ -20,6 +23,7 @@ or not by the answer type of the question. A grounding task's answer is a box: a
 from __future__ import annotations
 
 import functools
+import zlib
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -27,6 +31,7 @@ from typing import Any
 
 from clova_train.core.checks import Problems
 from clova_train.core.errors import DataError
+from clova_train.envs.common.world import SPLIT_ALIASES, SPLITS, split_name
 from clova_train.envs.tasks.formats import TaskFiles, load_tasks
 from clova_train.envs.tasks.metrics import as_box, eq3_answer_terms
 from clova_train.envs.tasks.records import BenchmarkTask, SkippedRecords
@@ -34,7 +39,6 @@ from clova_train.sandbox import PatchRef
 from clova_train.tools.image_patch import ImageToolsConfig
 from clova_train.tools.images import image_size
 
-SPLITS = ("train", "eval")
 
 
 def task_files(value: TaskFiles | dict[str, Any] | None, where: str) -> TaskFiles | None:
@@ -51,49 +55,104 @@ def task_files(value: TaskFiles | dict[str, Any] | None, where: str) -> TaskFile
         raise DataError(f"{where}: {err}") from None
 
 
+def held_out_half(task_id: str) -> str:
+    """``val`` or ``test``: the half of the ``test`` files a task belongs to when no ``val`` files are given (the
+    CRC-32 of its question id, even: ``val``)."""
+    return "val" if zlib.crc32(str(task_id).encode("utf-8", "surrogatepass")) % 2 == 0 else "test"
+
+
+@dataclass(frozen=True)
+class SplitTasks:
+    """The tasks an environment of one split plays: its files, the usable tasks (the split's half of the ``test``
+    files when validation has no files of its own), what was skipped, and how messages name them."""
+
+    files: TaskFiles
+    tasks: tuple[BenchmarkTask, ...]
+    skipped: SkippedRecords
+    where: str
+
+
 @dataclass
 class BenchmarkTasksConfig:
     """Episodes from a benchmark's own files (see :mod:`clova_train.envs.tasks.source`).
 
     Args:
-        train: the task files training draws from (with neither ``train`` nor ``eval``, the environment plays its
-            offline world) (``format``, ``questions``, ``images``, ``annotations``,
-            ``split``, ``limit``, ``metric``; see ``clova_train.envs.tasks.formats.TaskFiles``).
-        eval: the task files evaluation plays; another benchmark than ``train`` to test transfer (HYDRA Table 4).
+        train: the task files training draws from (with no task files at all, the environment plays its offline
+            world) (``format``, ``questions``, ``images``, ``annotations``, ``split``, ``limit``, ``metric``; see
+            ``clova_train.envs.tasks.formats.TaskFiles``).
+        val: the task files a run chooses on (evaluation during training, ``best_model.zip``); null: the validation
+            half of the ``test`` files (module docstring).
+        test: the task files the final table reports; another benchmark than ``train`` to test transfer (HYDRA
+            Table 4).
+        eval: the old name of ``test`` (read as ``test``; giving both is an error).
         tools: the model-backed ``ImagePatch`` tools (LOC / CLASSIFY / VQA exports, a depth model; in-process, or
             a running ``clova-train serve`` of them shared by every environment process).
     """
 
     train: TaskFiles | None = None
+    val: TaskFiles | None = None
+    test: TaskFiles | None = None
     eval: TaskFiles | None = None
     tools: ImageToolsConfig = field(default_factory=ImageToolsConfig)
 
     def __post_init__(self) -> None:
         self.train = task_files(self.train, "tasks.train")
-        self.eval = task_files(self.eval, "tasks.eval")
+        self.val = task_files(self.val, "tasks.val")
+        self.test = task_files(self.test, "tasks.test")
+        if self.eval is not None:
+            if self.test is not None:
+                raise DataError("tasks: give the test files once, as tasks.test (tasks.eval is its old name)")
+            self.test, self.eval = task_files(self.eval, "tasks.eval"), None
         if isinstance(self.tools, dict):
             self.tools = ImageToolsConfig(**self.tools)
 
     @property
     def given(self) -> bool:
         """Whether task files are given at all (without any, the environment plays its offline world)."""
-        return self.train is not None or self.eval is not None
+        return any(files is not None for files in (self.train, self.val, self.test))
+
+    def _own_files(self, split: str) -> TaskFiles | None:
+        return {"train": self.train, "val": self.val, "test": self.test}[split]
+
+    def halves_test_files(self) -> bool:
+        """Whether validation and test share the ``test`` files, each playing its half (no ``val`` files)."""
+        return self.val is None
 
     def files(self, split: str) -> TaskFiles:
-        """The files of ``split`` (``train`` or ``eval``); a :class:`DataError` when the config has none."""
-        files = self.train if split == "train" else self.eval
+        """The files of ``split`` (``train``, ``val`` or ``test``; ``eval``: ``test``; ``val`` without files of its
+        own: the ``test`` files); a :class:`DataError` when the config has none."""
+        split = split_name(split)
+        files = self._own_files(split)
+        if files is None and split == "val":
+            files = self.test
         if files is None:
-            raise DataError(f"tasks.{split}: no task files for the {split} split")
+            more = " (nor tasks.test, whose validation half it would play)" if split == "val" else ""
+            raise DataError(f"tasks.{split}: no task files for the {split} split{more}")
         return files
+
+    def split_tasks(self, split: str) -> SplitTasks:
+        """The tasks an environment of ``split`` plays (module docstring), read once per process."""
+        split = split_name(split)
+        files = self.files(split)
+        tasks, skipped = benchmark_tasks(files)
+        where = f"tasks.{split} ({files.questions})"
+        if split != "train" and self.halves_test_files():
+            tasks = tuple(task for task in tasks if held_out_half(task.task_id) == split)
+            where = f"the {split} half of tasks.test ({files.questions})"
+            if not tasks:
+                raise DataError(f"{where}: no task falls in this half; give more test tasks or tasks.val")
+        return SplitTasks(files, tasks, skipped, where)
 
     def problems(self, split: str, prefix: str = "") -> list[str]:
         """What stops an environment of ``split`` from running on these tasks: no files for ``split``, a file or
-        folder of either split that is not there, the tools' settings."""
+        folder of any split that is not there, the tools' settings."""
         found = Problems(prefix)
+        split = SPLIT_ALIASES.get(split, split)
+        needed = {"train": "train", "val": "val" if self.val is not None else "test", "test": "test"}.get(split)
         for name in SPLITS:
-            files = self.train if name == "train" else self.eval
+            files = self._own_files(name)
             if files is None:
-                if name == split:
+                if name == needed:
                     found.add(f"{found.key(name)}: give the task files of the {name} split (format, questions, "
                               "images, ...)")
                 continue
@@ -114,9 +173,9 @@ def benchmark_tasks(files: TaskFiles) -> tuple[tuple[BenchmarkTask, ...], Skippe
 
 
 def episode_index(count: int, split: str, seed: int | None, draw: Any) -> int:
-    """Which of ``count`` tasks an episode plays (module docstring): ``seed mod count`` for a seeded evaluation
-    reset, else ``draw(count)`` (the environment's generator)."""
-    if split == "eval" and seed is not None:
+    """Which of ``count`` tasks an episode plays (module docstring): ``seed mod count`` for a seeded reset of a
+    held-out split (``val``, ``test``), else ``draw(count)`` (the environment's generator)."""
+    if split != "train" and seed is not None:
         return seed % count
     return int(draw(count))
 

@@ -4,6 +4,7 @@ grounding answers, the evaluation walk over the file, and bad input."""
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -16,7 +17,7 @@ from clova_train.envs import ReasoningLoopConfig, ReasoningLoopEnv
 from clova_train.envs.common.world import SceneTools, make_task
 from clova_train.envs.tasks.formats import TaskFiles
 from clova_train.envs.tasks.offline import write_offline_benchmark
-from clova_train.envs.tasks.source import BenchmarkTasksConfig, as_benchmark_answer, benchmark_tasks
+from clova_train.envs.tasks.source import BenchmarkTasksConfig, as_benchmark_answer, benchmark_tasks, held_out_half
 from clova_train.llm.backends import ChatBackend
 from clova_train.sandbox import PatchRef
 from clova_train.tools.depth.tiny import make_tiny_depth_anything
@@ -38,24 +39,45 @@ def scene_oracle(task) -> SceneTools:  # noqa: ANN001
     return SceneTools(make_task(int(task.task_id)))
 
 
-def benchmark_env(files: dict[str, TaskFiles], split: str = "eval") -> ReasoningLoopEnv:
+def benchmark_env(files: dict[str, TaskFiles], split: str = "test") -> ReasoningLoopEnv:
     config = ReasoningLoopConfig(split=split, tasks=BenchmarkTasksConfig(train=files["gqa-train"],
-                                                                         eval=files["okvqa-eval"]))
+                                                                         test=files["okvqa-eval"]))
     return ReasoningLoopEnv(config, tools_factory=scene_oracle)
 
 
-def test_training_draws_gqa_tasks_and_evaluation_walks_the_okvqa_file_once(offline) -> None:
-    train, evaluation = benchmark_env(offline, "train"), benchmark_env(offline, "eval")
+def test_training_draws_gqa_tasks_and_validation_and_test_walk_their_halves_of_the_okvqa_file_once(offline) -> None:
+    envs = {split: benchmark_env(offline, split) for split in ("train", "val", "test")}
     try:
-        drawn = {train.reset(seed=seed)[1]["task_id"] for seed in range(40)}
+        drawn = {envs["train"].reset(seed=seed)[1]["task_id"] for seed in range(40)}
         assert drawn <= {str(i) for i in TRAIN_IDS} and len(drawn) > 3
-        walked = [evaluation.reset(seed=seed)[1]["task_id"] for seed in range(len(EVAL_IDS))]
-        assert walked == [str(i) for i in EVAL_IDS]  # seed s plays task s mod n: every task once, in file order
-        assert evaluation.reset(seed=len(EVAL_IDS))[1]["task_id"] == str(EVAL_IDS[0])
-        assert evaluation.reset(options={"task_id": "15"})[1]["question"] == make_task(15).question
+        halves = {split: [str(i) for i in EVAL_IDS if held_out_half(str(i)) == split] for split in ("val", "test")}
+        assert halves == {"val": ["5", "15", "20"], "test": ["10", "25", "30"]}  # no val files: the test file cut in two
+        for split, ids in halves.items():  # seed s plays task s mod n of the half: every task once, in file order
+            assert [envs[split].reset(seed=seed)[1]["task_id"] for seed in range(len(ids) + 1)] == [*ids, ids[0]]
+        assert envs["val"].reset(options={"task_id": "15"})[1]["question"] == make_task(15).question
+        with pytest.raises(DataError, match="not a task of the test half of tasks.test"):
+            envs["test"].reset(options={"task_id": "15"})  # a validation task is not played at test
     finally:
-        train.close()
-        evaluation.close()
+        for env in envs.values():
+            env.close()
+
+
+def test_task_files_of_three_splits_eval_as_the_old_name_of_test_and_problems(offline, tmp_path: Path) -> None:
+    train, held_out = offline["gqa-train"], offline["okvqa-eval"]
+    own = BenchmarkTasksConfig(train=train, val=held_out, test=held_out)  # val files of its own: whole files
+    assert len(own.split_tasks("val").tasks) == len(own.split_tasks("test").tasks) == len(EVAL_IDS)
+    old = BenchmarkTasksConfig(train=train, eval=held_out)  # the old key is read as tasks.test
+    assert (old.test, old.eval) == (held_out, None) and old.split_tasks("eval") == old.split_tasks("test")
+    with pytest.raises(DataError, match="as tasks.test"):
+        BenchmarkTasksConfig(test=held_out, eval=held_out)
+    assert BenchmarkTasksConfig(train=train, test=held_out).problems("val") == []  # val: the test files' half
+    assert BenchmarkTasksConfig(train=train).problems("val", "hydra.tasks") == [
+        "hydra.tasks.test: give the task files of the test split (format, questions, images, ...)"]
+    one = tmp_path / "one.json"  # one question: the val half is empty
+    questions = json.loads(Path(held_out.questions).read_text())
+    one.write_text(json.dumps({**questions, "questions": questions["questions"][:1]}))  # task 5: the val half
+    with pytest.raises(DataError, match="no task falls in this half"):
+        BenchmarkTasksConfig(test=replace(held_out, questions=str(one))).split_tasks("test")
 
 
 def test_the_task_files_are_read_once_per_process(offline) -> None:
@@ -144,7 +166,7 @@ class GroundingLLM(ChatBackend):
 
 def test_a_grounding_answer_patch_becomes_a_coco_box_scored_by_iou(offline) -> None:
     files = offline["refcoco-val"]
-    task = benchmark_tasks(files)[0][0]
+    task = next(task for task in benchmark_tasks(files)[0] if held_out_half(task.task_id) == "test")
     x, y, w, h = task.box
     height = task.image_size[1]
 
@@ -152,7 +174,7 @@ def test_a_grounding_answer_patch_becomes_a_coco_box_scored_by_iou(offline) -> N
         def find(self, patch: PatchRef, name: str) -> list[tuple[int, int, int, int]]:
             return [(int(x), int(height - y - h), int(x + w), int(height - y))]  # (left, lower, right, upper)
 
-    config = ReasoningLoopConfig(split="eval", tasks=BenchmarkTasksConfig(eval=files))
+    config = ReasoningLoopConfig(split="test", tasks=BenchmarkTasksConfig(test=files))
     env = ReasoningLoopEnv(config, llm=GroundingLLM(), tools_factory=FindsTheTarget)
     try:
         env.reset(options={"task_id": task.task_id})
@@ -182,7 +204,7 @@ def test_config_problems_name_missing_task_files_and_the_split_without_files(tmp
     missing = TaskFiles("gqa", str(tmp_path / "nowhere.json"), str(tmp_path / "no-images"))
     config = ReasoningLoopConfig(split="eval", tasks={"train": missing})
     problems = " | ".join(config.problems("hydra"))
-    assert "hydra.tasks.eval: give the task files of the eval split" in problems
+    assert "hydra.tasks.test: give the task files of the test split" in problems  # split eval: the old name of test
     config = ReasoningLoopConfig(split="train", tasks={"train": {"format": "gqa", "questions": missing.questions,
                                                                   "images": missing.images}})
     problems = " | ".join(config.problems("hydra"))
@@ -206,7 +228,7 @@ def test_bad_task_settings_are_one_message_naming_the_split(settings: dict, mess
 def test_an_unknown_task_id_names_the_file(offline) -> None:
     env = benchmark_env(offline)
     try:
-        with pytest.raises(DataError, match="task_id '999' is not a task of tasks.eval"):
+        with pytest.raises(DataError, match="task_id '999' is not a task of the test half of tasks.test"):
             env.reset(options={"task_id": 999})
     finally:
         env.close()
@@ -290,7 +312,7 @@ def test_the_quickstart_benchmark_config_runs_on_what_its_preparation_writes(tmp
         _, _, terminated, truncated, info = env.step(0)
     finally:
         env.close()
-    assert ids == ["5", "10", "15", "20"] and info["status"] in ("ok", "error")
+    assert ids == ["10"] * 4 and info["status"] in ("ok", "error")  # the test half of 5, 10, 15, 20 (the rest: val)
     assert hydra_benchmark.prepare(tmp_path / "data", tmp_path / "models", train_tasks=6, eval_tasks=4,
                                    pretrain_steps=0) == written  # a rerun reuses what is there
 
@@ -422,5 +444,5 @@ def test_seeking_configs_name_missing_task_files(tmp_path: Path) -> None:
     files = TaskFiles("gqa", str(tmp_path / "missing.json"), str(tmp_path / "no-images"))
     config = InformationSeekingConfig(split="eval", tasks={"train": files})
     found = config.problems("avis")
-    assert any(p.startswith("avis.tasks.eval:") for p in found), found
+    assert any(p.startswith("avis.tasks.test:") for p in found), found
     assert any("avis.tasks.train.questions" in p and "file not found" in p for p in found), found
