@@ -27,7 +27,7 @@ import os
 import sys
 from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from clova_train.core.command_line import CommandParser, suggesting
 from clova_train.core.atomic import disk_full, storage_error
@@ -528,7 +528,9 @@ def run_controller(args: Sequence[str]) -> None:
             sub.add_argument("--force", action="store_true",
                              help="start afresh: delete this output_dir's run (not its LLM call cache) first")
         if name == "evaluate":
-            sub.add_argument("--episodes", type=int, default=0, help="held-out tasks (default: train.eval_episodes)")
+            sub.add_argument("--episodes", type=int, default=0, help="tasks played (default: train.eval_episodes)")
+            sub.add_argument("--split", type=Literal["test", "val", "train"], default="test",
+                             help="which tasks: test (default; what a run reports), val (what it chose on) or train")
         if name == "export":
             sub.add_argument("--output", type=str, required=True, help="export directory")
         subcommands.add_subcommand(name, sub, help=help_text)
@@ -551,7 +553,7 @@ def run_controller(args: Sequence[str]) -> None:
 
         if not Path(checkpoint).is_file():
             raise ClovaTrainError(f"controller checkpoint {checkpoint} does not exist")
-        print(format_table(evaluate(run, load_controller(checkpoint, run), options.episodes or None)))
+        print(format_table(evaluate(run, load_controller(checkpoint, run), options.episodes or None, options.split)))
     else:
         from clova_train.export.controller import export_controller
 

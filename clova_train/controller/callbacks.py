@@ -1,9 +1,10 @@
 """stable-baselines3 callbacks and logger outputs of a controller run, made safe to kill and to rerun.
 
-* :class:`HeldOutEvalCallback` is SB3's ``EvalCallback`` on held-out tasks, measured by accuracy: it writes
-  ``evaluations.npz`` (``timesteps``, ``results``, ``ep_lengths``, ``successes``, as SB3 does, plus
-  ``accuracy``) and ``best_model.zip`` (highest accuracy, ties by mean return), logs the planner-top and
-  random baselines of the same tasks next to it, and continues the arrays of an earlier run when resumed.
+* :class:`HeldOutEvalCallback` is SB3's ``EvalCallback`` on the run's validation tasks (``val``: held out of training,
+  never reported), measured by accuracy: it writes ``evaluations.npz`` (``timesteps``, ``results``, ``ep_lengths``,
+  ``successes``, as SB3 does, plus ``accuracy``) and ``best_model.zip`` (highest validation accuracy, ties by mean
+  return), logs the rules without training and the fitted controls on the same tasks next to it, continues the
+  arrays of an earlier run when resumed, and measures the final table on the test tasks (:meth:`test_table`).
 * :class:`AtomicCheckpointCallback` is SB3's ``CheckpointCallback`` (``controller_<steps>_steps.zip`` and the
   replay buffer) with every file written through :mod:`clova_train.core.atomic`, a ``latest.json`` naming the newest
   complete checkpoint, and older checkpoints pruned.
@@ -28,7 +29,8 @@ from clova_train.core.atomic import write_atomic, write_json_atomic
 from clova_train.core.errors import DataError
 from clova_train.core.safe_files import read_json_object
 from clova_train.controller.evaluation import (
-    baselines, fitted_baselines, make_env_fn, model_policy, other_selection, run_episodes, short_name, summary,
+    TEST, VALIDATION, Policy, baselines, compare, fit_controls, make_env_fn, model_policy, play_controls, run_episodes,
+    short_name,
 )
 from clova_train.controller.fitted_controls import MLP_HIDDEN
 from clova_train.envs import EnvConfig
@@ -169,14 +171,15 @@ def latest_checkpoint(directory: Path) -> tuple[Path, Path | None, dict[str, Any
 
 
 class HeldOutEvalCallback(EvalCallback):
-    """SB3's ``EvalCallback`` on held-out tasks with accuracy as its metric and baselines beside it.
+    """SB3's ``EvalCallback`` on the validation tasks with accuracy as its metric and baselines beside it.
 
     Args:
-        env_config: the environment of the run (its held-out split is used).
+        env_config: the environment of the run (played on its ``val`` tasks here, on its ``test`` tasks by
+            :meth:`test_table`).
         run_dir: where ``evaluations.npz``, ``best_model.zip`` and ``target_reached.json`` go.
         eval_freq: calls (one step of every environment) between evaluations; 0: only when asked.
-        episodes: held-out tasks per evaluation.
-        seed: first held-out task seed (the same tasks every time).
+        episodes: validation (and test) tasks per evaluation.
+        seed: first task seed (the same tasks every time).
         random_seed: seed of the random-choice baseline.
         target_accuracy: accuracy whose first crossing is recorded with wall time and steps (0: none).
         started: ``time.perf_counter()`` at the start of the run.
@@ -187,7 +190,7 @@ class HeldOutEvalCallback(EvalCallback):
     def __init__(self, env_config: EnvConfig, run_dir: Path, eval_freq: int, episodes: int, seed: int,
                  random_seed: int, target_accuracy: float = 0.0, started: float | None = None,
                  control_steps: int = 0, hidden: Sequence[int] = MLP_HIDDEN) -> None:
-        super().__init__(DummyVecEnv([make_env_fn(env_config, "eval")]), n_eval_episodes=episodes,
+        super().__init__(DummyVecEnv([make_env_fn(env_config, VALIDATION)]), n_eval_episodes=episodes,
                          eval_freq=eval_freq, log_path=str(run_dir), best_model_save_path=str(run_dir), verbose=0)
         self.run_dir, self.seed, self.random_seed = run_dir, seed, random_seed
         self.env_config, self.control_steps, self.hidden = env_config, control_steps, hidden
@@ -196,6 +199,7 @@ class HeldOutEvalCallback(EvalCallback):
         self.evaluations_accuracy: list[float] = []
         self.best_accuracy = -np.inf
         self.baseline_results: dict[str, dict[str, Any]] | None = None
+        self.controls: dict[str, Policy] | None = None  # the fitted controls, fitted once per run
         self.last_result: tuple[int, dict[str, Any]] | None = None  # (step, result) of the newest evaluation
         self._restore()
 
@@ -223,13 +227,18 @@ class HeldOutEvalCallback(EvalCallback):
             self.evaluate_now()
         return True
 
+    def fitted_controls(self) -> dict[str, Policy]:
+        """The fitted controls of the run, fitted on logs of training tasks the first time they are asked for."""
+        if self.controls is None:
+            self.controls = fit_controls(self.env_config, self.control_steps, self.random_seed, self.hidden)
+        return self.controls
+
     def _baselines(self) -> dict[str, dict[str, Any]]:
         if self.baseline_results is None:  # they do not learn: once per run is enough
             env = self.eval_env.envs[0]
             self.baseline_results = {
                 **baselines(env, self.n_eval_episodes, self.seed, self.random_seed),
-                **fitted_baselines(self.env_config, env, self.n_eval_episodes, self.seed, self.control_steps,
-                                   self.random_seed, self.hidden)}
+                **play_controls(self.fitted_controls(), env, self.n_eval_episodes, self.seed)}
         return self.baseline_results
 
     def evaluate_now(self) -> dict[str, Any]:
@@ -265,19 +274,12 @@ class HeldOutEvalCallback(EvalCallback):
                                         "wall_seconds": time.perf_counter() - self.started})
         return result
 
-    def comparison(self) -> dict[str, dict[str, float]]:
-        """The controller at its current step and both baselines, as
-        :func:`~clova_train.controller.evaluation.compare` gives them, reusing what this run measured already
-        (the same held-out tasks, seeds and deterministic policy)."""
-        steps = int(self.model.num_timesteps)
-        if self.last_result is not None and self.last_result[0] == steps:
-            controller = self.last_result[1]
-        else:
-            controller = run_episodes(self.eval_env.envs[0], model_policy(self.model), self.n_eval_episodes,
-                                      self.seed)
-        other = other_selection(self.eval_env.envs[0], self.model, self.n_eval_episodes, self.seed)
-        results = {"trained controller": controller, **other, **self._baselines()}
-        return {name: summary(result) for name, result in results.items()}
+    def test_table(self) -> dict[str, dict[str, Any]]:
+        """The final table: the controller at its current step, every rule without training and the fitted controls
+        (fitted once, on training logs) on the run's test tasks, as
+        :func:`~clova_train.controller.evaluation.compare` gives them; each row names its split (``tasks``)."""
+        return compare(self.env_config, self.model, self.n_eval_episodes, self.seed, self.random_seed,
+                       hidden=self.hidden, split=TEST, controls=self.fitted_controls())
 
     def close(self) -> None:
         self.eval_env.close()

@@ -1,4 +1,9 @@
-"""Held-out evaluation of a controller against rules that need no training, on the same tasks.
+"""Evaluation of a controller against rules that need no training, on the same held-out tasks.
+
+Which tasks: a run chooses on its ``val`` tasks (the training-time evaluation, ``best_model.zip``; the fitted
+controls choose their settings on a validation part of their own training logs) and reports on its ``test`` tasks,
+once (:func:`compare`, the final table, ``controller evaluate``); every row of a table carries the split it was
+measured on (``tasks``), and training draws neither (:func:`clova_train.envs.common.world.task_split`).
 
 The rules (:func:`baselines`): the planner's highest-probability sample (HYDRA without RL), its lowest, a
 random sample, one program from the planner's top sample with no memory and no re-plan (ViperGPT-like), the best fixed sample slot (each slot tried, the best one kept: an upper bound for that rule),
@@ -8,7 +13,7 @@ training tasks (:mod:`clova_train.controller.fitted_controls`: a question rule, 
 :mod:`clova_train.controller.per_sample_controls`: logistic regression and boosted trees that score each sample or
 action on its own with shared weights, re-planning below a threshold chosen on a validation split of the logs).
 
-``run_episodes`` plays ``policy`` on held-out tasks ``seed .. seed + episodes - 1`` (the same tasks for every
+``run_episodes`` plays ``policy`` on the tasks of seeds ``seed .. seed + episodes - 1`` (the same tasks for every
 policy and every evaluation), and returns the means and the per-episode values that SB3's ``evaluations.npz``
 keeps (returns, lengths, successes).
 """
@@ -30,7 +35,11 @@ from clova_train.envs.hydra.scripted import GOOD, ScriptedReasoningLLM
 Policy = Callable[[np.ndarray, Any], int]
 
 
+VALIDATION, TEST = "val", "test"  # the split a run chooses on, and the one it reports
+
+
 def make_env_fn(config: EnvConfig, split: str | None = None) -> Callable[[], Any]:
+    """A builder of ``config``'s environment on ``split`` (``train``, ``val``, ``test``; None: the config's own)."""
     env_config = config if split is None else replace(config, split=split)
 
     def build() -> Any:
@@ -64,9 +73,10 @@ def run_episodes(env: Any, policy: Policy, episodes: int, seed: int) -> dict[str
             "returns": returns, "lengths": steps, "correct": correct}
 
 
-def summary(result: dict[str, Any]) -> dict[str, float]:
-    """The means of :func:`run_episodes` without the per-episode lists."""
-    return {k: v for k, v in result.items() if k not in ("returns", "lengths", "correct")}
+def summary(result: dict[str, Any], split: str) -> dict[str, Any]:
+    """The means of :func:`run_episodes` without the per-episode lists, and ``tasks``: the split they were measured
+    on."""
+    return {**{k: v for k, v in result.items() if k not in ("returns", "lengths", "correct")}, "tasks": split}
 
 
 def model_policy(model: Any, rule: str | None = None) -> Policy:
@@ -150,12 +160,12 @@ def baselines(env: Any, episodes: int, seed: int, random_seed: int) -> dict[str,
     return results
 
 
-def fitted_baselines(env_config: EnvConfig, eval_env: Any, episodes: int, seed: int, steps: int, fit_seed: int,
-                     hidden: Sequence[int] = MLP_HIDDEN, per_sample: bool = True) -> dict[str, dict[str, Any]]:
+def fit_controls(env_config: EnvConfig, steps: int, fit_seed: int, hidden: Sequence[int] = MLP_HIDDEN,
+                 per_sample: bool = True) -> dict[str, Policy]:
     """The fitted controls (question rule, logistic regression, MLP ``hidden``, and with ``per_sample`` the per-sample
     logistic regression and boosted trees) learned from ``steps`` logged steps of training tasks (seeded by
-    ``fit_seed``; every setting chosen on a validation split of those logs), played on the held-out tasks of
-    ``eval_env`` only once fitted; nothing when ``steps`` is 0."""
+    ``fit_seed``; every setting chosen on a validation split of those logs, never on ``val`` or ``test`` tasks);
+    nothing when ``steps`` is 0."""
     if steps <= 0:
         return {}
     train_env = make_env_fn(env_config, "train")()
@@ -166,7 +176,19 @@ def fitted_baselines(env_config: EnvConfig, eval_env: Any, episodes: int, seed: 
             controls |= per_sample_controls(train_env, log, fit_seed, log_budget(steps))
     finally:
         train_env.close()
-    return {name: run_episodes(eval_env, policy, episodes, seed) for name, policy in controls.items()}
+    return controls
+
+
+def fitted_baselines(env_config: EnvConfig, eval_env: Any, episodes: int, seed: int, steps: int, fit_seed: int,
+                     hidden: Sequence[int] = MLP_HIDDEN, per_sample: bool = True) -> dict[str, dict[str, Any]]:
+    """The controls of :func:`fit_controls`, played on the tasks of ``eval_env`` only once fitted."""
+    controls = fit_controls(env_config, steps, fit_seed, hidden, per_sample)
+    return play_controls(controls, eval_env, episodes, seed)
+
+
+def play_controls(controls: dict[str, Policy], env: Any, episodes: int, seed: int) -> dict[str, dict[str, Any]]:
+    """Each fitted control of ``controls`` played on ``env``'s tasks of seeds ``seed ..``."""
+    return {name: run_episodes(env, policy, episodes, seed) for name, policy in controls.items()}
 
 
 def short_name(name: str) -> str:
@@ -196,23 +218,29 @@ def best_rule(results: dict[str, dict[str, Any]], include_fitted: bool = True) -
 
 
 def compare(env_config: EnvConfig, model: Any, episodes: int, seed: int, random_seed: int, control_steps: int = 0,
-            hidden: Sequence[int] = MLP_HIDDEN) -> dict[str, dict[str, float]]:
+            hidden: Sequence[int] = MLP_HIDDEN, split: str = TEST,
+            controls: dict[str, Policy] | None = None) -> dict[str, dict[str, Any]]:
     """The controller (under both selection rules when it has them), every rule of :func:`baselines` and the fitted
-    controls (``control_steps`` logged steps, seeded by ``random_seed``; MLP ``hidden``) on the same held-out tasks."""
-    env = make_env_fn(env_config, "eval")()
+    controls (``controls`` fitted already, else ``control_steps`` logged steps, seeded by ``random_seed``; MLP
+    ``hidden``) on the same tasks of ``split`` (default: the test tasks), each row naming its split."""
+    env = make_env_fn(env_config, split)()
     try:
+        if controls is None:
+            controls = fit_controls(env_config, control_steps, random_seed, hidden)
         results = {"trained controller": run_episodes(env, model_policy(model), episodes, seed),
                    **other_selection(env, model, episodes, seed), **baselines(env, episodes, seed, random_seed),
-                   **fitted_baselines(env_config, env, episodes, seed, control_steps, random_seed, hidden)}
+                   **play_controls(controls, env, episodes, seed)}
     finally:
         env.close()
-    return {name: summary(result) for name, result in results.items()}
+    return {name: summary(result, env.config.split) for name, result in results.items()}
 
 
-def format_table(results: dict[str, dict[str, float]]) -> str:
-    lines = ["| policy | accuracy | steps / episode | rejects or infeasible / episode | LLM calls / episode | return |",
-             "| --- | --- | --- | --- | --- | --- |"]
+def format_table(results: dict[str, dict[str, Any]]) -> str:
+    """A markdown table of :func:`compare`'s rows, each with the split its tasks came from (``?``: not recorded, a
+    table written before splits were named)."""
+    lines = ["| policy | tasks | accuracy | steps / episode | rejects or infeasible / episode | LLM calls / episode "
+             "| return |", "| --- | --- | --- | --- | --- | --- | --- |"]
     for name, r in results.items():
-        lines.append(f"| {name} | {r['accuracy']:.3f} | {r['steps']:.2f} | {r['rejects']:.2f} | "
+        lines.append(f"| {name} | {r.get('tasks', '?')} | {r['accuracy']:.3f} | {r['steps']:.2f} | {r['rejects']:.2f} | "
                      f"{r.get('llm_calls', float('nan')):.1f} | {r['return']:.1f} |")
     return "\n".join(lines)

@@ -12,8 +12,12 @@ Read top to bottom:
   ``best_model.zip``, atomic ``checkpoints/controller_<steps>_steps.zip``, with the replay buffer on request). A rerun of
   the same command resumes at the saved step count and exploration rate; a rerun of a finished run says so
   and changes nothing (``force=True`` starts afresh);
-* :func:`evaluate`: the trained controller against HYDRA without RL (the planner's top-probability sample)
-  and a random choice, on the same held-out tasks, as a table.
+* :func:`evaluate`: the trained controller against HYDRA without RL (the planner's top-probability sample),
+  the other rules without training and the fitted controls, on the same test tasks (or another split), as a table.
+
+Splits (:mod:`clova_train.envs.common.world`, :mod:`clova_train.envs.tasks.source`): training draws ``train`` tasks;
+every choice of a run (its evaluation during training, ``best_model.zip``) reads ``val`` tasks; the final table
+(``evaluation.md``, ``evaluation.json``) and ``controller evaluate`` read ``test`` tasks, each row naming its split.
 """
 
 from __future__ import annotations
@@ -25,7 +29,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Literal, get_args
 
-from clova_train.controller.evaluation import compare, format_table, make_env_fn
+from clova_train.controller.evaluation import TEST, compare, format_table, make_env_fn
 from clova_train.core.atomic import write_atomic, write_json_atomic, write_text_atomic
 from clova_train.core.checks import Problems, is_number
 from clova_train.core.errors import ClovaTrainError
@@ -111,9 +115,10 @@ class TrainConfig:
         vec_env: ``dummy`` (one process) or ``subproc`` (one process per environment).
         seed: seed of the agent and the environments.
         output_dir: run directory: logs/, checkpoints/, controller.zip, evaluation.md.
-        eval_every: environment steps between held-out evaluations (0: only at the end).
-        eval_episodes: held-out tasks per evaluation.
-        eval_seed: seed of the held-out task sequence.
+        eval_every: environment steps between evaluations on the validation tasks (0: only at the end), which
+            choose ``best_model.zip``.
+        eval_episodes: validation tasks per evaluation, and test tasks of the final table.
+        eval_seed: seed of the validation and of the test task sequence.
         checkpoint_every: environment steps between checkpoints (model and optimizer; the replay buffer too with
             ``save_replay_buffer``).
         save_replay_buffer: save the replay buffer's filled part with each checkpoint (plain arrays; up to
@@ -189,9 +194,9 @@ def _problems(config: ControllerConfig) -> list[str]:
         section, env = config.environment, config.env_config()
         found.messages += env.problems(section)
         tasks = getattr(env, "tasks", None)
-        if tasks is not None and tasks.given and tasks.eval is None:  # trained on one split, the controller is evaluated on the other
-            found.add(f"{section}.tasks.eval: give the task files the controller is evaluated on (format, questions, "
-                      "images, ...)")
+        if tasks is not None and tasks.given and tasks.test is None:  # trained on one split, reported on another
+            found.add(f"{section}.tasks.test: give the task files the controller is reported on (format, questions, "
+                      "images, ...; without tasks.val, half of them are its validation tasks)")
         reason = env.selection_problem(dqn.action_selection, section)
         found.need(not reason, "dqn.action_selection", dqn.action_selection, reason)
     d = Problems("dqn")
@@ -254,10 +259,22 @@ def validate(config: ControllerConfig) -> None:
 
 
 # ---------------------------------------------------------------------------------------------- evaluation
-def evaluate(config: ControllerConfig, model: Any, episodes: int | None = None) -> dict[str, dict[str, float]]:
-    """The controller, every rule without training and the fitted controls on the same held-out tasks."""
+def evaluate(config: ControllerConfig, model: Any, episodes: int | None = None,
+             split: str = TEST) -> dict[str, dict[str, Any]]:
+    """The controller, every rule without training and the fitted controls on the same tasks of ``split`` (default:
+    the test tasks; ``val``: the tasks the run chose on)."""
     return compare(config.env_config(), model, episodes or config.train.eval_episodes, config.train.eval_seed,
-                   config.train.seed, config.train.resolved_control_steps(), list(config.dqn.net_arch))
+                   config.train.seed, config.train.resolved_control_steps(), list(config.dqn.net_arch), split)
+
+
+def evaluation_page(results: dict[str, dict[str, Any]], episodes: int) -> str:
+    """``evaluation.md``: the final table and where its tasks came from."""
+    return (f"# Test evaluation ({episodes} test tasks)\n\n"
+            "Every row is measured on the test tasks (column `tasks`), which no choice of the run read: training "
+            "draws train tasks, and the evaluations during training and `best_model.zip` read the validation (val) "
+            "tasks (`evaluations.npz`, the `eval/` entries of the logs). The controller row is the final "
+            "`controller.zip`.\n\n"
+            f"{format_table(results)}\n")
 
 
 # ---------------------------------------------------------------------------------------------- fit
@@ -455,13 +472,12 @@ def fit(config: ControllerConfig, extra_callbacks: list | None = None,
             return model, None  # stopped early by a callback
         if config.train.target_accuracy or not held_out.evaluations_timesteps:
             held_out.evaluate_now()
-        results = held_out.comparison()  # what ``evaluate`` gives, without measuring anything twice
+        results = held_out.test_table()  # what ``evaluate`` gives, the controls not fitted twice
     finally:
         env.close()
         if held_out is not None:
             held_out.close()
-    write_text_atomic(run_dir / "evaluation.md", f"# Held-out evaluation ({config.train.eval_episodes} tasks)\n\n"
-                      f"{format_table(results)}\n")
+    write_text_atomic(run_dir / "evaluation.md", evaluation_page(results, config.train.eval_episodes))
     write_json_atomic(run_dir / "evaluation.json", results)
     write_atomic(run_dir / FINAL, model.save)  # last: its presence marks the run finished
     return model, results

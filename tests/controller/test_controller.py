@@ -367,7 +367,7 @@ def test_hydra_dqn_trains_with_eq2_and_the_paper_schedule_and_saves_a_plain_dqn_
     assert rates.rates[402] == pytest.approx(0.16) and model.exploration_rate == pytest.approx(0.14)
     assert "trained controller, argmax Q selection" in results  # the other rule, reported beside
 
-    env = make_env_fn(config.hydra, "eval")()
+    env = make_env_fn(config.hydra, "test")()
     try:
         observations = []
         for k in range(8):
@@ -423,3 +423,35 @@ def test_replay_buffers_are_saved_only_when_asked_and_as_their_filled_arrays(tmp
     np.savez(other, pos=0, full=False, buffer_size=7, n_envs=2)
     with pytest.raises(ClovaTrainError, match="holds 7 x 2 transitions, the run's buffer 50000 x 2"):
         load_replay_arrays(fresh, other)
+
+
+def test_the_run_chooses_on_validation_tasks_and_reports_on_test_tasks(tmp_path: Path, monkeypatch) -> None:
+    """HeldOutEvalCallback (evaluations.npz, best_model.zip) plays val tasks; its final table, ``controller evaluate``
+    and evaluation.md test tasks, each row naming them; no training run needed."""
+    from clova_train.controller import evaluation, trainer
+    from clova_train.controller.callbacks import HeldOutEvalCallback
+    from clova_train.envs.common.world import task_split
+
+    class FirstSample:  # a "trained controller" that always runs the first sample
+        def predict(self, obs, deterministic=True):  # noqa: ANN001, ANN202
+            return 0, None
+
+    config = small_config(tmp_path / "run")
+    config.train.eval_episodes, config.train.control_steps = 1, 0
+    callback = HeldOutEvalCallback(config.hydra, tmp_path / "run", 0, 1, 0, 0, control_steps=0)
+    callback.model = FirstSample()
+    try:
+        env = callback.eval_env.envs[0]
+        assert env.config.split == "val" and {task_split(env.reset(seed=s)[1]["task_id"]) for s in range(5)} == {"val"}
+        built: list[str] = []
+        make = evaluation.make_env_fn
+        monkeypatch.setattr(evaluation, "make_env_fn",
+                            lambda env_config, split=None: built.append(split) or make(env_config, split))
+        table = callback.test_table()
+    finally:
+        callback.close()
+    assert built == ["test"] and {row["tasks"] for row in table.values()} == {"test"}
+    assert trainer.evaluate(config, FirstSample(), 1)["trained controller"]["tasks"] == "test" and built[-1] == "test"
+    assert trainer.evaluate(config, FirstSample(), 1, "val")["trained controller"]["tasks"] == "val"
+    page = trainer.evaluation_page(table, 1)
+    assert page.startswith("# Test evaluation (1 test tasks)") and "| trained controller | test |" in page

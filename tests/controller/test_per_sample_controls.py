@@ -112,7 +112,7 @@ def test_controller_evaluate_reports_them_and_fits_them_without_the_held_out_tas
     def recording_make(config, split=None):
         splits.append(split)
         build = make(config, split)
-        if split != "eval":
+        if split != "test":
             return build
 
         def counted():
@@ -137,7 +137,7 @@ def test_controller_evaluate_reports_them_and_fits_them_without_the_held_out_tas
     monkeypatch.setattr(PerSampleControl, "fit", recording_fit)
     results = compare(CONFIG, FirstSample(), episodes=2, seed=10_000, random_seed=0, control_steps=60, hidden=[8])
     # logged and fitted on training tasks; nothing played on the held-out tasks while fitting
-    assert splits == ["eval", "train"] and resets_during_fits == [0, 0] and held_out_resets[0] > 0
+    assert splits == ["test", "train"] and resets_during_fits == [0, 0] and held_out_resets[0] > 0
     table = format_table(results)
     for name in (LOGISTIC_NAME, TREES_NAME):
         (row,) = [n for n in results if n.startswith(name)]
