@@ -455,3 +455,15 @@ def test_the_run_chooses_on_validation_tasks_and_reports_on_test_tasks(tmp_path:
     assert trainer.evaluate(config, FirstSample(), 1, "val")["trained controller"]["tasks"] == "val"
     page = trainer.evaluation_page(table, 1)
     assert page.startswith("# Test evaluation (1 test tasks)") and "| trained controller | test |" in page
+
+
+def test_a_benchmark_run_without_test_files_is_refused_naming_tasks_test(tmp_path: Path) -> None:
+    from clova_train.controller.trainer import validate
+
+    config = small_config(tmp_path / "run")
+    config.hydra = ReasoningLoopConfig(tasks={"train": {"format": "gqa", "questions": str(tmp_path / "q.json"),
+                                                        "images": str(tmp_path)}})
+    with pytest.raises(ClovaTrainError, match=r"hydra\.tasks\.test: give the task files the controller is reported on"):
+        validate(config)
+    config.hydra = ReasoningLoopConfig(split="eval")  # the old name of test: still read
+    validate(config)
