@@ -556,8 +556,8 @@ def _loop_config(tmp_path: Path, tiny_clip_dir: Path, world_root: Path, run_dir:
     fit = yaml.safe_load((REPO / "configs/quickstart/loop_clip_fit.yaml").read_text())
     tool_args = fit["model"]["init_args"]["tool"]["init_args"]
     tool_args.update(model_name=f"local-dir:{tiny_clip_dir}", num_prompt_tokens=4)
-    fit["model"]["init_args"]["steps"] = 10
-    fit["data"]["init_args"].update(negatives_per_instance=3, val_negatives_per_instance=3, chunk_size=4)
+    fit["model"]["init_args"]["steps"] = 4
+    fit["data"]["init_args"].update(negatives_per_instance=2, val_negatives_per_instance=2, chunk_size=4)
     (tmp_path / "fit.yaml").write_text(yaml.safe_dump(fit))
     loop = yaml.safe_load((REPO / "configs/quickstart/loop.yaml").read_text())
     loop["run_dir"] = str(run_dir)

@@ -380,14 +380,15 @@ def test_an_upload_over_the_pixel_limit_is_refused_and_a_good_one_served(server,
 
 @pytest.mark.slow
 def test_bounded_load_no_errors(server, concept_root: Path, hostile_images: dict[str, str]) -> None:
-    """8 clients x 50 requests on 127.0.0.1, every fifth one hostile: each gets its expected status, none fails."""
+    """8 clients x 20 requests on 127.0.0.1, every fifth one hostile: each gets its expected status, none fails (the
+    server under longer load is benchmarks/server_slow_clients.py's and serving_latency.py's)."""
     base, process = server
     good = [str(p) for p in sorted((concept_root / "red").glob("*.png"))[:2]]
     bad = [hostile_images["fifo"], hostile_images["missing"], hostile_images["dangling symlink"]]
 
     def client(number: int) -> list[tuple[int, int, float]]:
         results = []
-        for k in range(50):
+        for k in range(20):
             hostile = (number + k) % 5 == 0
             started = time.perf_counter()
             status, _ = classify(base, [bad[k % len(bad)]] if hostile else good)
@@ -400,7 +401,7 @@ def test_bounded_load_no_errors(server, concept_root: Path, hostile_images: dict
     latencies = sorted(seconds for _, _, seconds in results)
     p50, p99 = statistics.median(latencies), latencies[int(0.99 * (len(latencies) - 1))]
     print(f"\nload test: {len(results)} requests, 8 clients, p50 {p50 * 1000:.0f} ms, p99 {p99 * 1000:.0f} ms")
-    assert not wrong and len(results) == 400
+    assert not wrong and len(results) == 160
     assert process.poll() is None
 
 
