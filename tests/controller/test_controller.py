@@ -65,12 +65,15 @@ def test_resumed_run_continues_from_its_step_count_and_exploration_rate(tmp_path
     assert resumed._n_updates == reference._n_updates - 1
 
 
-def quickstart_fit(run_dir: Path, steps: int) -> Path:
-    """``controller fit`` of the quickstart config in a subprocess, cut to ``steps`` steps, both loggers on."""
+def quickstart_fit(run_dir: Path, steps: int, control_steps: int | None = None) -> Path:
+    """``controller fit`` of the quickstart config in a subprocess, cut to ``steps`` steps, both loggers on; the fitted
+    controls learn from ``control_steps`` logged steps (None: as many as the run)."""
+    controls = [] if control_steps is None else [f"--train.control_steps={control_steps}"]
     result = run_cli_subprocess([
         "controller", "fit", "--config", str(REPO / "configs/quickstart/controller_dqn.yaml"),
         f"--train.output_dir={run_dir}", f"--hydra.cache_path={run_dir / 'cache.sqlite'}",
         "--train.log_formats=[csv,tensorboard]", f"--train.total_timesteps={steps}", f"--train.eval_every={steps // 2}",
+        *controls,
     ], timeout=600)
     assert result.returncode == 0, result.stderr[-3000:]
     assert "| trained controller |" in result.stdout
@@ -87,8 +90,8 @@ def quickstart_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="module")
 def short_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The quickstart config for 1,500 steps (500 of them learning): what the CLI writes, logs and exports, not what
-    it learns."""
-    return quickstart_fit(tmp_path_factory.mktemp("controller-short"), 1_500)
+    it learns (the controls it reports beside it learn from 300 logged steps)."""
+    return quickstart_fit(tmp_path_factory.mktemp("controller-short"), 1_500, control_steps=300)
 
 
 @pytest.mark.slow
@@ -142,11 +145,13 @@ def test_export_writes_zip_torchscript_and_description(short_run: Path, tmp_path
     assert "stable-baselines3" in json.loads((tmp_path / "export" / "versions.json").read_text())
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]  # no staging directory left behind
 
-    # the fitted controls learn from as many logged steps as the run trained on
+    # the fitted controls learn from as many logged steps as the run's budget (300 here: the controls' figures are
+    # the benchmark's, not this test's)
     evaluation = run_cli_subprocess(["controller", "evaluate", "--config", config, "--episodes=20",
-                                     "--train.total_timesteps=1500",
+                                     "--train.total_timesteps=300",
                                      f"--train.output_dir={short_run}", f"--hydra.cache_path={tmp_path / 'eval.sqlite'}"])
     assert evaluation.returncode == 0 and "| random sample |" in evaluation.stdout
+    assert "(300 steps of random play on training tasks)" in evaluation.stdout, evaluation.stdout[-2000:]
 
     mismatch = run_cli_subprocess(["controller", "export", "--config", config, "--hydra.embedder.dim=32",
                                    f"--train.output_dir={short_run}", f"--output={tmp_path / 'bad'}"])
