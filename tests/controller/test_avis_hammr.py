@@ -17,7 +17,7 @@ from clova_train.envs import (
     InformationSeekingEnv, load_graph,
 )
 from clova_train.envs.avis.world import make_seeking_task
-from helpers.common import REPO, run_cli_subprocess
+from helpers.common import REPO, run_cli_captured, run_cli_subprocess
 
 HAMMR_QUICKSTART = REPO / "configs/quickstart/controller_hammr.yaml"
 
@@ -384,6 +384,8 @@ def test_controller_cli_fits_avis_exports_and_the_export_serves_as_an_agent(tmp_
 
 
 def test_bad_avis_and_hammr_configs_get_one_message_each(tmp_path: Path) -> None:
+    """Refused before any work, in this process (the CLI's own exit code and stderr; a fresh interpreter per case only
+    repeated the imports)."""
     config = str(REPO / "configs/quickstart/controller_avis.yaml")
     out = [f"--train.output_dir={tmp_path / 'run'}"]
     for extra, message in (
@@ -392,7 +394,7 @@ def test_bad_avis_and_hammr_configs_get_one_message_each(tmp_path: Path) -> None
         (["--avis.tools=[detect,zoom]"], "tool 'zoom' is not an action"),
         (["--dqn.action_selection=eq2"], "only the hydra environment"),
     ):
-        result = run_cli_subprocess(["controller", "fit", "--config", config, *out, *extra])
+        result = run_cli_captured(["controller", "fit", "--config", config, *out, *extra])
         assert result.returncode == 2 and message in result.stderr and "Traceback" not in result.stderr, result.stderr
     assert not (tmp_path / "run").exists()
     hammr = yaml.safe_load(HAMMR_QUICKSTART.read_text())
@@ -400,7 +402,7 @@ def test_bad_avis_and_hammr_configs_get_one_message_each(tmp_path: Path) -> None
     hammr["hammr"]["agents"][2].update(policy="controller", controller=str(tmp_path / "missing.zip"))
     bad = tmp_path / "hammr.yaml"
     bad.write_text(yaml.safe_dump(hammr))
-    result = run_cli_subprocess(["controller", "fit", "--config", str(bad), *out])
+    result = run_cli_captured(["controller", "fit", "--config", str(bad), *out])
     assert result.returncode == 2 and "the name 'counter' is used twice" in result.stderr, result.stderr
 
 
