@@ -17,7 +17,7 @@ from clova_train.envs.avis.seeking_world import (
 )
 from clova_train.envs.avis.world import SeekingTools, make_seeking_task
 from clova_train.envs.hammr.dispatch import AgentDispatchConfig, AgentDispatchEnv
-from helpers.common import REPO, run_cli_subprocess
+from helpers.common import REPO, run_cli_captured, run_cli_subprocess
 
 FACT_PARAPHRASE = "When did the guild whose emblem is the leftmost {s} start?"
 
@@ -135,8 +135,8 @@ def test_a_paraphrased_world_is_harder_for_the_untrained_planner() -> None:
 
 def test_a_bad_world_is_one_line_from_the_cli(tmp_path: Path) -> None:
     path = write_world(tmp_path, {"phrasings": {"fact": ["When?"]}})
-    result = run_cli_subprocess(["controller", "fit", "--config", str(REPO / "configs/quickstart/controller_hammr.yaml"),
-                                 f"--hammr.world={path}", f"--train.output_dir={tmp_path / 'run'}"], timeout=120)
+    result = run_cli_captured(["controller", "fit", "--config", str(REPO / "configs/quickstart/controller_hammr.yaml"),
+                                 f"--hammr.world={path}", f"--train.output_dir={tmp_path / 'run'}"])
     assert result.returncode != 0 and "Traceback" not in result.stderr
     assert "hammr" in result.stderr and f"{path}: phrasings.fact[0] = 'When?': must use {{s}} exactly once" \
         in result.stderr, result.stderr

@@ -14,7 +14,7 @@ from clova_train.envs import ReasoningLoopConfig, ReasoningLoopEnv
 from clova_train.envs.common.world import make_task
 from clova_train.envs.hydra.reasoning_world import ReasoningWorld, load_world, presets, world_from_dict
 from clova_train.envs.hydra.scripted import GOOD, ScriptedReasoningLLM
-from helpers.common import REPO, run_cli_subprocess
+from helpers.common import REPO, run_cli_captured, run_cli_subprocess
 
 
 def write_world(tmp_path: Path, content: dict | str, name: str = "world.yaml") -> Path:
@@ -178,8 +178,8 @@ def test_the_world_is_part_of_the_llm_cache_key_and_the_export_description(tmp_p
 
 def test_a_bad_world_is_one_line_from_the_cli(tmp_path: Path) -> None:
     path = write_world(tmp_path, {"planner": {"has_good": 2}})
-    result = run_cli_subprocess(["controller", "fit", "--config", str(REPO / "configs/quickstart/controller_dqn.yaml"),
-                                 f"--hydra.world={path}", f"--train.output_dir={tmp_path / 'run'}"], timeout=120)
+    result = run_cli_captured(["controller", "fit", "--config", str(REPO / "configs/quickstart/controller_dqn.yaml"),
+                                 f"--hydra.world={path}", f"--train.output_dir={tmp_path / 'run'}"])
     assert result.returncode != 0 and "Traceback" not in result.stderr
     assert f"hydra.world: {path}: planner.has_good[0] = 2" in result.stderr, result.stderr
     assert not (tmp_path / "run").exists()
