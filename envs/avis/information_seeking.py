@@ -18,7 +18,8 @@ action (an agent that ignores the mask) costs ``infeasible_penalty`` and changes
 truncated after ``max_iterations`` steps, or when the LLM-call budget is spent (``info["stopped"]``).
 
 Reward: ``answer_reward`` for a correct answer, minus ``step_cost`` every step, minus ``infeasible_penalty``
-for an infeasible action. On a benchmark's task files (``tasks``; :mod:`clova_train.envs.avis.task_episodes`) the
+for an infeasible action, minus the world file's cost of the tool or agent called (``tools.call_costs``; a tool
+the world ``requires`` another's result for says ``no results`` until memory holds it). On a benchmark's task files (``tasks``; :mod:`clova_train.envs.avis.task_episodes`) the
 tools run on the task's image through the model-backed tool exports and an answer earns ``answer_reward * m``, m the
 benchmark's metric (VQA accuracy's 0.3 steps, GQA's exact match...), reported as ``info["score"]``.
 
@@ -395,6 +396,7 @@ class InformationSeekingEnv(gym.Env):
                 event["result"] = "infeasible"
             else:
                 tool_calls = 1
+                reward -= self.world.call_cost(name)  # the world file's cost of this tool or agent (default 0)
                 label, answer = self._act(name, event)
                 if label == "answer":
                     terminated, answer = True, normalise_answer(answer)
@@ -425,7 +427,10 @@ class InformationSeekingEnv(gym.Env):
         """Run one feasible action: query, tool or agent, reasoner, memory; returns (label, answer)."""
         _, query = self.suggestion if self.suggestion[0] == name else \
             self.planner.propose(self.task.question, self.state, self.feasible(), self.memory, chosen=name)
-        if name.startswith(AGENT_PREFIX):
+        missing = self.world.missing_prerequisite(name, [entry.action for entry in self.memory.entries])
+        if missing:  # the world file's requires: this tool answers only once memory holds the other's result
+            output = f"{name}: no results (needs a {missing} result first)"
+        elif name.startswith(AGENT_PREFIX):
             result = self.agents.call(name[len(AGENT_PREFIX):], query, self.task)
             output = clip_output(result.output())
         elif self.web is not None and name in self.web.tools:
@@ -496,8 +501,9 @@ class InformationSeekingEnv(gym.Env):
 
         def oracle(obs: np.ndarray, env: InformationSeekingEnv) -> int:
             mask = env.action_masks()
-            for action in good_path(env.task, env.world):
-                if action in env.graph.actions and mask[env.graph.index(action)]:
+            called = {entry.action for entry in env.memory.entries}
+            for action in env.world.with_prerequisites(good_path(env.task, env.world)):
+                if action not in called and action in env.graph.actions and mask[env.graph.index(action)]:
                     return env.graph.index(action)
             return int(np.flatnonzero(mask)[0])
 

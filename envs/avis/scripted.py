@@ -10,7 +10,8 @@ the prompt):
   selected object for a crop tool, the guild name for a web search, a sub-question for an agent).
   By default it reads every example of its prompt, as an LLM given them does; ``context_examples=k`` makes it
   read only the last k, a small model's limited attention over a long prompt (an ablation: it handicaps the
-  untrained planner, so a learner's gain over it measures the handicap). When none of the examples it reads is
+  untrained planner, so a learner's gain over it measures the handicap). A tool output in memory that says it
+  needs another tool's result first makes it call that tool when feasible (the world file's ``requires``). When none of the examples it reads is
   like the question it asks the question directly (``vqa``), the shortcut that answers existence questions and
   guesses the rest.
 * **reasoner**: labels a tool output ``informative``, ``uninformative`` or ``answer`` (with the answer), as the
@@ -35,6 +36,7 @@ from clova_train.envs.common.world import COLOURS
 
 STOPWORDS = frozenset("a an the is are of in on as its it to and or e g eg such there what which how was with".split())
 _WORD = re.compile(r"[a-z0-9]+")
+NEEDS = re.compile(r"needs an? (\w+) result first")  # a tool's output when the world requires another's first
 SIMILAR = 0.25  # least word overlap (Jaccard) for an example to count as "like the question"
 
 
@@ -100,8 +102,20 @@ class ScriptedSeekingLLM(ChatBackend):
         memory = _section(prompt, "Working memory")
         done = [line.split("]", 1)[1].split(" -> ", 1)[0].strip() for line in memory
                 if line.startswith("[informative]")]
-        action = chosen or self._next_action(question, feasible, done, _section(prompt, "Examples"))
+        action = chosen or self._missing_tool(feasible, memory) or \
+            self._next_action(question, feasible, done, _section(prompt, "Examples"))
         return f"Action: {action}\nQuery: {self._query(action, question, memory)}"
+
+    @staticmethod
+    def _missing_tool(feasible: list[str], memory: list[str]) -> str:
+        """A tool a result in memory said it needed first (``needs a <tool> result first``), when it is feasible
+        now and not yet called: what an LLM reading that line would try ("" when none)."""
+        called = {line.split("]", 1)[1].split(" -> ", 1)[0].strip() for line in memory if "]" in line}
+        for line in memory:
+            match = NEEDS.search(line)
+            if match and match.group(1) in feasible and match.group(1) not in called:
+                return match.group(1)
+        return ""
 
     def _next_action(self, question: str, feasible: list[str], done: list[str], examples: list[str]) -> str:
         if self.context_examples is None:

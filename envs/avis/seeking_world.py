@@ -13,6 +13,15 @@ default, and ``seeking-paraphrased``) or a YAML/JSON file of this form (every ke
         - "When did the guild whose emblem is the leftmost {s} start?"
     tools:
       guess_right_one_in: 3  # vqa on anything but an existence question guesses: the gold answer once in k
+      call_costs: {image_search: 1.0, "agent:web": 2.0}  # subtracted from the reward when called (default 0)
+      requires: {text_search: caption}  # answers only once memory holds a result of that tool (default: none)
+
+Costs and requirements make worlds where the first useful call earns nothing now: with ``requires: {text_search:
+caption}`` a caption (useless by itself, labelled uninformative) must be in the working memory before the web
+search answers; until then the search says ``no results (needs a caption result first)``, which the reasoner
+labels uninformative and the scripted planner reads as an LLM would (it calls the missing tool when the graph
+lets it). A per-call cost (a tool name, or ``agent:<name>`` for an agent of HAMMR or AVIS) is subtracted from the
+step's reward whenever that action runs.
 
 How the planner and the dispatcher mislead follows from the wordings: the offline LLM of AVIS and HAMMR
 (:mod:`clova_train.envs.avis.scripted`) understands every wording of the world, as an LLM would, but chooses tools
@@ -39,8 +48,10 @@ import numpy as np
 
 from clova_train.core.errors import DataError
 from clova_train.envs.common.world import COLOURS, SHAPES, task_split
+from clova_train.core.checks import is_number
 from clova_train.envs.common.world_file import (
-    guess_right_one_in, question_weights, read_world_file, refuse_unknown, section, shipped, world_mapping, world_name,
+    guess_right_one_in, question_weights, read_world_file, refuse_unknown, section, shipped, shown, world_mapping,
+    world_name,
 )
 
 WORLDS_DIR = Path(__file__).resolve().parent.parent / "worlds" / "seeking"
@@ -53,6 +64,9 @@ TEMPLATES = {  # each kind's canonical wording
     "fact": "In which year was the guild with the leftmost {s} as its emblem founded?",
 }
 COLOURED = ("count", "exists")  # the kinds whose answer depends on a colour as well as a shape
+SEEKING_TOOLS = ("caption", "vqa", "detect", "select", "classify", "image_search", "text_search")  # in path order
+MAX_CALL_COST = 100.0  # per call of one tool or agent (answer_reward is 10 by default)
+AGENT_KEY = re.compile(r"^agent:[A-Za-z0-9_-]{1,64}$")
 
 
 MAX_WORDINGS = 20  # per kind
@@ -81,6 +95,28 @@ class SeekingWorld:
     questions: dict[str, float] = field(default_factory=lambda: {k: 1.0 for k in SEEKING_KINDS})
     phrasings: dict[str, tuple[str, ...]] = field(default_factory=lambda: {k: (t,) for k, t in TEMPLATES.items()})
     guess_right_one_in: int = 3
+    call_costs: dict[str, float] = field(default_factory=dict)
+    requires: dict[str, str] = field(default_factory=dict)
+
+    def call_cost(self, action: str) -> float:
+        """What calling ``action`` (a tool, or ``agent:<name>``) costs in this world (0 unless the file says)."""
+        return self.call_costs.get(action, 0.0)
+
+    def missing_prerequisite(self, tool: str, called: list[str]) -> str:
+        """The tool whose result ``tool`` needs in the working memory and that is not among ``called`` ("" when
+        none is missing)."""
+        needed = self.requires.get(tool, "")
+        return needed if needed and needed not in called else ""
+
+    def with_prerequisites(self, path: tuple[str, ...]) -> tuple[str, ...]:
+        """``path`` with every tool it needs first (transitively), in the tools' order (:data:`SEEKING_TOOLS`)."""
+        wanted, todo = set(path), list(path)
+        while todo:
+            needed = self.requires.get(todo.pop(), "")
+            if needed and needed not in wanted:
+                wanted.add(needed)
+                todo.append(needed)
+        return tuple(t for t in SEEKING_TOOLS if t in wanted) + tuple(t for t in path if t not in SEEKING_TOOLS)
 
     @cached_property
     def _patterns(self) -> list[tuple[str, re.Pattern[str]]]:
@@ -125,7 +161,19 @@ class SeekingWorld:
         """Everything that changes the offline LLM's replies and the tools' answers (part of the call cache's key)."""
         return {"name": self.name, "questions": dict(self.questions),
                 "phrasings": {k: list(v) for k, v in self.phrasings.items()},
-                "guess_right_one_in": self.guess_right_one_in}
+                "guess_right_one_in": self.guess_right_one_in,
+                **({"call_costs": dict(self.call_costs)} if self.call_costs else {}),
+                **({"requires": dict(self.requires)} if self.requires else {})}
+
+    def to_dict(self) -> dict[str, Any]:
+        """The world in its file form (what :func:`world_from_dict` reads back to an equal world)."""
+        tools: dict[str, Any] = {"guess_right_one_in": self.guess_right_one_in}
+        if self.call_costs:
+            tools["call_costs"] = dict(self.call_costs)
+        if self.requires:
+            tools["requires"] = dict(self.requires)
+        return {"name": self.name, "questions": dict(self.questions),
+                "phrasings": {k: list(v) for k, v in self.phrasings.items()}, "tools": tools}
 
 
 def _wording_problem(kind: str, template: Any) -> str:
@@ -170,10 +218,44 @@ def world_from_dict(raw: Any, where: str) -> SeekingWorld:
                 raise DataError(f"{where}: phrasings.{kind}[{i}] = {template!r}: {problem}")
         phrasings[kind] = tuple(t.strip() for t in wordings)
     tools = section(raw, "tools", where)
-    refuse_unknown(tools, ("guess_right_one_in",), f"{where}: tools")
-    world = SeekingWorld(name, questions, phrasings, guess_right_one_in(tools, default.guess_right_one_in, where))
+    refuse_unknown(tools, ("guess_right_one_in", "call_costs", "requires"), f"{where}: tools")
+    world = SeekingWorld(name, questions, phrasings, guess_right_one_in(tools, default.guess_right_one_in, where),
+                         _call_costs(tools, where), _requires(tools, where))
     _check_unambiguous(world, where)
     return world
+
+
+def _call_costs(tools: dict[str, Any], where: str) -> dict[str, float]:
+    """``tools.call_costs``: a tool name or ``agent:<name>`` -> a cost from 0 to :data:`MAX_CALL_COST`."""
+    costs = section(tools, "call_costs", f"{where}: tools")
+    for action, cost in costs.items():
+        if not isinstance(action, str) or not (action in SEEKING_TOOLS or AGENT_KEY.match(action)):
+            raise DataError(f"{where}: tools.call_costs: key {shown(action)} must be a tool "
+                            f"({', '.join(SEEKING_TOOLS)}) or agent:<name> (letters, digits, _ and -)")
+        if not is_number(cost) or not 0 <= cost <= MAX_CALL_COST:
+            raise DataError(f"{where}: tools.call_costs.{action} = {shown(cost)}: must be a number from 0 to "
+                            f"{MAX_CALL_COST:g}")
+    return {action: float(cost) for action, cost in costs.items()}
+
+
+def _requires(tools: dict[str, Any], where: str) -> dict[str, str]:
+    """``tools.requires``: a tool -> the other tool whose result it needs in memory first; no cycle."""
+    requires = section(tools, "requires", f"{where}: tools")
+    for tool, needed in requires.items():
+        if tool not in SEEKING_TOOLS:
+            raise DataError(f"{where}: tools.requires: key {shown(tool)} must be a tool ({', '.join(SEEKING_TOOLS)})")
+        if not isinstance(needed, str) or needed not in SEEKING_TOOLS or needed == tool:
+            raise DataError(f"{where}: tools.requires.{tool} = {shown(needed)}: must be another tool "
+                            f"({', '.join(t for t in SEEKING_TOOLS if t != tool)})")
+    for tool in requires:
+        seen, current = {tool}, requires[tool]
+        while current in requires:
+            if current in seen:
+                raise DataError(f"{where}: tools.requires: {tool} needs itself through {current} (a cycle: no "
+                                "tool of it could ever answer)")
+            seen.add(current)
+            current = requires[current]
+    return dict(requires)
 
 
 def _check_unambiguous(world: SeekingWorld, where: str) -> None:

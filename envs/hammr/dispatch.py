@@ -11,7 +11,7 @@ graph, its examples, its policy; it may call other agents in turn, down to ``max
 The episode is truncated when every agent has failed or the budget is spent. On a benchmark's task files
 (``tasks``, as AVIS's: :mod:`clova_train.envs.avis.task_episodes`) every agent looks at the task's image through the
 model-backed tool exports, and a correct answer earns ``answer_reward * m``, m the benchmark's metric. Reward: ``answer_reward`` for a
-correct answer, minus ``call_cost`` per call, minus ``llm_call_cost`` per LLM call the episode made (nested
+correct answer, minus ``call_cost`` per call (plus the world file's ``tools.call_costs`` of ``agent:<name>``), minus ``llm_call_cost`` per LLM call the episode made (nested
 calls included), minus ``infeasible_penalty`` for calling a masked agent (nothing else happens).
 
 Observation: ``[embed(question), embed(earlier calls), called-agent bits, the LLM dispatcher's choice one-hot,
@@ -237,6 +237,7 @@ class AgentDispatchEnv(gym.Env):
             reward -= cfg.infeasible_penalty
         else:
             self.called.append(name)
+            reward -= self.world.call_cost(f"agent:{name}")  # the world file's cost of this agent (default 0)
             result = self.agents.call(name, self.task.question, self.task)
             if result.ok:
                 terminated, answer = True, normalise_answer(result.answer)
