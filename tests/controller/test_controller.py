@@ -13,7 +13,7 @@ import torch
 from clova_train.controller.trainer import ControllerConfig, DQNConfig, TrainConfig, fit, make_vec_env
 from clova_train.core.errors import ClovaTrainError
 from clova_train.envs import ReasoningLoopConfig
-from helpers.common import REPO, run_cli_subprocess
+from helpers.common import REPO, run_cli_captured, run_cli_subprocess
 
 
 def small_config(run_dir: Path, save_replay_buffer: bool = True) -> ControllerConfig:
@@ -153,8 +153,8 @@ def test_export_writes_zip_torchscript_and_description(short_run: Path, tmp_path
     assert evaluation.returncode == 0 and "| random sample |" in evaluation.stdout
     assert "(300 steps of random play on training tasks)" in evaluation.stdout, evaluation.stdout[-2000:]
 
-    mismatch = run_cli_subprocess(["controller", "export", "--config", config, "--hydra.embedder.dim=32",
-                                   f"--train.output_dir={short_run}", f"--output={tmp_path / 'bad'}"])
+    mismatch = run_cli_captured(["controller", "export", "--config", config, "--hydra.embedder.dim=32",
+                                 f"--train.output_dir={short_run}", f"--output={tmp_path / 'bad'}"])
     assert mismatch.returncode == 2 and "takes observations of shape (389,)" in mismatch.stderr
     assert not (tmp_path / "bad").exists()
 
@@ -292,7 +292,7 @@ def test_kill_then_rerun_keeps_every_progress_row(tmp_path: Path) -> None:
         assert {k: new[k] for k in old} == old
 
     finished = digests(tmp_path)
-    rerun = run_cli_subprocess(args, timeout=120)  # the CLI on a finished run: exit 0, a message, nothing touched
+    rerun = run_cli_captured(args)  # the CLI on a finished run: exit 0, a message, nothing touched
     assert rerun.returncode == 0 and "already finished (3000 of 3000 steps): nothing changed" in rerun.stdout
     assert digests(tmp_path) == finished
 
