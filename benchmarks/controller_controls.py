@@ -21,19 +21,27 @@ accuracy on the OK-VQA-format set that ``clova_train.quickstart.hydra_benchmark`
 (tiny OWL-ViT, CLIP, BLIP pretrained on synthetic shapes, unprompted).
 
 HYDRA worlds: ``quickstart`` (the shipped ``shapes`` world with the quickstart's rewards, re-plans cost 30: where the
-DQN's settings were chosen), every world named with ``--worlds`` with that world file's own rewards (default:
-``shapes-replan``, where a re-plan pays off a step later), and ``--random-worlds K`` worlds drawn by
-:func:`random_world` (question mix, where the planner puts its good sample per step, how often a list holds one,
-confidence range, rewards), written to world files that the CLI reads like any user's; nobody tuned anything on
-them.
+DQN's settings were chosen) and every world named with ``--worlds`` with that world file's own rewards (default:
+``shapes-replan``, where a re-plan pays off a step later). AVIS and HAMMR worlds: the quickstart's (``seeking``:
+every untrained baseline already answers everything) and every world named with ``--seeking-worlds`` (default:
+``seeking-paraphrased``, where questions come in wordings unlike the in-context examples, so the prompted planner
+and dispatcher misroute some of them).
 
-AVIS and HAMMR worlds: the quickstart's (``seeking``: every untrained baseline already answers everything) and every
-world named with ``--seeking-worlds`` (default: ``seeking-paraphrased``, where questions come in wordings unlike the
-in-context examples, so the prompted planner and dispatcher misroute some of them).
+For every environment, ``--random-worlds K`` worlds drawn by :mod:`clova_train.envs.common.random_worlds` with
+seeds ``B .. B+K-1`` (``--world-seed-base B``, default 1000): HYDRA's question mix, planner and rewards; AVIS's and
+HAMMR's question mix, wordings, guess rate, per-call costs and tools that need another's result first (delayed
+payoff). The generators were designed on seeds below 100; nobody tuned anything on the worlds of seeds 1000 and
+up. Each is written to a world file that the CLI reads like any user's.
 
-    python benchmarks/controller_controls.py [--environments hydra avis hammr] [--worlds shapes shapes-replan]
-        [--random-worlds 2] [--seeking-worlds seeking-paraphrased] [--seeds 0 1 2 3 4] [--runs-dir DIR]
-        [--no-record] [--total-timesteps N] [--eval-episodes K]
+Per row: the policy's mean held-out accuracy, DQN - policy and policy - best control (the fitted control with the
+highest mean), paired per seed with 95% t intervals, and the training cost (issue 51, point 5): per seed, the
+training steps at which the DQN's validation evaluations (``evaluations.npz``, 5 per run) first reached the best
+control's mean held-out accuracy, or for a fitted control its logged steps if its own held-out accuracy did; "never"
+when not reached.
+
+    python benchmarks/controller_controls.py [--environments hydra avis hammr] [--worlds shapes-replan]
+        [--seeking-worlds seeking-paraphrased] [--random-worlds 4] [--world-seed-base 1000] [--seeds 0 1 2 3 4]
+        [--runs-dir DIR] [--no-record] [--total-timesteps N] [--eval-episodes K]
 
 ``--runs-dir`` keeps the runs (a rerun reuses every finished one); the default is a temporary directory.
 ``--total-timesteps`` and ``--eval-episodes`` shrink the runs (the DQN's steps, and so the fitted controls' logged
@@ -55,7 +63,8 @@ from cli_runs import REPO, controller_evaluation  # noqa: E402
 from results_file import add_seeded_run_arguments, machine, publish, runs_directory, seed_interval  # noqa: E402
 
 from clova_train.controller.evaluation import FITTED_PREFIXES  # noqa: E402
-from clova_train.envs.hydra.reasoning_world import REWARD_KEYS, STEPS  # noqa: E402
+from clova_train.envs.common.random_worlds import write_random_world  # noqa: E402
+from clova_train.envs.hydra.reasoning_world import REWARD_KEYS  # noqa: E402
 
 CONFIGS = {"hydra": "controller_dqn.yaml", "avis": "controller_avis.yaml", "hammr": "controller_hammr.yaml",
            "hydra-benchmark": "controller_hydra_benchmark.yaml", "avis-benchmark": "controller_avis_benchmark.yaml",
@@ -63,30 +72,28 @@ CONFIGS = {"hydra": "controller_dqn.yaml", "avis": "controller_avis.yaml", "hamm
 BENCHMARKS = ("hydra-benchmark", "avis-benchmark", "hammr-benchmark")  # on the task files of the offline benchmark
 SECTIONS = {name: name.split("-")[0] for name in BENCHMARKS}  # an environment's config section, if not its name
 OWN = "trained controller"
+WORLD_SEED_BASE = 1000  # drawn worlds' first seed: far from the seeds (< 100) the generators were designed on
+EVALUATIONS = "evaluations.npz"  # the run's validation log (clova_train.controller.callbacks)
+EVALUATIONS_PER_RUN = 5  # validation evaluations over a run's training steps (for the steps to reach a control)
 
 
-def random_world(seed: int) -> dict:
-    """A HYDRA world file's content drawn from ``seed`` (the benchmark's held-out worlds)."""
-    rng = np.random.default_rng(seed)
-    low = round(float(rng.uniform(0.05, 0.5)), 2)
-    first = round(float(rng.uniform(0.2, 1.0)), 2)
-    return {
-        "name": f"random-{seed}",
-        "questions": {kind: int(rng.integers(0, 4)) or 1 for kind in ("count", "exists", "colour", "compare")},
-        "planner": {"confidence": [low, round(float(rng.uniform(low + 0.2, 1.0)), 2)],
-                    "has_good": [first, round(float(rng.uniform(first, 1.0)), 2)],
-                    "good_rank": {step: ("random" if rng.random() < 0.2 else int(rng.integers(-2, 3)))
-                                  for step in STEPS},
-                    "malformed": round(float(rng.uniform(0, 0.1)), 2)},
-        "tools": {"guess_right_one_in": int(rng.integers(2, 5))},
-        "rewards": {"r1": 100, "alpha": 100, "error_penalty": 10, "reject_penalty": int(rng.integers(0, 31))},
-    }
+def config_steps(environment: str, budget: tuple[str, ...]) -> int:
+    """The training steps of a run: ``--total-timesteps`` if given, else the quickstart config's."""
+    for option in budget:
+        if option.startswith("--train.total_timesteps="):
+            return int(option.split("=", 1)[1])
+    config = yaml.safe_load((REPO / "configs/quickstart" / CONFIGS[environment]).read_text())
+    return int(config["train"]["total_timesteps"])
+
+
+def run_directory(environment: str, world: str | None, seed: int, runs: Path, budget: tuple[str, ...]) -> Path:
+    shrunk = "".join(f"-{option.split('.')[-1].replace('=', '')}" for option in budget)
+    return runs / f"{environment}-{Path(world).stem if world else 'quickstart'}-{seed}{shrunk}"
 
 
 def run(environment: str, world: str | None, seed: int, runs: Path, budget: tuple[str, ...] = ()) -> dict[str, dict]:
     """The evaluation of one controller fit (trained if not there yet); ``budget``: options that shrink it."""
-    shrunk = "".join(f"-{option.split('.')[-1].replace('=', '')}" for option in budget)
-    out = runs / f"{environment}-{Path(world).stem if world else 'quickstart'}-{seed}{shrunk}"
+    out = run_directory(environment, world, seed, runs, budget)
     if world is None:
         world_args = []
     elif environment == "hydra":
@@ -94,53 +101,98 @@ def run(environment: str, world: str | None, seed: int, runs: Path, budget: tupl
     else:
         world_args = [f"--{environment}.world={world}"]
     section = SECTIONS.get(environment, environment)
+    every = max(1, config_steps(environment, budget) // EVALUATIONS_PER_RUN)
     return controller_evaluation(  # the world's own rewards, not the quickstart's
         out, "--config", str(REPO / "configs/quickstart" / CONFIGS[environment]), f"--train.seed={seed}",
-        f"--{section}.cache_path=null", "--train.eval_every=0", "--train.log_formats=[csv]", "--force", *world_args,
-        *budget,
+        f"--{section}.cache_path=null", f"--train.eval_every={every}", "--train.log_formats=[csv]", "--force",
+        *world_args, *budget,
         env={"OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")})
+
+
+def steps_to_reach(run_dir: Path, target: float) -> int | None:
+    """The training steps at which the run's validation log (:data:`EVALUATIONS`) first shows an accuracy of at
+    least ``target`` (None: never, or no log)."""
+    path = run_dir / EVALUATIONS
+    if not path.is_file():
+        return None
+    with np.load(path) as saved:
+        for steps, accuracy in zip(saved["timesteps"], saved["accuracy"]):
+            if accuracy >= target:
+                return int(steps)
+    return None
+
+
+def training_cost(name: str, values: list[float], best: float, run_dirs: list[Path], logged: int) -> str:
+    """Point 5 of issue 51: per seed, the steps at which ``name`` first reached the best control's mean held-out
+    accuracy ``best``: the trained controller's first validation evaluation at or above it, a fitted control's
+    logged steps if its held-out accuracy is; "never" otherwise."""
+    if name == OWN:
+        reached = [steps_to_reach(run_dir, best) for run_dir in run_dirs]
+    elif name.startswith(FITTED_PREFIXES):
+        reached = [logged if value >= best else None for value in values]
+    else:
+        return "-"  # a rule without training, or the oracle
+    return ", ".join("never" if steps is None else f"{steps:,}" for steps in reached)
 
 
 def table(environment: str, world: str | None, seeds: list[int], runs: Path, record: bool,
           drawn: int | None = None, budget: tuple[str, ...] = ()) -> None:
     """One environment and world over ``seeds``: print (and with ``record`` append) its table; ``drawn``: the seed of
-    a world drawn by :func:`random_world`; ``budget``: options that shrink the runs (then nothing is recorded)."""
+    a world drawn at random (:mod:`clova_train.envs.common.random_worlds`); ``budget``: options that shrink the runs
+    (then nothing is recorded)."""
     evaluations = [run(environment, world, seed, runs, budget) for seed in seeds]
+    run_dirs = [run_directory(environment, world, seed, runs, budget) for seed in seeds]
     record = record and not budget
     shared = [name for name in evaluations[0] if all(name in e for e in evaluations)]
     fitted = [n for n in shared if n.startswith(FITTED_PREFIXES)]
     oracle = [n for n in shared if n.startswith("oracle")]
     names = [OWN, *(n for n in shared if n not in (OWN, *fitted, *oracle)), *fitted, *oracle]
     ours = [e[OWN]["accuracy"] for e in evaluations]
+    control = max(fitted, key=lambda n: np.mean([e[n]["accuracy"] for e in evaluations])) if fitted else None
+    controls = [e[control]["accuracy"] for e in evaluations] if control else []
+    best = float(np.mean(controls)) if control else None
+    logged = config_steps(environment, budget)
     rows = []
     for name in names:
         values = [e[name]["accuracy"] for e in evaluations]
         difference = "-" if name == OWN else seed_interval([a - b for a, b in zip(ours, values)], signed=True)
-        rows.append(f"| {name} | {seed_interval(values)} | {difference} | {', '.join(f'{v:.3f}' for v in values)} |")
+        versus = "-" if not control or name == control else \
+            seed_interval([a - b for a, b in zip(values, controls)], signed=True)
+        cost = "-" if best is None else training_cost(name, values, best, run_dirs, logged)
+        rows.append(f"| {name} | {seed_interval(values)} | {difference} | {versus} | {cost} | "
+                    f"{', '.join(f'{v:.3f}' for v in values)} |")
     label = f"{environment}, {'the quickstart' if world is None else 'world ' + Path(world).stem}"
     if environment in BENCHMARKS:
         label = (f"{SECTIONS[environment]} on task files: trained on the GQA-format set, evaluated on the "
                  "OK-VQA-format set (VQA accuracy), tiny OWL-ViT / CLIP / BLIP tools")
-    shown = f"<runs-dir>/random-{drawn}.yaml (random_world({drawn}))" if drawn else world
+    kind = "hydra" if environment == "hydra" else "seeking"
+    shown = f"<runs-dir>/{Path(world).name} (random_{kind}_world({drawn}))" if drawn is not None else world
     nulls = " ".join(f"--hydra.{key}=null" for key in REWARD_KEYS)
     if environment in BENCHMARKS:
         setting, option = "", ""
     elif environment != "hydra":
-        setting = "" if world is None else f" with `--{environment}.world={world}`"
-        option = " --seeking-worlds" if world is None else f" --seeking-worlds {world}"
+        setting = "" if world is None else f" with `--{environment}.world={shown}`"
+        option = (f" --seeking-worlds --random-worlds 1 --world-seed-base {drawn}" if drawn is not None
+                  else " --seeking-worlds --random-worlds 0" if world is None
+                  else f" --seeking-worlds {world} --random-worlds 0")
     else:
         setting = "" if world is None else f" with `--hydra.world={shown} {nulls}` (the world file's rewards)"
-        option = (f" --worlds --random-worlds {drawn}" if drawn else "" if world is None
-                  else f" --worlds {world} --random-worlds 0")
+        option = (f" --worlds --random-worlds 1 --world-seed-base {drawn}" if drawn is not None
+                  else " --worlds --random-worlds 0" if world is None else f" --worlds {world} --random-worlds 0")
+    best_text = f"best control: {control} ({best:.3f})" if control else "no fitted control"
     publish("controller_controls", "Controllers against the controls: rules, fitted learners, seeds, worlds",
             f"{label}, cpu: {machine()}",
             f"Held-out accuracy ({evaluations[0][OWN]['episodes']:.0f} tasks), `configs/quickstart/"
             f"{CONFIGS[environment]}`{setting}, seeds "
-            f"{', '.join(map(str, seeds))}: mean [95% t interval over seeds]; DQN - control: paired per seed. "
-            f"Command: `python benchmarks/controller_controls.py --environments {environment}"
-            f"{option} --seeds {' '.join(map(str, seeds))}"
+            f"{', '.join(map(str, seeds))}: mean [95% t interval over seeds]; DQN - policy and policy - best "
+            f"control: paired per seed; {best_text}. Steps to the best control: per seed, the training steps at "
+            f"which the DQN's validation accuracy (every {max(1, logged // EVALUATIONS_PER_RUN):,} steps) first "
+            f"reached the best control's mean held-out accuracy, or a fitted control's {logged:,} logged steps if "
+            f"its held-out accuracy did (never: not reached). Command: `python benchmarks/controller_controls.py "
+            f"--environments {environment}{option} --seeds {' '.join(map(str, seeds))}"
             f"{''.join(' --' + o.split('.')[-1].replace('_', '-').replace('=', ' ') for o in budget)}`",
-            ["policy", "accuracy", "DQN - policy", "per seed"], rows, record)
+            ["policy", "accuracy", "DQN - policy", "policy - best control", "steps to the best control",
+             "per seed"], rows, record)
 
 
 def main() -> None:
@@ -150,7 +202,10 @@ def main() -> None:
                              "demo-hydra-benchmark")
     parser.add_argument("--worlds", nargs="*", default=["shapes-replan"],
                         help="HYDRA worlds besides the quickstart's (presets or files; each with its own rewards)")
-    parser.add_argument("--random-worlds", type=int, default=2, help="HYDRA worlds drawn by random_world (seeds 1..K)")
+    parser.add_argument("--random-worlds", type=int, default=2,
+                        help="worlds drawn at random per environment (HYDRA, AVIS, HAMMR), seeds B..B+K-1")
+    parser.add_argument("--world-seed-base", type=int, default=WORLD_SEED_BASE,
+                        help="B: the first seed of the drawn worlds (designs were decided on seeds below 100)")
     parser.add_argument("--seeking-worlds", nargs="*", default=["seeking-paraphrased"],
                         help="AVIS and HAMMR worlds besides the quickstart's (presets or files)")
     parser.add_argument("--total-timesteps", type=int, default=None,
@@ -171,16 +226,13 @@ def main() -> None:
                 prepare()  # the quickstart config's task files and tool exports (reused when already written)
                 table(environment, None, args.seeds, runs, not args.no_record, budget=budget)
                 continue
-            if environment != "hydra":
-                for world in [None, *args.seeking_worlds]:
-                    table(environment, world, args.seeds, runs, not args.no_record, budget=budget)
-                continue
-            for world in [None, *args.worlds]:
+            named = args.worlds if environment == "hydra" else args.seeking_worlds
+            for world in [None, *named]:
                 table(environment, world, args.seeds, runs, not args.no_record, budget=budget)
-            for k in range(1, args.random_worlds + 1):
-                path = runs / f"random-{k}.yaml"
-                path.write_text(yaml.safe_dump(random_world(k), sort_keys=False))
-                table(environment, str(path), args.seeds, runs, not args.no_record, drawn=k, budget=budget)
+            kind = "hydra" if environment == "hydra" else "seeking"
+            for seed in range(args.world_seed_base, args.world_seed_base + args.random_worlds):
+                path = write_random_world(kind, seed, runs / f"random-{kind}-{seed}.yaml")
+                table(environment, str(path), args.seeds, runs, not args.no_record, drawn=seed, budget=budget)
 
 
 if __name__ == "__main__":

@@ -248,13 +248,12 @@ def _requires(tools: dict[str, Any], where: str) -> dict[str, str]:
             raise DataError(f"{where}: tools.requires.{tool} = {shown(needed)}: must be another tool "
                             f"({', '.join(t for t in SEEKING_TOOLS if t != tool)})")
     for tool in requires:
-        seen, current = {tool}, requires[tool]
-        while current in requires:
-            if current in seen:
-                raise DataError(f"{where}: tools.requires: {tool} needs itself through {current} (a cycle: no "
-                                "tool of it could ever answer)")
-            seen.add(current)
-            current = requires[current]
+        chain = [tool]
+        while chain[-1] in requires and len(chain) <= len(requires):
+            chain.append(requires[chain[-1]])
+            if chain[-1] == tool:
+                raise DataError(f"{where}: tools.requires: a cycle ({' needs '.join(chain)}): none of these tools "
+                                "could ever answer")
     return dict(requires)
 
 

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import copy
 import json
 from collections import Counter
 from pathlib import Path
 
+import numpy as np
 import pytest
 import yaml
 
@@ -16,6 +18,8 @@ from clova_train.envs.avis.seeking_world import (
     TEMPLATES, SeekingWorld, load_seeking_world, presets, world_from_dict,
 )
 from clova_train.envs.avis.world import SeekingTools, make_seeking_task
+from clova_train.envs.common.random_worlds import random_hydra_world, random_seeking_world, write_random_world
+from clova_train.envs.hydra.reasoning_world import load_world
 from clova_train.envs.hammr.dispatch import AgentDispatchConfig, AgentDispatchEnv
 from helpers.common import REPO, run_cli_captured, run_cli_subprocess
 
@@ -66,6 +70,21 @@ def test_shipped_worlds_load_and_the_default_is_the_built_in_one() -> None:
     ({"tools": {"guess_right_one_in": 0}}, "tools.guess_right_one_in = 0"),
     ({"tools": {"oracle": True}}, "tools: unknown key 'oracle'"),
     ({"planner": {}}, "unknown key 'planner'"),
+    ({"tools": {"call_costs": [1]}}, "tools: call_costs must be a mapping"),
+    ({"tools": {"call_costs": {"telescope": 1}}}, "tools.call_costs: key 'telescope' must be a tool"),
+    ({"tools": {"call_costs": {"agent:": 1}}}, "key 'agent:' must be a tool (caption"),
+    ({"tools": {"call_costs": {"agent:a b": 1}}}, "or agent:<name>"),
+    ({"tools": {"call_costs": {"caption": -0.5}}}, "tools.call_costs.caption = -0.5: must be a number from 0 to 100"),
+    ({"tools": {"call_costs": {"caption": 1e300}}}, "tools.call_costs.caption = 1e+300"),
+    ({"tools": {"call_costs": {"caption": ".nan"}}}, "tools.call_costs.caption = '.nan'"),
+    ({"tools": {"call_costs": {"vqa": True}}}, "tools.call_costs.vqa = True"),
+    ({"tools": {"requires": "caption"}}, "tools: requires must be a mapping"),
+    ({"tools": {"requires": {"oracle": "caption"}}}, "tools.requires: key 'oracle' must be a tool"),
+    ({"tools": {"requires": {"text_search": "text_search"}}}, "tools.requires.text_search = 'text_search': must be "
+                                                               "another tool"),
+    ({"tools": {"requires": {"text_search": ["caption"]}}}, "tools.requires.text_search = ['caption']"),
+    ({"tools": {"requires": {"text_search": "caption", "caption": "select", "select": "text_search"}}},
+     "tools.requires: a cycle (caption needs select needs text_search needs caption)"),
     ("[1, 2]", "must hold a mapping"),
 ])
 def test_a_bad_world_file_is_refused_naming_the_file_and_key(tmp_path: Path, content, named: str) -> None:
@@ -156,3 +175,82 @@ def test_a_world_file_trains_from_the_cli(tmp_path: Path) -> None:
     assert result.returncode == 0, result.stderr[-3000:]
     assert "question rule fitted on logs (400 steps" in " ".join(json.loads((run / "evaluation.json").read_text()))
     assert json.loads((run / "config.json").read_text())["avis"]["world"] == str(path)
+
+
+def _accuracy(env: InformationSeekingEnv, policy, episodes: int) -> tuple[float, float]:
+    """(accuracy, mean return) of ``policy(obs, env)`` over ``episodes`` seeded episodes."""
+    right, total = 0, 0.0
+    for seed in range(episodes):
+        obs, _ = env.reset(seed=seed)
+        done, info = False, {}
+        while not done:
+            obs, reward, terminated, truncated, info = env.step(policy(obs, env))
+            total, done = total + reward, terminated or truncated
+        right += bool(info.get("correct"))
+    return right / episodes, total / episodes
+
+
+def _oracle(env: InformationSeekingEnv):
+    return next(p for name, p in env.reference_policies(0).items() if name.startswith("oracle"))
+
+
+def test_a_tool_that_needs_another_result_first_and_costs_per_call() -> None:
+    """text_search answers only once a caption is in memory; each call pays the world's cost; the scripted planner
+    reads the output's "needs a caption result first" and calls the caption when the graph lets it."""
+    world = world_from_dict({"questions": {"fact": 1}, "tools": {"requires": {"text_search": "caption"},
+                                                                 "call_costs": {"caption": 1.5, "agent:web": 2}}}, "t")
+    assert world.identity()["requires"] == {"text_search": "caption"} and world_from_dict(world.to_dict(), "x") == world
+    assert world.with_prerequisites(("detect", "select", "image_search", "text_search"))[0] == "caption"
+    env = InformationSeekingEnv(InformationSeekingConfig(split="eval", step_cost=0.5), world=world)
+    try:
+        env.reset(seed=3)
+        for tool in ("detect", "select", "image_search", "text_search"):
+            _, reward, terminated, _, info = env.step(env.graph.index(tool))
+        assert not terminated and "needs a caption result first" in info["path"][-1]["output"]
+        assert info["path"][-1]["result"] == "uninformative"
+        env.reset(seed=3)
+        _, reward, *_ = env.step(env.graph.index("caption"))
+        assert reward == -0.5 - 1.5  # the step's cost and the caption's
+        for tool in ("detect", "select", "image_search", "text_search"):
+            _, reward, terminated, _, info = env.step(env.graph.index(tool))
+        assert terminated and info["correct"] and reward == 10 - 0.5
+        assert _accuracy(env, _oracle(env), 20)[0] == 1.0
+    finally:
+        env.close()
+    memory = ["[uninformative] text_search -> text_search: no results (needs a caption result first)"]
+    assert ScriptedSeekingLLM._missing_tool(["caption", "detect"], memory) == "caption"
+    assert ScriptedSeekingLLM._missing_tool(["detect"], memory) == ""
+    assert ScriptedSeekingLLM._missing_tool(["caption"], [*memory, "[uninformative] caption -> caption: x"]) == ""
+
+
+def test_random_worlds_are_deterministic_and_load(tmp_path: Path) -> None:
+    for seed in (0, 1, 1000, 2**40):
+        drawn = random_seeking_world(seed)
+        assert drawn == random_seeking_world(seed) and drawn != random_seeking_world(seed + 1)
+        world = world_from_dict(drawn, f"random {seed}")  # every wording unambiguous, every value in bounds
+        assert world.requires and all(world.phrasings[k][0] == TEMPLATES[k] for k in TEMPLATES)
+        assert random_hydra_world(seed) == random_hydra_world(seed)
+    assert load_seeking_world(str(write_random_world("seeking", 7, tmp_path / "s.yaml"))).name == "random-seeking-7"
+    assert load_world(str(write_random_world("hydra", 7, tmp_path / "h.yaml"))).name == "random-7"
+
+
+def test_on_a_drawn_world_with_delayed_payoff_the_greedy_one_step_rule_is_below_the_oracle() -> None:
+    """A rule that knows each action's immediate reward (it tries every feasible one on a copy) and takes the best
+    never pays for a call that earns nothing now, so it misses what that call enables."""
+    drawn = random_seeking_world(1)
+    drawn["questions"] = {"fact": 1}
+    drawn["tools"]["requires"] = {"text_search": "caption"}
+    drawn["tools"]["call_costs"] = {"caption": 1.0}
+    env = InformationSeekingEnv(InformationSeekingConfig(split="eval"), world=world_from_dict(drawn, "drawn"))
+    oracle = _oracle(env)
+
+    def greedy(obs: np.ndarray, env: InformationSeekingEnv) -> int:
+        options = [oracle(obs, env), *map(int, np.flatnonzero(env.action_masks()))]
+        return max(options, key=lambda action: copy.deepcopy(env).step(action)[1])
+
+    try:
+        best, greedy_accuracy = _accuracy(env, oracle, 15)[0], _accuracy(env, greedy, 15)[0]
+        planner = _accuracy(env, lambda obs, env: env.suggested_index(), 15)[0]
+    finally:
+        env.close()
+    assert best == 1.0 and greedy_accuracy < 0.6 and planner < 1.0, (best, greedy_accuracy, planner)
