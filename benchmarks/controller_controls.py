@@ -122,11 +122,11 @@ def steps_to_reach(run_dir: Path, target: float) -> int | None:
     return None
 
 
-def training_cost(name: str, values: list[float], best: float, run_dirs: list[Path], logged: int) -> str:
+def training_cost(name: str, values: list[float], best: float, run_dirs: list[Path] | None, logged: int) -> str:
     """Point 5 of issue 51: per seed, the steps at which ``name`` first reached the best control's mean held-out
-    accuracy ``best``: the trained controller's first validation evaluation at or above it, a fitted control's
-    logged steps if its held-out accuracy is; "never" otherwise."""
-    if name == OWN:
+    accuracy ``best``: a trained controller's (``run_dirs``: its runs) first validation evaluation at or above it, a
+    fitted control's logged steps if its held-out accuracy is; "never" otherwise."""
+    if run_dirs is not None:
         reached = [steps_to_reach(run_dir, best) for run_dir in run_dirs]
     elif name.startswith(FITTED_PREFIXES):
         reached = [logged if value >= best else None for value in values]
@@ -136,17 +136,24 @@ def training_cost(name: str, values: list[float], best: float, run_dirs: list[Pa
 
 
 def table(environment: str, world: str | None, seeds: list[int], runs: Path, record: bool,
-          drawn: int | None = None, budget: tuple[str, ...] = ()) -> None:
+          drawn: int | None = None, budget: tuple[str, ...] = (), q_networks: tuple[str, ...] = ()) -> None:
     """One environment and world over ``seeds``: print (and with ``record`` append) its table; ``drawn``: the seed of
     a world drawn at random (:mod:`clova_train.envs.common.random_worlds`); ``budget``: options that shrink the runs
-    (then nothing is recorded)."""
+    (then nothing is recorded); ``q_networks``: more DQN runs, one per ``dqn.q_network`` named, each a row."""
     evaluations = [run(environment, world, seed, runs, budget) for seed in seeds]
-    run_dirs = [run_directory(environment, world, seed, runs, budget) for seed in seeds]
+    trained = {OWN: [run_directory(environment, world, seed, runs, budget) for seed in seeds]}
+    for q_network in q_networks:
+        options = (*budget, f"--dqn.q_network={q_network}")
+        name = f"{OWN} (dqn.q_network: {q_network})"
+        for evaluation, seed in zip(evaluations, seeds):
+            evaluation[name] = run(environment, world, seed, runs, options)[OWN]
+        trained[name] = [run_directory(environment, world, seed, runs, options) for seed in seeds]
     record = record and not budget
     shared = [name for name in evaluations[0] if all(name in e for e in evaluations)]
     fitted = [n for n in shared if n.startswith(FITTED_PREFIXES)]
     oracle = [n for n in shared if n.startswith("oracle")]
-    names = [OWN, *(n for n in shared if n not in (OWN, *fitted, *oracle)), *fitted, *oracle]
+    extras = [n for n in trained if n != OWN]
+    names = [OWN, *extras, *(n for n in shared if n not in (OWN, *extras, *fitted, *oracle)), *fitted, *oracle]
     ours = [e[OWN]["accuracy"] for e in evaluations]
     control = max(fitted, key=lambda n: np.mean([e[n]["accuracy"] for e in evaluations])) if fitted else None
     controls = [e[control]["accuracy"] for e in evaluations] if control else []
@@ -158,7 +165,7 @@ def table(environment: str, world: str | None, seeds: list[int], runs: Path, rec
         difference = "-" if name == OWN else seed_interval([a - b for a, b in zip(ours, values)], signed=True)
         versus = "-" if not control or name == control else \
             seed_interval([a - b for a, b in zip(values, controls)], signed=True)
-        cost = "-" if best is None else training_cost(name, values, best, run_dirs, logged)
+        cost = "-" if best is None else training_cost(name, values, best, trained.get(name), logged)
         rows.append(f"| {name} | {seed_interval(values)} | {difference} | {versus} | {cost} | "
                     f"{', '.join(f'{v:.3f}' for v in values)} |")
     label = f"{environment}, {'the quickstart' if world is None else 'world ' + Path(world).stem}"
@@ -204,6 +211,9 @@ def main() -> None:
                         help="HYDRA worlds besides the quickstart's (presets or files; each with its own rewards)")
     parser.add_argument("--random-worlds", type=int, default=2,
                         help="worlds drawn at random per environment (HYDRA, AVIS, HAMMR), seeds B..B+K-1")
+    parser.add_argument("--q-networks", nargs="*", default=[], choices=["mlp", "per_sample"],
+                        help="HYDRA: more DQN runs with these dqn.q_network values (per_sample: the shared per-sample "
+                             "scorer), each its own row beside the config's")
     parser.add_argument("--world-seed-base", type=int, default=WORLD_SEED_BASE,
                         help="B: the first seed of the drawn worlds (designs were decided on seeds below 100)")
     parser.add_argument("--seeking-worlds", nargs="*", default=["seeking-paraphrased"],
@@ -220,19 +230,21 @@ def main() -> None:
                    if value is not None)
     with runs_directory(args.runs_dir) as runs:
         for environment in args.environments:
+            extra = tuple(args.q_networks) if environment == "hydra" else ()  # per_sample reads HYDRA's samples
             if environment in BENCHMARKS:
                 from clova_train.quickstart.hydra_benchmark import prepare
 
                 prepare()  # the quickstart config's task files and tool exports (reused when already written)
-                table(environment, None, args.seeds, runs, not args.no_record, budget=budget)
+                table(environment, None, args.seeds, runs, not args.no_record, budget=budget, q_networks=extra)
                 continue
             named = args.worlds if environment == "hydra" else args.seeking_worlds
             for world in [None, *named]:
-                table(environment, world, args.seeds, runs, not args.no_record, budget=budget)
+                table(environment, world, args.seeds, runs, not args.no_record, budget=budget, q_networks=extra)
             kind = "hydra" if environment == "hydra" else "seeking"
             for seed in range(args.world_seed_base, args.world_seed_base + args.random_worlds):
                 path = write_random_world(kind, seed, runs / f"random-{kind}-{seed}.yaml")
-                table(environment, str(path), args.seeds, runs, not args.no_record, drawn=seed, budget=budget)
+                table(environment, str(path), args.seeds, runs, not args.no_record, drawn=seed, budget=budget,
+                      q_networks=extra)
 
 
 if __name__ == "__main__":

@@ -17,11 +17,12 @@ already informative (AVIS's phi(state, G, M)). When none is left the search back
 action (an agent that ignores the mask) costs ``infeasible_penalty`` and changes nothing. The episode is
 truncated after ``max_iterations`` steps, or when the LLM-call budget is spent (``info["stopped"]``).
 
-Reward: ``answer_reward`` for a correct answer, minus ``step_cost`` every step, minus ``infeasible_penalty``
-for an infeasible action, minus the world file's cost of the tool or agent called (``tools.call_costs``; a tool
-the world ``requires`` another's result for says ``no results`` until memory holds it). On a benchmark's task files (``tasks``; :mod:`clova_train.envs.avis.task_episodes`) the
-tools run on the task's image through the model-backed tool exports and an answer earns ``answer_reward * m``, m the
-benchmark's metric (VQA accuracy's 0.3 steps, GQA's exact match...), reported as ``info["score"]``.
+Reward: ``answer_reward`` for a correct answer, minus ``step_cost`` every step, minus ``infeasible_penalty`` for an
+infeasible action, minus the world file's cost of the tool or agent called (``tools.call_costs``; a tool the world
+``requires`` another's result for says ``no results`` until memory holds it). On a benchmark's task files
+(``tasks``; :mod:`clova_train.envs.avis.task_episodes`) the tools run on the task's image through the model-backed
+tool exports and an answer earns ``answer_reward * m``, m the benchmark's metric (VQA accuracy's 0.3 steps, GQA's
+exact match...), reported as ``info["score"]``.
 
 Observation (float32 in [-1, 1]): ``[embed(question), embed(working memory), one-hot state, excluded-here bits,
 planner's suggestion one-hot, action mask]``; the mask is last (``describe()`` says where each part sits).

@@ -4,16 +4,15 @@
 written by :mod:`clova_train.envs.avis.parts`, as a temperature-0 model would (a deterministic function of
 the prompt):
 
-* **planner** (AVIS Algorithm 1): reads the question, the feasible actions, the working memory and its
-  in-context examples (``Q: <question> -> tool, tool, ...``), follows the example most like the question
-  (word overlap) past the steps already informative, and writes the tool's query from the memory (the
-  selected object for a crop tool, the guild name for a web search, a sub-question for an agent).
-  By default it reads every example of its prompt, as an LLM given them does; ``context_examples=k`` makes it
-  read only the last k, a small model's limited attention over a long prompt (an ablation: it handicaps the
-  untrained planner, so a learner's gain over it measures the handicap). A tool output in memory that says it
-  needs another tool's result first makes it call that tool when feasible (the world file's ``requires``). When none of the examples it reads is
-  like the question it asks the question directly (``vqa``), the shortcut that answers existence questions and
-  guesses the rest.
+* **planner** (AVIS Algorithm 1): reads the question, the feasible actions, the working memory and its in-context
+  examples (``Q: <question> -> tool, tool, ...``), follows the example most like the question (word overlap) past
+  the steps already informative, and writes the tool's query from the memory (the selected object for a crop tool,
+  the guild name for a web search, a sub-question for an agent). By default it reads every example of its prompt, as
+  an LLM given them does; ``context_examples=k`` makes it read only the last k, a small model's limited attention
+  over a long prompt (an ablation: it handicaps the untrained planner, so a learner's gain over it measures the
+  handicap). A tool output in memory that says it needs another tool's result first makes it call that tool when
+  feasible (the world file's ``requires``). When none of the examples it reads is like the question it asks the
+  question directly (``vqa``), the shortcut that answers existence questions and guesses the rest.
 * **reasoner**: labels a tool output ``informative``, ``uninformative`` or ``answer`` (with the answer), as the
   output and the question's kind allow (AVIS's reasoner; an answer of another kind than the question asks for,
   a colour to a yes/no question, is uninformative).

@@ -8,11 +8,12 @@ graph, its examples, its policy; it may call other agents in turn, down to ``max
 * fails (no answer in its steps, stopped by the depth limit or the LLM-call budget, an error): the failure
   goes into the dispatcher's memory, that agent is masked out, and the dispatcher may call another.
 
-The episode is truncated when every agent has failed or the budget is spent. On a benchmark's task files
-(``tasks``, as AVIS's: :mod:`clova_train.envs.avis.task_episodes`) every agent looks at the task's image through the
-model-backed tool exports, and a correct answer earns ``answer_reward * m``, m the benchmark's metric. Reward: ``answer_reward`` for a
-correct answer, minus ``call_cost`` per call (plus the world file's ``tools.call_costs`` of ``agent:<name>``), minus ``llm_call_cost`` per LLM call the episode made (nested
-calls included), minus ``infeasible_penalty`` for calling a masked agent (nothing else happens).
+The episode is truncated when every agent has failed or the budget is spent. On a benchmark's task files (``tasks``,
+as AVIS's: :mod:`clova_train.envs.avis.task_episodes`) every agent looks at the task's image through the
+model-backed tool exports, and a correct answer earns ``answer_reward * m``, m the benchmark's metric. Reward:
+``answer_reward`` for a correct answer, minus ``call_cost`` per call (plus the world file's ``tools.call_costs`` of
+``agent:<name>``), minus ``llm_call_cost`` per LLM call the episode made (nested calls included), minus
+``infeasible_penalty`` for calling a masked agent (nothing else happens).
 
 Observation: ``[embed(question), embed(earlier calls), called-agent bits, the LLM dispatcher's choice one-hot,
 action mask]``; the mask is last. ``info`` reports the nested calls (agent, depth, answer or reason, LLM calls),
