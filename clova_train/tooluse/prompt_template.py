@@ -7,7 +7,6 @@ prompt ends with a newline so that no token spans the prompt/response boundary w
 
 from __future__ import annotations
 
-import json
 from dataclasses import asdict, dataclass
 
 TEMPLATE_FILE = "prompt_template.json"  # the file name a template is saved under next to a model or adapter
@@ -53,6 +52,15 @@ class PromptTemplate:
         message replaces the default system text. Each assistant message is rendered as trained (its text,
         then the EOS token); a later user turn repeats the user part of the format. GPT4Tools puts the
         conversation history into the instruction, so the single user turn is the trained form.
+
+        With ``tools`` (``apply_chat_template(messages, tools=...)``, OpenAI function tools) the template renders
+        what ``clova-train serve`` renders for the same request: the conversation as one GPT4Tools instruction
+        (:func:`clova_train.tooluse.tool_calls.instruction_from_chat`: tool list, ``Previous conversation:``,
+        ``New input:``, each tool call and its ``tool`` reply as a finished step) under the default system text
+        (the server does not put a ``system`` message into that instruction either), refusing with
+        ``raise_exception`` what the server refuses. What a template cannot see: ``tool_choice`` (``"none"`` is
+        the server rendering without tools: leave ``tools`` out) and arguments given as a JSON string (give
+        them as a dict; see :mod:`clova_train.tooluse.tool_chat_template`).
         """
         head, sep, tail = self.prompt_format.partition("{instruction}")
         if not sep or not tail.startswith("{input}") or head.count("{system}") != 1:
@@ -62,15 +70,20 @@ class PromptTemplate:
             )
         before_system, _, user_prefix = head.partition("{system}")
         user_suffix = tail[len("{input}") :]
-        literal = lambda text: json.dumps(text, ensure_ascii=False)  # noqa: E731 (a Jinja string literal)
+        from clova_train.tooluse.tool_chat_template import instruction, literal, tools_checked
+
         return "".join([
-            "{%- if messages and messages[0]['role'] == 'system' -%}",
+            "{%- if tools -%}", tools_checked(), "{%- endif -%}",
+            "{%- if messages and messages[0]['role'] == 'system' and not tools -%}",
             "{%- set system = messages[0]['content'] -%}{%- set turns = messages[1:] -%}",
             "{%- else -%}",
             f"{{%- set system = {literal(self.system)} -%}}{{%- set turns = messages -%}}",
             "{%- endif -%}",
             "{{ bos_token }}" if bos_token else "",
             f"{{{{ {literal(before_system)} }}}}{{{{ system }}}}",
+            "{%- if tools -%}",
+            f"{{{{ {literal(user_prefix)} }}}}", instruction(), f"{{{{ {literal(user_suffix)} }}}}",
+            "{%- else -%}",
             "{%- for message in turns -%}",
             "{%- if message['role'] == 'user' -%}",
             f"{{{{ {literal(user_prefix)} }}}}{{{{ message['content'] }}}}{{{{ {literal(user_suffix)} }}}}",
@@ -78,6 +91,7 @@ class PromptTemplate:
             "{{ message['content'] }}{{ eos_token }}",
             "{%- endif -%}",
             "{%- endfor -%}",
+            "{%- endif -%}",
         ])
 
     def to_dict(self) -> dict:

@@ -42,28 +42,30 @@ class ToolSpec:
     types: tuple[str, ...] = ()  # each parameter's JSON schema type ("string", "integer", ...), "" when unstated
 
 
+# The pieces of a GPT4Tools instruction, as format strings: the Python below and the exported chat template
+# (tool_chat_template.py) are both written from these, so that the two render the same text.
+TOOL_LIST_HEAD = ("GPT4Tools is a visual assistant that can use tools to look at and edit images.\n\nTOOLS:\n"
+                  "GPT4Tools has access to the following tools:\n\n")
+TOOL_LINE = "> {name}: {description} Input: {inputs}.\n"
+TOOL_LIST_TAIL = ("\nTo use a tool, use this format:\n" + THOUGHT_PREFIX + " Yes\n"
+                  "Action: the tool to use, one of [{names}]\nAction Input: the input to the tool\n"
+                  "Observation: the result of the tool\n\nTo reply without a tool, use this format:\n"
+                  + THOUGHT_PREFIX + " No\nAI: your reply\n")
+HISTORY_HEAD = "Previous conversation:\n"
+HISTORY_LINE = "{speaker}: {text}"  # lines joined by newlines, then HISTORY_END
+HISTORY_END = "\n\n"
+SPEAKERS = {"user": "Human", "assistant": "AI"}
+NEW_INPUT = "New input: {text}\n"
+FINISHED_STEP = THOUGHT_PREFIX + " Yes\nAction: {name}\nAction Input: {arguments}\nObservation: {observation}\n"
+NAME_FORBIDDEN = ",[]:"  # characters a tool name cannot hold (they would break the Action line and the list)
+MAX_NAME = 64
+
+
 def tool_list_prompt(tools: Sequence[ToolSpec]) -> str:
     """The GPT4Tools prefix of an instruction: the role, the tool list and the format rules."""
-    names = ", ".join(t.name for t in tools)
-    return "\n".join([
-        "GPT4Tools is a visual assistant that can use tools to look at and edit images.",
-        "",
-        "TOOLS:",
-        "GPT4Tools has access to the following tools:",
-        "",
-        *(f"> {t.name}: {t.description} Input: {', '.join(t.inputs)}." for t in tools),
-        "",
-        "To use a tool, use this format:",
-        f"{THOUGHT_PREFIX} Yes",
-        f"Action: the tool to use, one of [{names}]",
-        "Action Input: the input to the tool",
-        "Observation: the result of the tool",
-        "",
-        "To reply without a tool, use this format:",
-        f"{THOUGHT_PREFIX} No",
-        "AI: your reply",
-        "",
-    ])
+    lines = "".join(TOOL_LINE.format(name=t.name, description=t.description, inputs=", ".join(t.inputs))
+                    for t in tools)
+    return TOOL_LIST_HEAD + lines + TOOL_LIST_TAIL.format(names=", ".join(t.name for t in tools))
 
 
 def specs_from_openai(tools: Any) -> list[ToolSpec]:
@@ -77,7 +79,7 @@ def specs_from_openai(tools: Any) -> list[ToolSpec]:
         if not isinstance(tool, dict) or tool.get("type", "function") != "function" or not isinstance(function, dict):
             raise DataError(f"{where} must be {{'type': 'function', 'function': {{'name', 'description', 'parameters'}}}}")
         name = function.get("name")
-        if (not isinstance(name, str) or not name.strip() or len(name) > 64 or any(c in name for c in ",[]:")
+        if (not isinstance(name, str) or not name.strip() or len(name) > MAX_NAME or any(c in name for c in NAME_FORBIDDEN)
                 or not name.isprintable()):
             raise DataError(f"{where}.function.name must be a printable name of at most 64 characters without "
                             "commas, brackets or colons")
@@ -144,7 +146,7 @@ def instruction_from_chat(messages: Any, tools: Sequence[ToolSpec]) -> str:
     if not users:
         raise DataError("the conversation has no user message to answer")
     last_user = users[-1]
-    history = [f"{'Human' if m['role'] == 'user' else 'AI'}: {_text(m, i)}"
+    history = [HISTORY_LINE.format(speaker=SPEAKERS[m["role"]], text=_text(m, i))
                for i, m in enumerate(messages[:last_user]) if m["role"] in ("user", "assistant") and _text(m, i)]
     specs = {t.name: t for t in tools}
     steps, pending = [], {}
@@ -165,10 +167,10 @@ def instruction_from_chat(messages: Any, tools: Sequence[ToolSpec]) -> str:
         raise DataError(f"the call to {unanswered[0]!r} has no tool message with its result")
     text = tool_list_prompt(tools)
     if history:
-        text += "Previous conversation:\n" + "\n".join(history) + "\n\n"
-    text += f"New input: {_text(messages[last_user], last_user)}\n"
+        text += HISTORY_HEAD + "\n".join(history) + HISTORY_END
+    text += NEW_INPUT.format(text=_text(messages[last_user], last_user))
     for name, arguments, observation in steps:
-        text += f"{THOUGHT_PREFIX} Yes\nAction: {name}\nAction Input: {arguments}\nObservation: {observation}\n"
+        text += FINISHED_STEP.format(name=name, arguments=arguments, observation=observation)
     return text
 
 

@@ -4,6 +4,7 @@ calls."""
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 
@@ -114,6 +115,9 @@ def test_the_chat_api_sends_a_call_once_with_its_finish_reason(tmp_path) -> None
             yield [ChatReply(text, 5, 9, "stop"), ChatReply("xy", 5, 2, None)]
             yield [ChatReply(text, 5, 9, "stop"), ChatReply("xyz", 5, 3, "length")]
 
+        def stops(self, request: ChatRequest) -> list[str]:
+            return ["Observation:", *request.stop]
+
     api = ToolChatAPI(tmp_path)
     api.llm = ScriptedLLM()
     chats = [ServedChat(ChatRequest([{"role": "user", "content": "depth"}]), specs_from_openai([DEPTH])),
@@ -137,3 +141,135 @@ def test_a_call_that_max_tokens_cut_comes_back_as_its_text(tmp_path) -> None:
     chat = ServedChat(ChatRequest([{"role": "user", "content": "depth"}]), specs_from_openai([DEPTH]))
     step = ToolChatAPI._tool_reply(chat, ChatReply(cut, 5, 16, "length"))
     assert step == {"content": cut, "finish_reason": "length"}
+
+
+# --- the exported chat template renders tools as the server does -------------------------------------------------
+
+SPECIAL_TOKENS = {"bos_token": "<s>", "eos_token": "</s>"}
+MESSY = {"type": "function", "function": {  # whitespace to fold, commas in labels, unicode, every JSON type
+    "name": "Count  Things ", "description": "counts,\n\tthings ✓",
+    "parameters": {"properties": {"image": {"type": "string", "description": "image, path"}, "n": {"type": "integer"},
+                                  "ratio": {"type": "number"}, "exact": {"type": "boolean"}, "labels": {},
+                                  "extra": {"description": "物体 ünïcode"}}}}}
+
+
+def call(call_id: object, name: str, arguments: dict) -> dict:
+    return {"id": call_id, "type": "function", "function": {"name": name, "arguments": arguments}}
+
+
+CONVERSATIONS = {
+    "one user turn": ([DETECT, DEPTH], [{"role": "user", "content": "find the cat in image/a.png"}]),
+    "history and a system message": ([DEPTH], [
+        {"role": "system", "content": "be brief"}, {"role": "user", "content": "hi"},
+        {"role": "assistant", "content": "hello"}, {"role": "assistant", "content": None},
+        {"role": "user", "content": ""}, {"role": "user", "content": "depth of image/b.png"}]),
+    "a call and its reply (the issue's round trip)": ([DEPTH], [
+        {"role": "user", "content": "depth of image/b.png"},
+        {"role": "assistant", "content": None, "tool_calls": [call("c1", "Predict Depth On Image", {"image": "image/b.png"})]},
+        {"role": "tool", "tool_call_id": "c1", "content": "image/b-depth.png"}]),
+    "several calls answered out of order": ([DETECT, DEPTH], [
+        {"role": "user", "content": "cat and depth"},
+        {"role": "assistant", "content": "", "tool_calls": [
+            call("a", "Detect the Given Object", {"object": "cat", "image": "x.png"}),
+            call("7", "Predict Depth On Image", {"image": "x.png"})]},
+        {"role": "tool", "tool_call_id": "7", "content": [{"type": "text", "text": "d.png"}, {"type": "text", "text": "ok"}]},
+        {"role": "tool", "tool_call_id": "a", "content": "box"},
+        {"role": "assistant", "tool_calls": [call("a", "Detect the Given Object", {"image": "y.png"})]},
+        {"role": "tool", "tool_call_id": "a", "content": None}]),
+    "arguments of each JSON type, unicode": ([MESSY], [
+        {"role": "user", "content": "zählen ✓ 物体"},
+        {"role": "assistant", "tool_calls": [call("k", "Count Things", {
+            "labels": ["é", {"b": None}], "exact": False, "ratio": 0.5, "n": 3, "image": "a, b.png", "extra": "ü",
+            "unlisted": 1})]},
+        {"role": "tool", "tool_call_id": "k", "content": "3 ✓"}]),
+    "history before a later call": ([DEPTH], [
+        {"role": "user", "content": "first"},
+        {"role": "assistant", "tool_calls": [call("old", "Predict Depth On Image", {"image": "o.png"})]},
+        {"role": "tool", "tool_call_id": "old", "content": "old result"}, {"role": "assistant", "content": "done"},
+        {"role": "user", "content": "again"},
+        {"role": "assistant", "tool_calls": [call("new", "Predict Depth On Image", {})]},
+        {"role": "tool", "tool_call_id": "new", "content": "new result"}]),
+    "no tools": (None, [{"role": "system", "content": "sys"}, {"role": "user", "content": "hi ✓"},
+                        {"role": "assistant", "content": "hello"}, {"role": "user", "content": "again"}]),
+}
+
+
+def _template_text(messages: list, tools: list | None) -> str:
+    """What ``tokenizer.apply_chat_template(messages, tools=tools, tokenize=False, add_generation_prompt=True)``
+    gives with the exported template (transformers' own renderer)."""
+    from transformers.utils.chat_template_utils import render_jinja_template
+
+    from clova_train.tooluse.prompt_template import PromptTemplate
+
+    rendered, _ = render_jinja_template(conversations=[messages], tools=tools, add_generation_prompt=True,
+                                        chat_template=PromptTemplate().chat_template(bos_token=True), **SPECIAL_TOKENS)
+    return rendered[0]
+
+
+def _server_text(messages: list, tools: list | None) -> str:
+    """The prompt ``clova-train serve`` builds for the same request (arguments sent as JSON strings, as OpenAI
+    clients send them): ``served_chat``, then the chat template on the messages it made."""
+    from clova_train.serving.http import ChatRequestBody, served_chat
+
+    sent = [{**m, "tool_calls": [{**c, "function": {**c["function"], "arguments": json.dumps(c["function"]["arguments"])}}
+                                 for c in m["tool_calls"]]} if m.get("tool_calls") else m for m in messages]
+    return _template_text(served_chat(ChatRequestBody(model="m", messages=sent, tools=tools)).request.messages, None)
+
+
+@pytest.mark.parametrize("name", list(CONVERSATIONS))
+def test_the_exported_template_renders_a_conversation_as_the_server_does(name: str) -> None:
+    tools, messages = CONVERSATIONS[name]
+    text = _template_text(messages, tools)
+    assert text == _server_text(messages, tools)
+    assert not text.endswith("</s>")  # the issue: a round trip rendered as '...ASSISTANT:\n</s>'
+    if tools:
+        assert "New input: " in text and text.endswith("\nASSISTANT:\n")
+
+
+@pytest.mark.parametrize(("tools", "messages", "named"), [
+    ([DEPTH], [{"role": "assistant", "content": "hi"}], "no user message"),
+    ([DEPTH], [{"role": "user", "content": "x"}, {"role": "tool", "tool_call_id": "z", "content": "r"}], "'z'"),
+    ([DEPTH], [{"role": "user", "content": "x"},
+               {"role": "assistant", "tool_calls": [call("c", "Predict Depth On Image", {})]}], "no tool message"),
+    ([DEPTH], [{"role": "user", "content": "x"}, {"role": "assistant", "tool_calls": [call("c", "Nope", {})]},
+               {"role": "tool", "tool_call_id": "c", "content": "r"}], "tool_calls[0] must call one of"),
+    ([DEPTH], [{"role": "robot", "content": "x"}], "role is one of"),
+    ([DEPTH], [{"role": "user", "content": 5}], "content must be a string"),
+    ([DEPTH], [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "http://x/a.png"}}]}], "only text parts"),
+    ([{"type": "function", "function": {"name": "a,b"}}], [{"role": "user", "content": "x"}], "tools[0].function.name"),
+    ([DEPTH, DEPTH], [{"role": "user", "content": "x"}], "twice"),
+    ([{"type": "retrieval"}], [{"role": "user", "content": "x"}], "tools[0] must be"),
+])
+def test_the_exported_template_refuses_what_the_server_refuses(tools: list, messages: list, named: str) -> None:
+    from jinja2.exceptions import TemplateError
+
+    with pytest.raises(TemplateError, match=re.escape(named)):
+        _template_text(messages, tools)
+    with pytest.raises((DataError, ValueError)):  # ValueError: the request model's own validation
+        _server_text(messages, tools)
+
+
+def test_arguments_as_a_json_string_are_refused_with_how_to_give_them() -> None:
+    from jinja2.exceptions import TemplateError
+
+    messages = [{"role": "user", "content": "x"}, {"role": "assistant", "tool_calls": [
+        {"id": "c", "function": {"name": "Predict Depth On Image", "arguments": '{"image": "a.png"}'}}]},
+        {"role": "tool", "tool_call_id": "c", "content": "r"}]
+    with pytest.raises(TemplateError, match="give the arguments as a dict"):
+        _template_text(messages, [DEPTH])
+
+
+def test_a_tokenizer_with_the_template_renders_tools_through_apply_chat_template() -> None:
+    """The path users take: ``tokenizer.apply_chat_template(messages, tools=...)`` (transformers hands the tool
+    dicts to the template as they are)."""
+    from tokenizers import Tokenizer, models
+    from transformers import PreTrainedTokenizerFast
+
+    from clova_train.tooluse.prompt_template import PromptTemplate
+
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=Tokenizer(models.WordLevel({"<unk>": 0}, unk_token="<unk>")),
+                                        unk_token="<unk>", **SPECIAL_TOKENS)
+    tokenizer.chat_template = PromptTemplate().chat_template(bos_token=True)
+    tools, messages = CONVERSATIONS["several calls answered out of order"]
+    assert tokenizer.apply_chat_template(messages, tools=tools, tokenize=False,
+                                         add_generation_prompt=True) == _server_text(messages, tools)
