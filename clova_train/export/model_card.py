@@ -86,9 +86,61 @@ def metrics_table(metrics: dict[str, float]) -> str:
             f"arguments, SR all of them):\n\n| metric | value |\n| --- | --- |\n{body}")
 
 
+GENERATE_INTRO = """With `model` and `tokenizer` loaded as above. `tools` are OpenAI function tools; the chat template
+puts them, with the conversation, into the GPT4Tools instruction exactly as `clova-train serve` does (a `system`
+message is not part of that instruction, as on the server). The reply is a ReAct step: a call is the
+`Action:` / `Action Input:` lines (the inputs comma-separated, in the order of the tool's parameters), an answer is
+`AI: ...`. Give the call back as an assistant `tool_calls` entry (its `arguments` a dict, as chat templates take
+them) and the tool's result as a `tool` message."""
+
+GENERATE = """```python
+import re
+
+def reply(messages, tools=None):
+    inputs = tokenizer.apply_chat_template(messages, tools=tools, add_generation_prompt=True,
+                                           return_dict=True, return_tensors="pt")
+    output = model.generate(**inputs, max_new_tokens=128, do_sample=False, stop_strings=["Observation:"],
+                            tokenizer=tokenizer)
+    return tokenizer.decode(output[0, inputs["input_ids"].shape[1]:], skip_special_tokens=True)
+
+# without tools
+print(reply([{"role": "user", "content": "Describe image/cat.png in one sentence."}]))
+
+# with tools
+tools = [{"type": "function", "function": {
+    "name": "Detect the Given Object",
+    "description": "useful when you only want to detect or find out given objects in the picture",
+    "parameters": {"type": "object", "properties": {
+        "image": {"type": "string", "description": "image path"},
+        "object": {"type": "string", "description": "the object to find"}}}}}]
+messages = [{"role": "user", "content": "Find the cat in image/cat.png"}]
+step = reply(messages, tools)
+action = re.search(r"^Action: *(.+)$", step, re.MULTILINE)
+given = re.search(r"^Action Input: *(.*)$", step, re.MULTILINE)
+if action and given:  # a call: run the tool, give its result back, ask for the next step
+    values = [value.strip() for value in given.group(1).split(",")]
+    call = {"id": "call_0", "type": "function",
+            "function": {"name": action.group(1).strip(), "arguments": dict(zip(["image", "object"], values))}}
+    messages += [{"role": "assistant", "content": None, "tool_calls": [call]},
+                 {"role": "tool", "tool_call_id": "call_0", "content": "a cat at [12, 30, 200, 180]"}]
+    step = reply(messages, tools)
+print(step.split("AI:", 1)[-1].strip())  # the answer (or the step itself when the model wrote neither)
+```"""
+
+TOOLS_ELSEWHERE = """The chat template renders `tools` and `tool` messages as `clova-train serve` does, so any server
+that renders this template (vLLM, TGI, transformers' pipelines) sends the model the same prompt. What only
+`clova-train serve` does is read the reply back: it turns the `Action:` / `Action Input:` step into OpenAI
+`tool_calls` and an `AI:` step into the content. vLLM has no parser for this ReAct format: `vllm serve` gives the
+step back as text (`message.content`), which the client reads as in the example above; stop generation at
+`Observation:` (`stop=["Observation:"]`). What the template cannot see: `tool_choice` (`"none"` on
+`clova-train serve` renders without tools: leave `tools` out for that) and `arguments` sent as a JSON string
+(give them as a dict, as vLLM and transformers do; a string is refused with a message saying so)."""
+
+
 def lora_model_card(*, kind: str, base_name: str, base_copied: bool, source: Path, hparams: dict[str, Any],
                     adapter_config: dict[str, Any], dtype: str | None = None) -> str:
-    """``README.md`` for ``adapter/`` (``kind="adapter"``) or ``merged/`` (``kind="merged"``)."""
+    """``README.md`` for ``adapter/`` (``kind="adapter"``) or ``merged/`` (``kind="merged"``): front matter, base,
+    training, metrics, how to load, a ``generate`` example with and without tools, and tool calls elsewhere."""
     run_dir = run_directory(source)
     local = local_model_path(base_name) is not None
     front = {"library_name": "peft" if kind == "adapter" else "transformers", "pipeline_tag": "text-generation",
@@ -115,7 +167,8 @@ model = PeftModel.from_pretrained(base, "adapter")
 tokenizer = AutoTokenizer.from_pretrained("adapter")     # with the chat template training's prompt uses
 ```
 
-vLLM: `vllm serve {load_base} --enable-lora --lora-modules tools=adapter`; or `clova-train serve <export>`."""
+vLLM: `vllm serve {load_base} --enable-lora --lora-modules tools=adapter`; or `clova-train serve <export>`
+(see "Tool calls elsewhere" below)."""
     else:
         load = f"""```python
 from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -124,7 +177,7 @@ model = AutoModelForCausalLM.from_pretrained("merged")   # saved as {dtype}
 tokenizer = AutoTokenizer.from_pretrained("merged")
 ```
 
-vLLM: `vllm serve merged`; or `clova-train serve <export>`."""
+vLLM: `vllm serve merged`; or `clova-train serve <export>` (see "Tool calls elsewhere" below)."""
     settings = {k: adapter_config[k] for k in ("r", "lora_alpha", "lora_dropout", "target_modules")
                 if k in adapter_config}
     settings |= {k: hparams[k] for k in ("lr", "warmup_steps", "metric_mode") if k in hparams}
@@ -162,4 +215,14 @@ Paths are relative to the export directory (the one holding `adapter/`{", `merge
 
 Decoding as in training: greedy, stop at `Observation:` (the stop strings and defaults are in `serving.json`; the
 prompt layout is in `prompt_template.json`, and the tokenizer's chat template renders it from a user message).
+
+## Generate
+
+{GENERATE_INTRO}
+
+{GENERATE}
+
+## Tool calls elsewhere
+
+{TOOLS_ELSEWHERE}
 """
