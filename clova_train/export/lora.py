@@ -21,7 +21,8 @@ Stopping: training ends every response with the EOS token, right after the step'
 by EOS; ``generation_config.json`` holds no ``stop_strings`` (they would make ``generate`` demand a
 tokenizer argument). The stop strings and recommended sampling are in ``serving.json``
 (``{"stop": [...], "temperature": 0.0, ...}``), the fields an OpenAI-compatible request takes.
-The tokenizer's ``chat_template`` renders a user message exactly as training formatted the prompt.
+The tokenizer's ``chat_template`` renders a user message exactly as training formatted the prompt, and a
+conversation with ``tools`` exactly as ``clova-train serve`` prompts the model (``PromptTemplate.chat_template``).
 """
 
 from __future__ import annotations
