@@ -1,5 +1,6 @@
-"""The ``tools`` part of the exported chat template: the Jinja that turns an OpenAI conversation with tools into the
-GPT4Tools instruction exactly as ``clova-train serve`` does (:func:`clova_train.tooluse.tool_calls.instruction_from_chat`).
+"""The ``tools`` part of the exported chat template: the Jinja that turns an OpenAI conversation with tools into
+the GPT4Tools instruction exactly as ``clova-train serve`` does
+(:func:`clova_train.tooluse.tool_calls.instruction_from_chat`).
 
 The Jinja is written from the same format strings as the Python (``tool_calls.TOOL_LINE``, ``FINISHED_STEP``, ...),
 and checks what the server checks, with ``raise_exception`` (a tool reply that no call made, a call without its
@@ -101,7 +102,8 @@ def _tools_checked() -> str:
         "{%- set name = function.get('name') -%}",
         f"{{%- if name is not string or not name.strip() or name|length > {MAX_NAME} or {forbidden} "
         "or not name.isprintable() -%}",
-        _refuse(f"where ~ {literal(f'.function.name must be a printable name of at most {MAX_NAME} characters without commas, brackets or colons')}"),
+        _refuse("where ~ " + literal(f".function.name must be a printable name of at most {MAX_NAME} characters "
+                                     "without commas, brackets or colons")),
         "{%- endif -%}",
         "{%- set parameters = function.get('parameters') or {} -%}",
         "{%- set properties = parameters.get('properties', {}) if parameters is mapping else none -%}",
@@ -162,7 +164,8 @@ def _conversation_checked() -> str:
         "{%- endif -%}",
         "{%- set arguments = function.get('arguments') or {} -%}",
         "{%- if arguments is string -%}",
-        _refuse(f"where ~ {literal('.function.arguments is a JSON string: give the arguments as a dict (json.loads them), as chat templates take them')}"),
+        _refuse("where ~ " + literal(".function.arguments is a JSON string: give the arguments as a dict "
+                                     "(json.loads them), as chat templates take them")),
         "{%- elif arguments is not mapping -%}",
         _refuse(f"where ~ {literal('.function.arguments must be a JSON object')}"),
         "{%- endif -%}",
