@@ -25,7 +25,8 @@ DQN's settings were chosen) and every world named with ``--worlds`` with that wo
 ``shapes-replan``, where a re-plan pays off a step later). AVIS and HAMMR worlds: the quickstart's (``seeking``:
 every untrained baseline already answers everything) and every world named with ``--seeking-worlds`` (default:
 ``seeking-paraphrased``, where questions come in wordings unlike the in-context examples, so the prompted planner
-and dispatcher misroute some of them).
+and dispatcher misroute some of them, and ``seeking-delayed``, where besides the web and image searches answer only
+once a caption or a classification, each useless by itself and costing a little, is in memory).
 
 For every environment, ``--random-worlds K`` worlds drawn by :mod:`clova_train.envs.common.random_worlds` with
 seeds ``B .. B+K-1`` (``--world-seed-base B``, default 1000): HYDRA's question mix, planner and rewards; AVIS's and
@@ -40,7 +41,7 @@ control's mean held-out accuracy, or for a fitted control its logged steps if it
 when not reached.
 
     python benchmarks/controller_controls.py [--environments hydra avis hammr] [--worlds shapes-replan]
-        [--seeking-worlds seeking-paraphrased] [--random-worlds 4] [--world-seed-base 1000] [--seeds 0 1 2 3 4]
+        [--seeking-worlds seeking-paraphrased seeking-delayed] [--random-worlds 4] [--world-seed-base 1000] [--seeds 0 1 2 3 4]
         [--runs-dir DIR] [--no-record] [--total-timesteps N] [--eval-episodes K]
 
 ``--runs-dir`` keeps the runs (a rerun reuses every finished one); the default is a temporary directory.
@@ -216,7 +217,7 @@ def main() -> None:
                              "scorer), each its own row beside the config's")
     parser.add_argument("--world-seed-base", type=int, default=WORLD_SEED_BASE,
                         help="B: the first seed of the drawn worlds (designs were decided on seeds below 100)")
-    parser.add_argument("--seeking-worlds", nargs="*", default=["seeking-paraphrased"],
+    parser.add_argument("--seeking-worlds", nargs="*", default=["seeking-paraphrased", "seeking-delayed"],
                         help="AVIS and HAMMR worlds besides the quickstart's (presets or files)")
     parser.add_argument("--total-timesteps", type=int, default=None,
                         help="the DQN's steps (and the fitted controls' logged steps) instead of the config's; "

@@ -97,8 +97,9 @@ class InformationSeekingConfig(MaskedObservation):
     """The AVIS environment.
 
     Args:
-        world: the offline world (``scripted`` LLM): a shipped preset (``seeking``, ``seeking-paraphrased``) or a
-            YAML/JSON world file: question kinds and weights, their wordings, the guessing tools
+        world: the offline world (``scripted`` LLM): a shipped preset (``seeking``, ``seeking-paraphrased``,
+            ``seeking-delayed``) or a YAML/JSON world file: question kinds and weights, their wordings, the guessing
+            tools, per-call costs, tools that need another's result first
             (``clova_train.envs.avis.seeking_world``).
         graph: transition graph: a preset name (``avis``: the paper's Figure 3, adapted) or a YAML/JSON file.
         tools: the graph's actions to keep (empty: all); the rest and their states are dropped.

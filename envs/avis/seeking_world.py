@@ -2,7 +2,7 @@
 are worded, how the guessing tools behave.
 
 ``avis.world`` / ``hammr.world`` names a shipped preset (``envs/worlds/seeking/<name>.yaml``: ``seeking``, the
-default, and ``seeking-paraphrased``) or a YAML/JSON file of this form (every key optional; the defaults are the
+default, ``seeking-paraphrased`` and ``seeking-delayed``) or a YAML/JSON file of this form (every key optional; the defaults are the
 ``seeking`` world)::
 
     name: my-world

@@ -75,8 +75,9 @@ class AgentDispatchConfig(MaskedObservation):
     """The HAMMR dispatcher environment.
 
     Args:
-        world: the offline world (``scripted`` LLM): a shipped preset (``seeking``, ``seeking-paraphrased``) or a
-            YAML/JSON world file: question kinds and weights, their wordings, the guessing tools
+        world: the offline world (``scripted`` LLM): a shipped preset (``seeking``, ``seeking-paraphrased``,
+            ``seeking-delayed``) or a YAML/JSON world file: question kinds and weights, their wordings, the guessing
+            tools, per-call costs, tools that need another's result first
             (``clova_train.envs.avis.seeking_world``).
         agents: the agents the dispatcher can call (its actions, in order); agents may call each other (default:
             :func:`default_agents`).

@@ -33,7 +33,8 @@ def write_world(tmp_path: Path, content: dict | str) -> Path:
 
 
 def test_shipped_worlds_load_and_the_default_is_the_built_in_one() -> None:
-    assert {"seeking", "seeking-paraphrased"} <= set(presets())
+    assert {"seeking", "seeking-paraphrased", "seeking-delayed"} <= set(presets())
+    assert load_seeking_world("seeking-delayed").requires == {"text_search": "caption", "image_search": "classify"}
     assert load_seeking_world("seeking") == SeekingWorld()
     assert [make_seeking_task(i).question for i in range(50)] == \
         [make_seeking_task(i, world=load_seeking_world("seeking")).question for i in range(50)]
