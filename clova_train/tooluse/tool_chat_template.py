@@ -172,6 +172,11 @@ def _conversation_checked() -> str:
         "{%- set cv.values = [] -%}",
         "{%- for key in tl.params[function['name']] if key in arguments -%}",
         "{%- set value = arguments[key] -%}",
+        "{%- if value is number and (value != value or value * 0 != 0) -%}",  # NaN, infinities: JSON has none
+        _refuse("where ~ '.function.arguments: ' ~ key ~ ' = ' ~ value ~ ': must be a finite number'"),
+        "{%- elif value is integer and (value < -(2 ** 63) or value >= 2 ** 64) -%}",
+        _refuse("where ~ '.function.arguments: ' ~ key ~ ': must be an integer within the 64-bit range'"),
+        "{%- endif -%}",
         "{%- set cv.values = cv.values + [value if value is string else value|tojson(ensure_ascii=true)] -%}",
         "{%- endfor -%}",
         "{%- set call_id = call.get('id', '')|string -%}",

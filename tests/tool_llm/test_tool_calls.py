@@ -249,7 +249,7 @@ def test_the_exported_template_refuses_what_the_server_refuses(tools: list, mess
         _server_text(messages, tools)
 
 
-def test_arguments_as_a_json_string_are_refused_with_how_to_give_them() -> None:
+def test_arguments_as_a_json_string_or_out_of_json_numbers_are_refused() -> None:
     from jinja2.exceptions import TemplateError
 
     messages = [{"role": "user", "content": "x"}, {"role": "assistant", "tool_calls": [
@@ -257,6 +257,12 @@ def test_arguments_as_a_json_string_are_refused_with_how_to_give_them() -> None:
         {"role": "tool", "tool_call_id": "c", "content": "r"}]
     with pytest.raises(TemplateError, match="give the arguments as a dict"):
         _template_text(messages, [DEPTH])
+    for value, named in ((float("nan"), "finite"), (float("-inf"), "finite"), (2**64, "64-bit")):
+        messages[1]["tool_calls"][0]["function"]["arguments"] = {"image": value}
+        with pytest.raises(TemplateError, match=named):  # as the server refuses them in a JSON string
+            _template_text(messages, [DEPTH])
+        with pytest.raises(DataError, match=named):
+            _server_text(messages, [DEPTH])
 
 
 def test_a_tokenizer_with_the_template_renders_tools_through_apply_chat_template() -> None:
