@@ -197,7 +197,8 @@ def table(environment: str, world: str | None, seeds: list[int], runs: Path, rec
             f"which the DQN's validation accuracy (every {max(1, logged // EVALUATIONS_PER_RUN):,} steps) first "
             f"reached the best control's mean held-out accuracy, or a fitted control's {logged:,} logged steps if "
             f"its held-out accuracy did (never: not reached). Command: `python benchmarks/controller_controls.py "
-            f"--environments {environment}{option} --seeds {' '.join(map(str, seeds))}"
+            f"--environments {environment}{option}"
+            f"{' --q-networks ' + ' '.join(q_networks) if q_networks else ''} --seeds {' '.join(map(str, seeds))}"
             f"{''.join(' --' + o.split('.')[-1].replace('_', '-').replace('=', ' ') for o in budget)}`",
             ["policy", "accuracy", "DQN - policy", "policy - best control", "steps to the best control",
              "per seed"], rows, record)
