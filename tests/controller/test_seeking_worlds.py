@@ -78,7 +78,7 @@ def test_shipped_worlds_load_and_the_default_is_the_built_in_one() -> None:
     ({"tools": {"call_costs": {"caption": -0.5}}}, "tools.call_costs.caption = -0.5: must be a number from 0 to 100"),
     ({"tools": {"call_costs": {"caption": 1e300}}}, "tools.call_costs.caption = 1e+300"),
     ({"tools": {"call_costs": {"caption": ".nan"}}}, "tools.call_costs.caption = '.nan'"),
-    ("tools: {call_costs: {caption: .nan}}", "tools.call_costs.caption = nan: must be a number"),
+    ("tools: {call_costs: {caption: .nan}}", "tools.call_costs.caption = nan: must be a finite number"),
     ("tools: {call_costs: {1: 1}}", "tools.call_costs: key 1 must be a tool"),
     ({"tools": {"call_costs": {"vqa": True}}}, "tools.call_costs.vqa = True"),
     ({"tools": {"requires": "caption"}}, "tools: requires must be a mapping"),
