@@ -52,6 +52,7 @@ steps, and the held-out tasks) for a quick look: such tables are printed, never 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 from pathlib import Path
@@ -110,6 +111,13 @@ def run(environment: str, world: str | None, seed: int, runs: Path, budget: tupl
         env={"OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")})
 
 
+def logged_steps(run_dir: Path) -> int:
+    """The steps of random play a run's fitted controls learnt from (``train.control_steps``, null: the DQN's
+    ``train.total_timesteps``), from the run's ``config.json``."""
+    train = json.loads((run_dir / "config.json").read_text())["train"]
+    return int(train["total_timesteps"] if train.get("control_steps") is None else train["control_steps"])
+
+
 def steps_to_reach(run_dir: Path, target: float) -> int | None:
     """The training steps at which the run's validation log (:data:`EVALUATIONS`) first shows an accuracy of at
     least ``target`` (None: never, or no log)."""
@@ -123,14 +131,15 @@ def steps_to_reach(run_dir: Path, target: float) -> int | None:
     return None
 
 
-def training_cost(name: str, values: list[float], best: float, run_dirs: list[Path] | None, logged: int) -> str:
+def training_cost(name: str, values: list[float], best: float, run_dirs: list[Path] | None,
+                  logged: list[int]) -> str:
     """Point 5 of issue 51: per seed, the steps at which ``name`` first reached the best control's mean held-out
     accuracy ``best``: a trained controller's (``run_dirs``: its runs) first validation evaluation at or above it, a
     fitted control's logged steps if its held-out accuracy is; "never" otherwise."""
     if run_dirs is not None:
         reached = [steps_to_reach(run_dir, best) for run_dir in run_dirs]
     elif name.startswith(FITTED_PREFIXES):
-        reached = [logged if value >= best else None for value in values]
+        reached = [steps if value >= best else None for value, steps in zip(values, logged)]
     else:
         return "-"  # a rule without training, or the oracle
     return ", ".join("never" if steps is None else f"{steps:,}" for steps in reached)
@@ -159,7 +168,8 @@ def table(environment: str, world: str | None, seeds: list[int], runs: Path, rec
     control = max(fitted, key=lambda n: np.mean([e[n]["accuracy"] for e in evaluations])) if fitted else None
     controls = [e[control]["accuracy"] for e in evaluations] if control else []
     best = float(np.mean(controls)) if control else None
-    logged = config_steps(environment, budget)
+    logged = [logged_steps(run_dir) for run_dir in trained[OWN]]
+    every = max(1, config_steps(environment, budget) // EVALUATIONS_PER_RUN)
     rows = []
     for name in names:
         values = [e[name]["accuracy"] for e in evaluations]
@@ -194,8 +204,8 @@ def table(environment: str, world: str | None, seeds: list[int], runs: Path, rec
             f"{CONFIGS[environment]}`{setting}, seeds "
             f"{', '.join(map(str, seeds))}: mean [95% t interval over seeds]; DQN - policy and policy - best "
             f"control: paired per seed; {best_text}. Steps to the best control: per seed, the training steps at "
-            f"which the DQN's validation accuracy (every {max(1, logged // EVALUATIONS_PER_RUN):,} steps) first "
-            f"reached the best control's mean held-out accuracy, or a fitted control's {logged:,} logged steps if "
+            f"which the DQN's validation accuracy (every {every:,} steps) first "
+            f"reached the best control's mean held-out accuracy, or a fitted control's {logged[0]:,} logged steps if "
             f"its held-out accuracy did (never: not reached). Command: `python benchmarks/controller_controls.py "
             f"--environments {environment}{option}"
             f"{' --q-networks ' + ' '.join(q_networks) if q_networks else ''} --seeds {' '.join(map(str, seeds))}"
