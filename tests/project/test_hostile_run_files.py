@@ -274,17 +274,23 @@ def test_the_gate_picture_of_many_concepts_is_linear(tmp_path: Path) -> None:
     assert table.count("\n") == 20_000 + 1 and "| c7 | 6 | 5 | 0.833 |" in table
 
 
-def test_the_report_command_names_a_fifo_log_and_exits_2(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
-    from clova_train.cli import main
+REPORT_FILES = {"metrics.csv": Path("logs") / "version_0" / "metrics.csv", "summary.json": Path("summary.json")}
+
+
+@pytest.mark.parametrize("kind", ["fifo", "link to /dev/zero"])
+@pytest.mark.parametrize("name", list(REPORT_FILES))
+def test_the_report_command_names_a_special_file_and_exits_2_contained(tmp_path: Path, name: str, kind: str) -> None:
+    """``clova-train report`` as the user runs it, in a child under time and memory limits: a FIFO (which would
+    block) or a link to /dev/zero (which would fill the memory) is one error naming the file, never a hang."""
     from clova_train.core.run_manifest import write_run_manifest
+    from helpers.contained import assert_one_clean_error, run_cli
 
     run = tmp_path / "run"
     write_run_manifest(run, "lora")
-    (run / "logs" / "version_0").mkdir(parents=True)
-    os.mkfifo(run / "logs" / "version_0" / "metrics.csv")
-    assert main(["report", str(run)]) == 2
-    error = capsys.readouterr().err
-    assert "is not a regular file" in error and "metrics.csv" in error and "Traceback" not in error
+    (run / REPORT_FILES[name]).parent.mkdir(parents=True, exist_ok=True)
+    special_file(run / REPORT_FILES[name], kind)
+    outcome = run_cli(["report", str(run)], timeout_s=8, cpu_s=8)
+    assert_one_clean_error(outcome, name)
 
 
 # --------------------------------------------------------------------------- world files and pool metadata

@@ -1,0 +1,103 @@
+"""Run one hostile case as the user would (``clova-train <argv>``) in a child process under a wall-time, CPU-time and
+address-space limit, cheaply: the child is forked from one forkserver per pytest worker that has imported the CLI
+(and through it torch) but never ran a torch operation, so a case costs a fork, not a fresh interpreter.
+
+A hang, an abort (Rust panic, ``SIGABRT``) or a memory exhaustion in the case ends that child only, and the test
+sees it as :class:`CaseOutcome` (``killed`` says why) instead of losing its worker."""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import resource
+import signal
+import sys
+import tempfile
+from dataclasses import dataclass
+from typing import Sequence
+
+PRELOAD = ["torch", "clova_train.cli", "clova_train.report.figures", "clova_train.sb3.files"]  # what the cases import lazily: a fork each
+_CONTEXT = multiprocessing.get_context("forkserver")
+_CONTEXT.set_forkserver_preload(PRELOAD)
+
+
+@dataclass(frozen=True)
+class CaseOutcome:
+    """What a user would see of one contained CLI run."""
+
+    exit_code: int | None  # None: killed by a signal
+    killed: str | None  # "timeout", "memory", "signal N" or None when the case ended by itself
+    stdout: str
+    stderr: str
+
+    @property
+    def error_lines(self) -> list[str]:
+        return [line for line in self.stderr.splitlines() if "error" in line.lower()]
+
+
+def _child(argv: list[str], out_path: str, err_path: str, memory_mb: int, cpu_s: int) -> None:
+    """The forked case: limits first, then the CLI's own ``main`` with its stdout/stderr in files."""
+    resource.setrlimit(resource.RLIMIT_AS, (memory_mb << 20, memory_mb << 20))
+    resource.setrlimit(resource.RLIMIT_CPU, (cpu_s, cpu_s + 1))
+    out_fd = os.open(out_path, os.O_WRONLY)
+    err_fd = os.open(err_path, os.O_WRONLY)
+    os.dup2(out_fd, 1)
+    os.dup2(err_fd, 2)
+    sys.stdout = open(1, "w", closefd=False)
+    sys.stderr = open(2, "w", closefd=False)
+    os.environ["OMP_NUM_THREADS"] = "1"
+    try:
+        import torch
+
+        torch.set_num_threads(1)
+        from clova_train.cli import main
+
+        code = main(argv)
+    except MemoryError:
+        sys.stderr.write("contained: MemoryError\n")
+        code = 99
+    except BaseException:  # the traceback goes to the captured stderr, where the test looks for it
+        import traceback
+
+        traceback.print_exc()
+        code = 98
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code if isinstance(code, int) else 0)
+
+
+def run_cli(argv: Sequence[str], *, timeout_s: float = 20.0, memory_mb: int = 6144, cpu_s: int = 20) -> CaseOutcome:
+    """Run ``clova-train argv`` in a forked child under the limits and report what the user would see.
+
+    Args:
+        argv: the CLI arguments (without the program name).
+        timeout_s: wall-clock limit; past it the child is killed and ``killed`` is ``"timeout"``.
+        memory_mb: the child's address-space limit (``RLIMIT_AS``); the preloaded CLI and torch map ~3.3 GB of address space.
+        cpu_s: the child's CPU-time limit (``RLIMIT_CPU``, ``SIGXCPU`` past it).
+    """
+    with tempfile.NamedTemporaryFile("w+") as out, tempfile.NamedTemporaryFile("w+") as err:
+        process = _CONTEXT.Process(target=_child, args=(list(argv), out.name, err.name, memory_mb, cpu_s))
+        process.start()
+        process.join(timeout_s)
+        killed = None
+        if process.is_alive():
+            process.kill()
+            process.join()
+            killed = "timeout"
+        code = process.exitcode
+        if killed is None and code is not None and code < 0:
+            killed = "timeout" if -code == signal.SIGXCPU else f"signal {-code}"
+        if code == 99:
+            killed = "memory"
+        return CaseOutcome(None if code is None or code < 0 else code, killed, open(out.name).read(),
+                           open(err.name).read())
+
+
+def assert_one_clean_error(outcome: CaseOutcome, *words: str) -> None:
+    """The case finished within its limits, exited 1 or 2, with one error line holding ``words`` and no traceback."""
+    assert outcome.killed is None, (outcome.killed, outcome.stderr[-2000:])
+    assert outcome.exit_code in (1, 2), (outcome.exit_code, outcome.stderr[-2000:])
+    assert "Traceback" not in outcome.stderr, outcome.stderr[-2000:]
+    lines = outcome.error_lines
+    assert len(lines) == 1, outcome.stderr[-2000:]
+    assert all(word in lines[0] for word in words), lines[0]
