@@ -14,7 +14,7 @@ import signal
 import sys
 import tempfile
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Callable, Sequence
 
 PRELOAD = ["torch", "clova_train.cli", "clova_train.report.figures", "clova_train.sb3.files"]  # what the cases import lazily: a fork each
 _CONTEXT = multiprocessing.get_context("forkserver")
@@ -35,8 +35,10 @@ class CaseOutcome:
         return [line for line in self.stderr.splitlines() if "error" in line.lower()]
 
 
-def _child(argv: list[str], out_path: str, err_path: str, memory_mb: int, cpu_s: int) -> None:
-    """The forked case: limits first, then the CLI's own ``main`` with its stdout/stderr in files."""
+def _child(argv: list[str], out_path: str, err_path: str, memory_mb: int, cpu_s: int,
+           entry: Callable[[list[str]], int | None] | None = None) -> None:
+    """The forked case: limits first, then ``entry(argv)`` (the CLI's own ``main`` unless given) with its
+    stdout/stderr in files."""
     resource.setrlimit(resource.RLIMIT_AS, (memory_mb << 20, memory_mb << 20))
     resource.setrlimit(resource.RLIMIT_CPU, (cpu_s, cpu_s + 1))
     out_fd = os.open(out_path, os.O_WRONLY)
@@ -52,7 +54,7 @@ def _child(argv: list[str], out_path: str, err_path: str, memory_mb: int, cpu_s:
         torch.set_num_threads(1)
         from clova_train.cli import main
 
-        code = main(argv)
+        code = (entry or main)(argv)
     except MemoryError:
         sys.stderr.write("contained: MemoryError\n")
         code = 99
@@ -66,7 +68,8 @@ def _child(argv: list[str], out_path: str, err_path: str, memory_mb: int, cpu_s:
     os._exit(code if isinstance(code, int) else 0)
 
 
-def run_cli(argv: Sequence[str], *, timeout_s: float = 20.0, memory_mb: int = 6144, cpu_s: int = 20) -> CaseOutcome:
+def run_cli(argv: Sequence[str], *, timeout_s: float = 20.0, memory_mb: int = 6144, cpu_s: int = 20,
+            entry: Callable[[list[str]], int | None] | None = None) -> CaseOutcome:
     """Run ``clova-train argv`` in a forked child under the limits and report what the user would see.
 
     Args:
@@ -74,9 +77,10 @@ def run_cli(argv: Sequence[str], *, timeout_s: float = 20.0, memory_mb: int = 61
         timeout_s: wall-clock limit; past it the child is killed and ``killed`` is ``"timeout"``.
         memory_mb: the child's address-space limit (``RLIMIT_AS``); the preloaded CLI and torch map ~3.3 GB of address space.
         cpu_s: the child's CPU-time limit (``RLIMIT_CPU``, ``SIGXCPU`` past it).
+        entry: a module-level function run instead of the CLI's ``main`` (it gets ``argv``, returns the exit code).
     """
     with tempfile.NamedTemporaryFile("w+") as out, tempfile.NamedTemporaryFile("w+") as err:
-        process = _CONTEXT.Process(target=_child, args=(list(argv), out.name, err.name, memory_mb, cpu_s))
+        process = _CONTEXT.Process(target=_child, args=(list(argv), out.name, err.name, memory_mb, cpu_s, entry))
         process.start()
         process.join(timeout_s)
         killed = None

@@ -293,6 +293,27 @@ def test_the_report_command_names_a_special_file_and_exits_2_contained(tmp_path:
     assert_one_clean_error(outcome, name)
 
 
+def _hostile_case(argv: list[str]) -> int:
+    """What a case that escapes its reader's bounds does in the contained child (the runner's own check)."""
+    if argv == ["hang"]:
+        while True:
+            pass
+    if argv == ["abort"]:
+        os.abort()
+    bytearray(64 << 30)  # "memory": far beyond the child's address-space limit
+    return 0
+
+
+@pytest.mark.parametrize(("case", "killed"), [("hang", "timeout"), ("abort", "signal 6"), ("memory", "memory")])
+def test_the_contained_runner_reports_a_hang_an_abort_and_memory_exhaustion(case: str, killed: str) -> None:
+    from helpers.contained import run_cli
+
+    started = time.monotonic()
+    outcome = run_cli([case], timeout_s=3, cpu_s=1, entry=_hostile_case)
+    assert outcome.killed == killed, outcome
+    assert time.monotonic() - started < 6
+
+
 # --------------------------------------------------------------------------- world files and pool metadata
 
 
