@@ -41,6 +41,7 @@ def _child(argv: list[str], out_path: str, err_path: str, memory_mb: int, cpu_s:
     stdout/stderr in files."""
     resource.setrlimit(resource.RLIMIT_AS, (memory_mb << 20, memory_mb << 20))
     resource.setrlimit(resource.RLIMIT_CPU, (cpu_s, cpu_s + 1))
+    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))  # an abort leaves no core file behind
     out_fd = os.open(out_path, os.O_WRONLY)
     err_fd = os.open(err_path, os.O_WRONLY)
     os.dup2(out_fd, 1)
