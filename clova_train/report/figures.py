@@ -174,14 +174,14 @@ def grouped_last_values(series: dict[str, Series], prefix: str, path: Path, titl
     return table(["group", *metrics], [[g, *(found[g].get(m, "-") for m in metrics)] for g in groups])
 
 
-def policy_comparison(evaluation: dict[str, Any], path: Path) -> str:
-    """Accuracy of the trained controller and of every rule and control on the held-out tasks."""
+def policy_comparison(evaluation: dict[str, Any], path: Path, tasks: str = "test tasks") -> str:
+    """Accuracy of the trained controller and of every rule and control on ``tasks`` (the test split)."""
     policies = sorted(evaluation, key=lambda name: evaluation[name].get("accuracy", 0.0))
     accuracy = [float(evaluation[p].get("accuracy", np.nan)) for p in policies]
     figure, axes = _figure(8, min(0.45 * len(policies) + 1.5, MAX_WIDTH_INCHES))
     colours = [ACCEPTED if p == "trained controller" else "#5b6f8f" for p in policies]
     axes.barh([p[:60] for p in policies], accuracy, color=colours)
-    axes.set(xlim=(0, 1.05), xlabel="accuracy on held-out tasks", title="Trained controller and controls")
+    axes.set(xlim=(0, 1.05), xlabel=f"accuracy on the {tasks} (0-1)", title="Trained controller and controls")
     _save(figure, path)
     keys = ("accuracy", "steps", "rejects", "llm_calls", "return")
     return table(["policy", *keys], [[p, *(evaluation[p].get(k, "-") for k in keys)] for p in reversed(policies)])

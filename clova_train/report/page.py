@@ -76,7 +76,7 @@ def controller_sections(run: Run, out: Path) -> list[str]:
                               "Periodic evaluation: the controller and the rules beside it")
         sections.append(_section("Evaluation curves", "evaluation_curves.png", body))
     for name, evaluation_table in run.evaluations.items():
-        body = figures.policy_comparison(evaluation_table, out / "controls.png")
+        body = figures.policy_comparison(evaluation_table, out / "controls.png", name)
         sections.append(_section(f"Controls ({name})", "controls.png", body))
     return sections
 

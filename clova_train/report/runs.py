@@ -128,7 +128,8 @@ def read_run(directory: Path) -> Run:
         metrics = read_series(progress, ("time/total_timesteps",)) if progress.exists() else {}
         evaluations = {}
         if (directory / "evaluation.json").exists():
-            evaluations["held-out tasks"] = read_policy_evaluation(directory / "evaluation.json")
+            table = read_policy_evaluation(directory / "evaluation.json")
+            evaluations[split_label(table)] = table
         return Run(directory, kind, metrics, evaluations=evaluations)
     metrics = merged_series(csv_logs(directory))
     summary = read_summary(directory / SUMMARY_FILE) if (directory / SUMMARY_FILE).exists() else None
@@ -207,6 +208,12 @@ def read_concept_evaluation(path: Path) -> dict[str, Any]:
 
 
 POLICY_NUMBERS = ("accuracy", "steps", "rejects", "llm_calls", "return")
+
+
+def split_label(evaluation: dict[str, Any]) -> str:
+    """The tasks a controller's final table was played on, from its rows' ``tasks`` column ("test tasks")."""
+    splits = sorted({str(numbers.get("tasks", "test")) for numbers in evaluation.values()})
+    return f"{' and '.join(splits) or 'test'} tasks"
 
 
 def read_policy_evaluation(path: Path) -> dict[str, Any]:

@@ -46,11 +46,13 @@ def test_controller_and_lora_logs_become_curves_and_tables(tmp_path: Path) -> No
         "time/total_timesteps,rollout/ep_rew_mean,rollout/accuracy,eval/accuracy,eval/baseline_random_accuracy\n"
         "100,0.5,0.4,,\n200,0.9,0.6,0.7,0.3\n300,1.1,0.8,0.85,0.3\n")
     (controller / "evaluation.json").write_text(json.dumps({
-        "trained controller": {"accuracy": 0.85, "steps": 2.1}, "random sample": {"accuracy": 0.3, "steps": 2.5}}))
+        "trained controller": {"accuracy": 0.85, "steps": 2.1, "tasks": "test"},
+        "random sample": {"accuracy": 0.3, "steps": 2.5, "tasks": "test"}}))
     assert main(["report", str(controller)]) == 0
     page = (controller / "report" / "report.md").read_text()
     assert "| rollout/ep_rew_mean | 3 | 0.500 | 1.100 | 1.100 |" in page
     assert "| eval/accuracy | 2 | 0.700 | 0.850 | 0.850 |" in page
+    assert "## Controls (test tasks)" in page and "held-out" not in page  # the final table is played on test
     assert "| trained controller | 0.850 | 2.100 |" in page and (controller / "report" / "controls.png").is_file()
 
     lora = tmp_path / "lora"
