@@ -3,6 +3,8 @@ the markdown table of the numbers it shows, so the page reads without the pictur
 
 from __future__ import annotations
 
+import re
+import textwrap
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -10,6 +12,7 @@ from typing import Any
 import numpy as np
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
+from matplotlib.ticker import MaxNLocator
 
 from clova_train.report.runs import Series
 
@@ -17,6 +20,39 @@ ACCEPTED, REJECTED, UNTUNED = "#2a7f3f", "#b8322a", "#9a9a9a"
 MAX_WIDTH_INCHES = 40.0  # matplotlib refuses images over 2**16 pixels a side; wide tables stay in the page
 MAX_CURVES_DRAWN = 300  # per group: thousands of thin lines only slow the drawing
 MAX_CONCEPTS_DRAWN = 60  # bars in the gate picture; the table lists every concept
+
+
+METRIC_WORDS = {
+    "rollout/ep_rew_mean": "mean return of training episodes",
+    "rollout/accuracy": "accuracy of training episodes",
+    "eval/accuracy": "trained controller",
+    "train/loss": "training loss",
+    "loss": "mean final loss",
+    "SR_t": "SR_t (decided to use a tool, or not, rightly)",
+    "SR_act": "SR_act (right tool)",
+    "SR_args": "SR_args (right arguments)",
+    "SR": "SR (the whole step right)",
+}
+TITLE_CHARACTERS = 70  # a title longer than this is wrapped onto more lines, never cut
+
+
+def metric_words(name: str) -> str:
+    """A logged metric's key (``eval/baseline_question_rule_accuracy``, ``val/seen/SR``) in words for a legend."""
+    if name in METRIC_WORDS:
+        return METRIC_WORDS[name]
+    baseline = re.fullmatch(r"eval/baseline_(.+)_accuracy", name)
+    if baseline:
+        return baseline.group(1).replace("_", " ")
+    grouped = re.fullmatch(r"(val|test)/([^/]+)/([^/]+)", name)
+    if grouped:
+        stage, group, metric = grouped.groups()
+        words = {"val": "validation", "test": "test"}[stage]
+        return f"{METRIC_WORDS.get(metric, metric)}, {group.replace('_', ' ')} ({words})"
+    return name.rsplit("/", 1)[-1].replace("_", " ")
+
+
+def _title(text: str, width: int = TITLE_CHARACTERS) -> str:
+    return "\n".join(textwrap.wrap(text, width)) or text
 
 
 def _figure(width: float, height: float) -> tuple[Figure, Any]:
@@ -57,10 +93,11 @@ def instance_learning_curves(instances: list[dict[str, Any]], path: Path) -> str
             axes.plot(range(1, length + 1), median, color=colour, linewidth=2.2, label=f"{label} (median of {len(curves)})")
             rows.append([label, len(curves), float(np.median([c[0] for c in curves])),
                          float(np.median([c[-1] for c in curves])), float(np.median([len(c) for c in curves]))])
-    axes.set(xlabel="inner step", ylabel="instance loss",
-             title="Each instance's learning curve (a stopped one keeps its last loss in the median)")
+    axes.set(xlabel="inner optimisation step of the instance", ylabel="instance loss (the tool's training loss)",
+             title=_title("Each instance's learning curve (a stopped one keeps its last loss in the median)"))
     if drawn and all(min(c) > 0 for c in drawn):
         axes.set_yscale("log")
+    axes.xaxis.set_major_locator(MaxNLocator(integer=True))  # steps are whole numbers
     if rows:
         axes.legend()
     _save(figure, path)
@@ -89,14 +126,17 @@ def gate_acceptance(instances: list[dict[str, Any]], path: Path) -> str:
     rejected = [tally[c]["rejected"] for c in drawn]
     untuned = [tally[c]["untuned"] for c in drawn]
     figure, axes = _figure(max(4, 0.9 * len(drawn) + 2), 3.6)
-    axes.bar(drawn, accepted, color=ACCEPTED, label="accepted")
-    axes.bar(drawn, rejected, bottom=accepted, color=REJECTED, label="rejected")
+    ticks = [textwrap.fill(c, 12) for c in drawn]  # long names wrapped onto lines, never cut
+    axes.bar(ticks, accepted, color=ACCEPTED, label="accepted")
+    axes.bar(ticks, rejected, bottom=accepted, color=REJECTED, label="rejected")
     if any(untuned):
-        axes.bar(drawn, untuned, bottom=np.add(accepted, rejected), color=UNTUNED, label="stored without tuning")
+        axes.bar(ticks, untuned, bottom=np.add(accepted, rejected), color=UNTUNED, label="stored without tuning")
     shown = "" if len(drawn) == len(concepts) else f" ({len(drawn)} of {len(concepts)} concepts, most instances)"
-    axes.set(ylabel="instances", title=f"Validation gate per concept{shown}")
-    axes.legend()
-    axes.tick_params(axis="x", labelrotation=30)
+    axes.set(xlabel="concept", ylabel="tuned instances (count)", title=_title(f"Validation gate per concept{shown}"))
+    axes.yaxis.set_major_locator(MaxNLocator(integer=True))  # counts
+    axes.set_ylim(0, max([a + r + u for a, r, u in zip(accepted, rejected, untuned)] + [1]) * 1.1)
+    axes.legend(loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=8)  # beside the bars, never over them
+    axes.tick_params(axis="x", labelsize=8)
     _save(figure, path)
     rows = []
     for concept in concepts:
@@ -119,10 +159,11 @@ def per_concept_evaluation(evaluation: dict[str, Any], path: Path) -> str:
         means = np.array([e.get(column, {}).get("mean", np.nan) for e in entries], dtype=float)
         low = np.array([e.get(column, {}).get("ci95", [np.nan, np.nan])[0] for e in entries], dtype=float)
         high = np.array([e.get(column, {}).get("ci95", [np.nan, np.nan])[1] for e in entries], dtype=float)
-        axes.bar(np.arange(len(concepts)) + j * width, means, width, label=column,
+        axes.bar(np.arange(len(concepts)) + j * width, means, width, label=column.replace("_", " "),
                  yerr=np.vstack([means - low, high - means]), capsize=2)
     axes.set_xticks(np.arange(len(concepts)) + 0.4 - width / 2, concepts, rotation=30, ha="right")
-    axes.set(ylim=(0, 1.05), title=f"{evaluation.get('stage', 'evaluation')}: per concept, 95% intervals")
+    axes.set(ylim=(0, 1.05), xlabel="concept", ylabel="accuracy (0-1)",
+             title=_title(f"{evaluation.get('stage', 'evaluation')}: accuracy per concept, with 95% intervals"))
     axes.legend(fontsize=7)
     _save(figure, path)
 
@@ -137,18 +178,26 @@ def per_concept_evaluation(evaluation: dict[str, Any], path: Path) -> str:
     return table(["concept", "n", *columns, *differences], rows)
 
 
-def curves(series: dict[str, Series], names: list[str], path: Path, xlabel: str, title: str) -> str:
-    """Line plot of the named series; the table gives each one's first, best and last value."""
+def curves(series: dict[str, Series], names: list[str], path: Path, xlabel: str, title: str, ylabel: str,
+           right: tuple[str, str] | None = None) -> str:
+    """Line plot of the named series, named in words (:func:`metric_words`); ``right``: (a series' name, its axis
+    label) drawn against an axis of its own on the right, for a series on another scale (a return beside an
+    accuracy). The table gives each one's first, best and last value."""
     figure, axes = _figure(7, 4)
-    rows = []
+    other = axes.twinx() if right is not None and right[0] in names else None
+    rows, lines = [], []
     for name in names:
         if name in series and series[name].y:
             s = series[name]
-            axes.plot(s.x, s.y, marker="o" if len(s.y) < 30 else None, markersize=3, label=name)
+            target, style = (other, "--") if other is not None and name == right[0] else (axes, "-")
+            lines += target.plot(s.x, s.y, style, marker="o" if len(s.y) < 30 else None, markersize=3,
+                                 label=metric_words(name))
             rows.append([name, len(s.y), s.y[0], max(s.y), s.y[-1]])
-    axes.set(xlabel=xlabel, title=title)
-    if rows:
-        axes.legend(fontsize=7)
+    axes.set(xlabel=xlabel, ylabel=ylabel, title=_title(title))
+    if other is not None:
+        other.set_ylabel(right[1])
+    if lines:
+        axes.legend(lines, [line.get_label() for line in lines], fontsize=7)
     _save(figure, path)
     return table(["metric", "points", "first", "highest", "last"], rows)
 
@@ -165,9 +214,10 @@ def grouped_last_values(series: dict[str, Series], prefix: str, path: Path, titl
     figure, axes = _figure(max(5, 1.4 * len(groups) + 2), 3.8)
     width = 0.8 / max(len(metrics), 1)
     for j, metric in enumerate(metrics):
-        axes.bar(np.arange(len(groups)) + j * width, [found[g].get(metric, np.nan) for g in groups], width, label=metric)
-    axes.set_xticks(np.arange(len(groups)) + 0.4 - width / 2, groups)
-    axes.set(ylim=(0, 1.05), title=title)
+        axes.bar(np.arange(len(groups)) + j * width, [found[g].get(metric, np.nan) for g in groups], width,
+                 label=METRIC_WORDS.get(metric, metric))
+    axes.set_xticks(np.arange(len(groups)) + 0.4 - width / 2, [g.replace("_", " ") for g in groups])
+    axes.set(ylim=(0, 1.05), xlabel="sample group", ylabel="success rate (0-1)", title=_title(title))
     if metrics:
         axes.legend(fontsize=7)
     _save(figure, path)
@@ -178,10 +228,14 @@ def policy_comparison(evaluation: dict[str, Any], path: Path, tasks: str = "test
     """Accuracy of the trained controller and of every rule and control on ``tasks`` (the test split)."""
     policies = sorted(evaluation, key=lambda name: evaluation[name].get("accuracy", 0.0))
     accuracy = [float(evaluation[p].get("accuracy", np.nan)) for p in policies]
-    figure, axes = _figure(8, min(0.45 * len(policies) + 1.5, MAX_WIDTH_INCHES))
+    names = [textwrap.fill(p, 48) for p in policies]  # wrapped, never cut
+    height = 0.28 * sum(name.count("\n") + 1 for name in names) + 0.2 * len(names) + 1.5
+    figure, axes = _figure(10, min(height, MAX_WIDTH_INCHES))
     colours = [ACCEPTED if p == "trained controller" else "#5b6f8f" for p in policies]
-    axes.barh([p[:60] for p in policies], accuracy, color=colours)
-    axes.set(xlim=(0, 1.05), xlabel=f"accuracy on the {tasks} (0-1)", title="Trained controller and controls")
+    axes.barh(names, accuracy, color=colours)
+    axes.tick_params(axis="y", labelsize=7)
+    axes.set(xlim=(0, 1.05), xlabel=f"accuracy on the {tasks} (0-1)", ylabel="policy",
+             title="Trained controller and controls")
     _save(figure, path)
     keys = ("accuracy", "steps", "rejects", "llm_calls", "return")
     return table(["policy", *keys], [[p, *(evaluation[p].get(k, "-") for k in keys)] for p in reversed(policies)])

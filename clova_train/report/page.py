@@ -28,7 +28,8 @@ def prompt_tuning_sections(run: Run, out: Path) -> list[str]:
         sections.append(_section("Learning curves", "learning_curves.png", body,
                                  "Each instance's prompt is tuned on its own; its loss at every inner step."))
     elif "loss" in run.metrics:
-        body = figures.curves(run.metrics, ["loss"], out / "learning_curves.png", "chunk", "Mean final loss per chunk")
+        body = figures.curves(run.metrics, ["loss"], out / "learning_curves.png", "chunk of instances",
+                              "Mean final loss per chunk", "mean final loss")
         sections.append(_section("Learning curves", "learning_curves.png", body,
                                  "This run's summary has no per-step curves (written before they were recorded)."))
     if instances:
@@ -46,7 +47,8 @@ def lora_sections(run: Run, out: Path) -> list[str]:
     sections = []
     loss = [name for name in LORA_LOSS if name in run.metrics]
     if loss:
-        body = figures.curves(run.metrics, loss[:1], out / "learning_curves.png", "optimizer step", "Training loss")
+        body = figures.curves(run.metrics, loss[:1], out / "learning_curves.png", "optimizer step", "Training loss",
+                              "loss (mean token cross-entropy)")
         sections.append(_section("Learning curves", "learning_curves.png", body))
     for stage in ("val", "test"):
         if any(name.startswith(f"{stage}/") and name.count("/") == 2 for name in run.metrics):
@@ -57,7 +59,8 @@ def lora_sections(run: Run, out: Path) -> list[str]:
             over = sorted(n for n in run.metrics if n.startswith(f"{stage}/") and n.endswith("/SR") and n.count("/") == 2)
             if over and max(len(run.metrics[n].y) for n in over) > 1:
                 picture = f"success_rates_{stage}_over_training.png"
-                body = figures.curves(run.metrics, over, out / picture, "optimizer step", f"{stage} SR over training")
+                body = figures.curves(run.metrics, over, out / picture, "optimizer step", f"{stage} SR over training",
+                                      "success rate (0-1)")
                 sections.append(_section(f"Success rate over training ({stage})", picture, body))
     return sections
 
@@ -67,13 +70,15 @@ def controller_sections(run: Run, out: Path) -> list[str]:
     rollout = [name for name in CONTROLLER_CURVES if name in run.metrics]
     if rollout:
         body = figures.curves(run.metrics, rollout, out / "reward_curves.png", "environment steps",
-                              "Training episodes: mean return and accuracy")
+                              "Training episodes: mean return and accuracy", "accuracy of training episodes (0-1)",
+                              right=("rollout/ep_rew_mean", "mean episode return (reward units)"))
         sections.append(_section("Reward curves", "reward_curves.png", body))
     evaluation = sorted(n for n in run.metrics if n == "eval/accuracy" or (n.startswith("eval/baseline_")
                                                                           and n.endswith("_accuracy")))
     if evaluation:
         body = figures.curves(run.metrics, evaluation, out / "evaluation_curves.png", "environment steps",
-                              "Periodic evaluation: the controller and the rules beside it")
+                              "Periodic evaluation on the validation tasks: the controller and the rules beside it",
+                              "accuracy on the validation tasks (0-1)")
         sections.append(_section("Evaluation curves", "evaluation_curves.png", body))
     for name, evaluation_table in run.evaluations.items():
         body = figures.policy_comparison(evaluation_table, out / "controls.png", name)

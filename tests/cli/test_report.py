@@ -125,3 +125,68 @@ def test_learning_curves_draw_early_stopped_zero_and_many_instances(tmp_path: Pa
     assert (tmp_path / "a.png").stat().st_size > 1000
     assert "| accepted | 401 | 3.000 | 1.500 | 4.000 |" in table and "| rejected | 1 | 1.000 | 0.000 | 2.000 |" in table
     assert instance_learning_curves([], tmp_path / "b.png").count("\n") == 1  # no instance: an empty table, no crash
+
+
+def _drawn_figures(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> list:
+    """Every kind of report picture, drawn from small synthetic inputs; the figures as drawn."""
+    from clova_train.report import figures
+    from clova_train.report.runs import Series
+
+    drawn = []
+    save = figures._save
+    monkeypatch.setattr(figures, "_save", lambda figure, path: (save(figure, path), drawn.append(figure)))
+    instances = [{"concept": name, "accepted": k % 3 > 0, "steps": 4, "loss_curve": [2.0, 1.5, 1.2, 1.0 + k / 10],
+                  "rejections": [] if k % 3 else [{"kind": "validation"}]}
+                 for k, name in enumerate(["purple", "orange", "a rather long concept name for a label"] * 3)]
+    figures.instance_learning_curves(instances, tmp_path / "a.png")
+    figures.gate_acceptance(instances, tmp_path / "b.png")
+    figures.per_concept_evaluation({"stage": "test", "per_concept": [
+        {"concept": c, "n": 9, "accuracy_no_prompt": {"mean": 0.5, "ci95": [0.2, 0.8]},
+         "accuracy_pool": {"mean": 0.7, "ci95": [0.4, 0.9]}} for c in ("purple", "orange")]}, tmp_path / "c.png")
+    steps = [100.0, 200.0, 300.0]
+    series = {"rollout/ep_rew_mean": Series(steps, [10.0, 120.0, 190.0]), "rollout/accuracy": Series(steps, [0.2, 0.5, 0.8]),
+              "eval/accuracy": Series(steps, [0.3, 0.6, 0.9]),
+              "eval/baseline_question_rule_accuracy": Series(steps, [0.5, 0.5, 0.5]),
+              "val/seen/SR": Series(steps, [0.1, 0.4, 0.6]), "val/unseen/SR_act": Series(steps, [0.0, 0.1, 0.2]),
+              "val/no_tool/SR": Series(steps, [0.5, 0.8, 0.9])}
+    figures.curves(series, ["rollout/ep_rew_mean", "rollout/accuracy"], tmp_path / "d.png", "environment steps",
+                   "Training episodes: mean return and accuracy", "accuracy (0-1)",
+                   right=("rollout/ep_rew_mean", "mean episode return"))
+    figures.curves(series, ["eval/accuracy", "eval/baseline_question_rule_accuracy"], tmp_path / "e.png",
+                   "environment steps", "Periodic evaluation", "accuracy (0-1)")
+    figures.grouped_last_values(series, "val", tmp_path / "f.png", "val: GPT4Tools success rates per group")
+    figures.policy_comparison({"trained controller": {"accuracy": 0.9},
+                               "per-sample logistic regression on logs (1500 steps of random play on training tasks)":
+                                   {"accuracy": 0.93},
+                               "oracle (the good path of the question's kind; a ceiling)": {"accuracy": 1.0}},
+                              tmp_path / "g.png")
+    return drawn
+
+
+def test_every_report_picture_reads_on_its_own(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each kind of picture: a title, both axes labelled, legends in words (no raw metric key), scales that differ on
+    axes of their own, and no text cut at the figure's edge (long titles and control names are wrapped)."""
+    import re
+
+    drawn = _drawn_figures(tmp_path, monkeypatch)
+    assert len(drawn) == 7
+    for figure in drawn:
+        renderer = figure.canvas.get_renderer()
+        box = figure.bbox
+        main = figure.axes[0]
+        assert main.get_title(), figure
+        for axes in figure.axes:
+            assert axes.get_ylabel(), (main.get_title(), "y label")
+        assert main.get_xlabel(), (main.get_title(), "x label")
+        legend = main.get_legend()
+        for text in legend.get_texts() if legend else []:
+            assert not re.search(r"\w/\w|baseline_|_accuracy", text.get_text()), text.get_text()
+        figure.canvas.draw()
+        for axes in figure.axes:  # everything drawn (titles, labels, tick labels, legend) inside the picture
+            extent = axes.get_tightbbox(renderer)
+            assert extent.x0 >= box.x0 - 1 and extent.x1 <= box.x1 + 1 and extent.y0 >= box.y0 - 1 \
+                and extent.y1 <= box.y1 + 1, (main.get_title(), extent, box)
+    reward = drawn[3]
+    assert len(reward.axes) == 2  # return and accuracy on axes of their own
+    assert {t.get_text() for t in drawn[5].axes[0].get_legend().get_texts()} >= {"SR (the whole step right)"}
+    assert any("\n" in t.get_text() for t in drawn[6].axes[0].get_yticklabels())  # a long control name wrapped
