@@ -385,7 +385,8 @@ class ToolChatSpec(OpenAISpec):
                 last = _step_of(response, status)
                 parts.append(last.get("content") or "")
                 calls += last.get("tool_calls") or []
-            message: dict[str, Any] = {"role": "assistant", "content": "".join(parts) or None}
+            # null only beside tool calls, as OpenAI answers; a reply that stopped at once is the empty text
+            message: dict[str, Any] = {"role": "assistant", "content": "".join(parts) or (None if calls else "")}
             if calls:
                 message["tool_calls"] = calls
             choices.append({"index": index, "message": message, "finish_reason": last.get("finish_reason") or "stop"})
