@@ -76,7 +76,7 @@ from clova_train.serving.abandoned import AbandonedRequests
 from clova_train.serving.connections import ConnectionLimits, bounded_protocol, raise_open_file_limit
 from clova_train.serving.guard import RequestGuard, RequestLimits, error_body, install_error_handlers
 from clova_train.serving.stop_signals import stop_children, stop_on_signals
-from clova_train.tooluse.served_llm import ChatRequest, ContextBudget, default_temperature
+from clova_train.tooluse.served_llm import ChatRequest, ContextBudget, default_temperature, pending_stop
 from clova_train.tooluse.tool_calls import ToolSpec, instruction_from_chat, reply_from_step, specs_from_openai
 
 
@@ -542,7 +542,7 @@ class ToolChatAPI(ls.LitAPI):
 
     def predict(self, chats: Union[ServedChat, list[ServedChat]]):  # noqa: ANN201 (a generator, as the spec wants)
         """After each generated token, one chat message per request: the text added since the last one (held back
-        while it ends in half a character, and for a request with tools until its step is complete, then sent as
+        while it ends in half a character or in what may begin a stop string, which is never sent, and for a request with tools until its step is complete, then sent as
         the call or the reply), the finish reason once it ended, and the token counts so far."""
         batched = isinstance(chats, list)
         chats = chats if batched else [chats]
@@ -565,7 +565,10 @@ class ToolChatAPI(ls.LitAPI):
                         answered[k] = step
                     messages.append({"role": "assistant", **counts, **step})
                     continue
-                ready = reply.text if reply.finish_reason else reply.text.rstrip("\ufffd")
+                ready = reply.text
+                if not reply.finish_reason:  # half a character, or what may be the start of a stop string, waits
+                    ready = ready.rstrip("\ufffd")
+                    ready = ready[: len(ready) - pending_stop(ready, self.llm.stops(chat.request))]
                 delta = ready[len(sent[k]):] if ready.startswith(sent[k]) else ""
                 sent[k] += delta
                 messages.append({"role": "assistant", "content": delta, "finish_reason": reply.finish_reason, **counts})

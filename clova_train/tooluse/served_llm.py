@@ -200,9 +200,26 @@ def serving_defaults(source: Path) -> tuple[dict[str, Any], int]:
     return defaults, int(defaults.get("max_tokens", 256))
 
 
-def _cut(text: str, stops: list[str]) -> tuple[str, bool]:
-    ends = [text.find(s) + len(s) for s in stops if s and s in text]
-    return (text[: min(ends)], True) if ends else (text, False)
+def _cut(text: str, stops: list[str]) -> tuple[str, str | None]:
+    """``text`` before its first stop string, and that stop string (None when it holds none). As OpenAI and vLLM
+    answer, the stop string is not part of the reply."""
+    found = [(text.find(s), s) for s in stops if s and s in text]
+    if not found:
+        return text, None
+    start, stop = min(found, key=lambda item: (item[0], -len(item[1])))
+    return text[:start], stop
+
+
+def pending_stop(text: str, stops: list[str]) -> int:
+    """How many characters at the end of ``text`` could be the start of a stop string (a streamed reply holds them
+    back until the next tokens say whether the stop string follows, so no part of it is ever sent)."""
+    longest = 0
+    for stop in stops:
+        for size in range(min(len(stop) - 1, len(text)), longest, -1):
+            if text.endswith(stop[:size]):
+                longest = size
+                break
+    return longest
 
 
 ADAPTER_WEIGHTS = "adapter_model.safetensors"
@@ -431,10 +448,11 @@ class ServedToolLLM:
         ended = self.tokenizer.eos_token_id in kept
         if ended:
             kept = kept[: kept.index(self.tokenizer.eos_token_id)]
-        text, stopped = _cut(self.tokenizer.decode(kept, skip_special_tokens=True), self.stops(request))
-        if stopped:
+        text, stop = _cut(self.tokenizer.decode(kept, skip_special_tokens=True), self.stops(request))
+        stopped = stop is not None
+        if stopped:  # the tokens generated up to the end of the stop string
             with guarded_tokenizer(self.tokenizer):
-                count = len(self.tokenizer(text, add_special_tokens=False)["input_ids"])
+                count = len(self.tokenizer(text + stop, add_special_tokens=False)["input_ids"])
         else:
             count = len(kept)
         finish = "stop" if stopped or ended else "length"

@@ -543,6 +543,35 @@ def test_sampling_parameters_are_honoured_or_refused_through_the_official_sdk(se
             reply(**options)
 
 
+def test_stop_strings_end_the_reply_without_being_part_of_it_streamed_or_not(server: str, lora_export: Path) -> None:
+    """As OpenAI and vLLM answer: the text before the first stop string, finish_reason stop; a stream sends exactly
+    that text (the start of a stop string is held back until the next tokens say whether it completes)."""
+    import openai
+
+    client = openai.OpenAI(base_url=server + "/v1", api_key="unused", max_retries=0, timeout=120)
+    options = {"model": str(lora_export), "messages": [{"role": "user", "content": "Describe image/3.png"}],
+               "max_tokens": 24, "temperature": 0}
+    whole = client.chat.completions.create(**options).choices[0].message.content
+    assert len(whole.strip()) > 6, whole
+    middle = len(whole) // 2
+    stop = whole[middle:middle + 4]
+    before = whole[: whole.find(stop)]
+    plain = client.chat.completions.create(**options, stop=[stop, "never said"]).choices[0]
+    assert (plain.message.content, plain.finish_reason) == (before, "stop")
+    chunks = list(client.chat.completions.create(**options, stop=stop, stream=True))
+    assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == before
+    assert chunks[-1].choices[0].finish_reason == "stop"
+
+
+def test_a_stop_strings_start_is_held_back_until_it_is_known() -> None:
+    from clova_train.tooluse.served_llm import pending_stop
+
+    stops = ["Observation:", "\n\nHuman"]
+    assert pending_stop("Action Input: a.png\nObserv", stops) == len("Observ")
+    assert pending_stop("text\n", stops) == 1 and pending_stop("text\n\nHum", stops) == 5
+    assert pending_stop("an Obs ervation", stops) == 0 and pending_stop("", stops) == 0
+
+
 def test_the_default_temperature_is_the_exports_own(tmp_path: Path, lora_export: Path) -> None:
     """vLLM's rule: the merged model's generation_config.json (greedy when it does not sample), else serving.json,
     else 1.0; the exports this package writes are greedy, as their runs were evaluated."""
