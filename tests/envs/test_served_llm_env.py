@@ -54,9 +54,11 @@ def scene_oracle(task) -> SceneTools:  # noqa: ANN001
 def served_config(files: dict[str, TaskFiles], base_url: str, cache: Path, mode: str) -> ReasoningLoopConfig:
     llm = LLMConfig(kind="openai", base_url=base_url, model=SERVED_NAME, api_key_env="CLOVA_TEST_NO_SUCH_KEY",
                     max_tokens=32, timeout_s=60.0, max_retries=1)
-    return ReasoningLoopConfig(num_samples=N, max_iterations=3, split="eval", llm=llm, cache_path=str(cache),
+    # the test split is the whole eval file (a val file is given, so it is not halved): four tasks, task 25 unplayed
+    return ReasoningLoopConfig(num_samples=N, max_iterations=3, split="test", llm=llm, cache_path=str(cache),
                                cache_mode=mode, tasks=BenchmarkTasksConfig(train=files["gqa-train"],
-                                                                           eval=files["okvqa-eval"]))
+                                                                           val=files["okvqa-eval"],
+                                                                           test=files["okvqa-eval"]))
 
 
 @contextlib.contextmanager
