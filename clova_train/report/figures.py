@@ -27,7 +27,6 @@ METRIC_WORDS = {
     "rollout/accuracy": "accuracy of training episodes",
     "eval/accuracy": "trained controller",
     "train/loss": "training loss",
-    "loss": "mean final loss",
     "SR_t": "SR_t (decided to use a tool, or not, rightly)",
     "SR_act": "SR_act (right tool)",
     "SR_args": "SR_args (right arguments)",

@@ -542,8 +542,9 @@ class ToolChatAPI(ls.LitAPI):
 
     def predict(self, chats: Union[ServedChat, list[ServedChat]]):  # noqa: ANN201 (a generator, as the spec wants)
         """After each generated token, one chat message per request: the text added since the last one (held back
-        while it ends in half a character or in what may begin a stop string, which is never sent, and for a request with tools until its step is complete, then sent as
-        the call or the reply), the finish reason once it ended, and the token counts so far."""
+        while it ends in half a character or in what may begin a stop string, which is never sent, and for a request
+        with tools until its step is complete, then sent as the call or the reply), the finish reason once it ended,
+        and the token counts so far."""
         batched = isinstance(chats, list)
         chats = chats if batched else [chats]
         sent = [""] * len(chats)
