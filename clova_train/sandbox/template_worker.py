@@ -13,7 +13,18 @@ closes (its parent is gone):
   templates refuse a system message, say); any other failure, or a refusal of all, fails the probe. Before each step it writes ``{"stage": "tokenizer" | "template"}``, so
   that a parent whose child dies (a Rust abort, the memory limit) knows which file did it.
 * ``{"op": "render", "template": str, "special": {...}, "messages": [...], "add_generation_prompt": bool,
-  "max_chars": n}``: the rendered text (``{"ok": true, "text": ...}``).
+  "max_chars": n, "encode": bool}``: the rendered text (``{"ok": true, "text": ...}``), and its token ids
+  (``"ids"``, without special tokens added) when ``encode`` is set.
+* ``{"op": "encode", "texts": [...]}``: each text's token ids (``{"ok": true, "ids": [[...], ...]}``), without
+  special tokens added, as ``tokenizer(text, add_special_tokens=False)`` gives them.
+* ``{"op": "decode", "ids": [[...], ...], "skip_special_tokens": bool}``: each row's text from the tokenizer's
+  decoder (``{"ok": true, "texts": [...]}``; transformers' clean-up of spaces, plain Python, is the parent's).
+
+``encode`` and ``decode`` use the tokenizer the child was started with: a probe's file (path as the third argument),
+or, when that argument is ``-``, the serialized tokenizer (``{"tokenizer": <tokenizer.json text>}``) of the first
+line on stdin, read before the lock-down and parsed after it, on first use. So a pre-tokenizer, normaliser or
+decoder regex that backtracks on some client's text, or a native panic, costs one request its answer, never the
+server its event loop or its process.
 
 Any failure is ``{"ok": false, "error": "<type>: <message>"}``; a panic of the Rust tokenizer is one too.
 Rendering is transformers' own (``render_jinja_template``: a Jinja ``ImmutableSandboxedEnvironment``), so the text
@@ -88,17 +99,52 @@ def probe(request: dict[str, Any], tokenizer_text: str | None) -> dict[str, Any]
     return {"ok": True, "tokens": tokens, "chars": chars}
 
 
+class _Codec:
+    """The tokenizer of ``encode`` and ``decode`` requests, parsed from its JSON text on first use."""
+
+    def __init__(self, text: str | None) -> None:
+        self.text, self._tokenizer = text, None
+
+    def tokenizer(self) -> Any:
+        if self._tokenizer is None:
+            if self.text is None:
+                raise ValueError("this worker was started without a tokenizer")
+            from tokenizers import Tokenizer
+
+            self._tokenizer = Tokenizer.from_str(self.text)
+        return self._tokenizer
+
+    def encode(self, texts: list[str]) -> list[list[int]]:
+        tokenizer = self.tokenizer()  # one text at a time: encode_batch would start threads, which are refused
+        return [list(tokenizer.encode(str(text), add_special_tokens=False).ids) for text in texts]
+
+    def decode(self, rows: list[list[int]], skip_special_tokens: bool) -> list[str]:
+        tokenizer = self.tokenizer()
+        return [tokenizer.decode([int(i) for i in row], skip_special_tokens=skip_special_tokens) for row in rows]
+
+
+def answer(request: dict[str, Any], codec: _Codec) -> dict[str, Any]:
+    """The reply to one request (see the module docstring)."""
+    op = request["op"]
+    if op == "probe":
+        return probe(request, codec.text)
+    if op == "encode":
+        return {"ok": True, "ids": codec.encode(list(request["texts"]))}
+    if op == "decode":
+        return {"ok": True, "texts": codec.decode(list(request["ids"]), bool(request.get("skip_special_tokens")))}
+    text = render(request["template"], request.get("special", {}), request["messages"],
+                  bool(request.get("add_generation_prompt")), int(request["max_chars"]))
+    if request.get("encode"):
+        return {"ok": True, "text": text, "ids": codec.encode([text])[0]}
+    return {"ok": True, "text": text}
+
+
 def serve(stdin: Any, tokenizer_text: str | None = None) -> None:
     """Answer requests until stdin closes."""
+    codec = _Codec(tokenizer_text)
     for line in stdin:
         try:
-            request = json.loads(line)
-            if request["op"] == "probe":
-                reply = probe(request, tokenizer_text)
-            else:
-                reply = {"ok": True, "text": render(request["template"], request.get("special", {}),
-                                                    request["messages"], bool(request.get("add_generation_prompt")),
-                                                    int(request["max_chars"]))}
+            reply = answer(json.loads(line), codec)
         except BaseException as err:  # noqa: BLE001 (a Rust panic is a BaseException; each is one reply)
             if isinstance(err, (KeyboardInterrupt, SystemExit)):
                 raise
@@ -143,9 +189,16 @@ def main(argv: list[str]) -> None:
         from clova_train.core.safe_files import read_text
         from clova_train.core.model_file_limits import FILE_BYTES
 
+        limit = FILE_BYTES["tokenizer.json"]
         try:
-            tokenizer_text = read_text(argv[2], "tokenizer file", FILE_BYTES["tokenizer.json"])
-        except DataError as err:
+            if argv[2] == "-":
+                line = sys.stdin.readline(limit + 64)
+                if not line.endswith("\n"):
+                    raise DataError(f"the serialized tokenizer is more than {limit:,} characters")
+                tokenizer_text = str(json.loads(line)["tokenizer"])
+            else:
+                tokenizer_text = read_text(argv[2], "tokenizer file", limit)
+        except (DataError, ValueError, KeyError) as err:
             _send({"stage": "tokenizer"})
             _send(_failure(err))
             return

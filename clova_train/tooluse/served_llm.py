@@ -12,8 +12,9 @@ reply as in training.
 
 The export's files are untrusted: before any library reads them they are bounded
 (:mod:`clova_train.core.model_file_limits`), and the tokenizer file and chat template are tried once in a limited
-child process (:mod:`clova_train.tooluse.template_guard`); every request's prompt is rendered in such a child too, so
-a hostile template is one error, never a hang or a crash of the server.
+child process (:mod:`clova_train.tooluse.template_guard`); every request's prompt is rendered and encoded in such a
+child too, and what the model writes decoded there, so a hostile template or tokenizer regex is one error for the
+request that meets it, never a hang or a crash of the server.
 """
 
 from __future__ import annotations
@@ -59,6 +60,7 @@ class ChatRequest:
     top_p: float = 1.0
     abandoned: Callable[[], bool] | None = None
     context_checked: bool = False  # its length was checked against the model's context (the HTTP server does)
+    prompt_ids: list[int] | None = None  # its prompt's token ids, once encoded (kept for the worker that answers it)
 
     def __post_init__(self) -> None:
         # the one check of the messages, wherever the request comes from (the HTTP server builds it once, in the
@@ -107,8 +109,8 @@ class ContextBudget:
         tokenizer: the served tokenizer, with the chat template the model was trained with.
         context: the model's context length (None: unchecked).
         default_max_tokens: the budget of a request that names none (the export's ``serving.json``).
-        renderer: renders the chat template in a limited child (None: the tokenizer renders it in-process, for a
-            template this package wrote itself).
+        renderer: renders the chat template, encodes and decodes in a limited child (None, or one without the
+            tokenizer: the tokenizer does that in-process, for files this package wrote itself).
     """
 
     tokenizer: Any
@@ -134,14 +136,43 @@ class ContextBudget:
 
     def render(self, messages: list[dict[str, str]]) -> str:
         """The prompt text of ``messages`` (the chat template, rendered in the limited child when there is one)."""
-        if self.renderer is not None:
+        if self.renderer is not None and self.renderer.template is not None:
             return self.renderer.render(messages)
         return self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
 
+    def prompt_ids(self, request: ChatRequest) -> list[int]:
+        """The token ids of ``request``'s prompt (rendered and encoded in the limited child when there is one),
+        kept on the request."""
+        if request.prompt_ids is None:
+            if self._in_child() and self.renderer.template is not None:
+                request.prompt_ids = self.renderer.render_ids(request.messages)
+            else:
+                request.prompt_ids = self.encode([self.render(request.messages)])[0]
+        return request.prompt_ids
+
     def prompt_tokens(self, request: ChatRequest) -> int:
-        text = self.render(request.messages)
+        return len(self.prompt_ids(request))
+
+    def encode(self, texts: list[str]) -> list[list[int]]:
+        """Each text's token ids, no special tokens added (in the limited child when there is one)."""
+        if self._in_child():
+            return self.renderer.encode(texts)
         with guarded_tokenizer(self.tokenizer):
-            return len(self.tokenizer(text, add_special_tokens=False)["input_ids"])
+            return [list(self.tokenizer(text, add_special_tokens=False)["input_ids"]) for text in texts]
+
+    def decode(self, rows: list[list[int]]) -> list[str]:
+        """Each row's text, special tokens skipped, as ``tokenizer.decode(row, skip_special_tokens=True)`` gives it
+        (the decoder runs in the limited child when there is one; transformers' clean-up of spaces here)."""
+        if not self._in_child():
+            with guarded_tokenizer(self.tokenizer):
+                return [self.tokenizer.decode(row, skip_special_tokens=True) for row in rows]
+        texts = self.renderer.decode(rows, skip_special_tokens=True)
+        if _cleans_up_spaces(self.tokenizer):
+            texts = [self.tokenizer.clean_up_tokenization(text) for text in texts]
+        return texts
+
+    def _in_child(self) -> bool:
+        return self.renderer is not None and self.renderer.encodes
 
     def check(self, request: ChatRequest) -> None:
         """A :class:`DataError` naming both numbers when the prompt plus ``max_tokens`` exceeds the context."""
@@ -157,19 +188,34 @@ class ContextBudget:
 
 
 def template_renderer(tokenizer: Any, source: Path) -> ChatTemplateRenderer | None:
-    """A limited renderer of ``tokenizer``'s chat template (loaded from ``source``), or None when it has none."""
+    """A limited child for ``tokenizer`` (loaded from ``source``): it renders its chat template and, for a fast
+    tokenizer (a ``tokenizers`` backend: every tokenizer transformers 5 loads from a ``tokenizer.json``), encodes
+    and decodes with it; None when it has neither."""
     template = tokenizer.get_chat_template() if getattr(tokenizer, "chat_template", None) else None
-    if not isinstance(template, str):
+    template = template if isinstance(template, str) else None
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    serialized = backend.to_str() if backend is not None and hasattr(backend, "to_str") else None
+    if template is None and serialized is None:
         return None
     special = {name: str(value) if not isinstance(value, list) else [str(v) for v in value]
                for name, value in tokenizer.special_tokens_map.items()}
-    key = (template, json.dumps(special, sort_keys=True), str(source))
-    if key not in _RENDERERS:  # one child per template in a process, however many loaders ask for it
-        _RENDERERS[key] = ChatTemplateRenderer(template, special, str(source))
+    key = (template, json.dumps(special, sort_keys=True), str(source), hash(serialized))
+    if key not in _RENDERERS:  # one child per tokenizer in a process, however many loaders ask for it
+        _RENDERERS[key] = ChatTemplateRenderer(template, special, str(source), tokenizer_json=serialized)
     return _RENDERERS[key]
 
 
-_RENDERERS: dict[tuple[str, str, str], ChatTemplateRenderer] = {}
+_RENDERERS: dict[tuple[Any, ...], ChatTemplateRenderer] = {}
+
+
+def _cleans_up_spaces(tokenizer: Any) -> bool:
+    """Whether ``tokenizer.decode`` cleans up spaces after its decoder (transformers 5 does for a tokenizer saved
+    with ``clean_up_tokenization_spaces``, except for a BPE model unless forced)."""
+    if not getattr(tokenizer, "clean_up_tokenization_spaces", False):
+        return False
+    model = getattr(getattr(tokenizer, "backend_tokenizer", None), "model", None)
+    forced = getattr(tokenizer, "clean_up_tokenization_spaces_for_bpe_even_though_it_will_corrupt_output", False)
+    return type(model).__name__ != "BPE" or bool(forced)
 
 
 def default_temperature(directory: str | os.PathLike[str]) -> float:
@@ -392,9 +438,12 @@ class ServedToolLLM:
 
     def _inputs(self, requests: list[ChatRequest], sample: bool) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
         """The left-padded prompts of ``requests`` and the ``generate`` options that answer them together."""
-        prompts = [self.prompt(r.messages) for r in requests]
-        with guarded_tokenizer(self.tokenizer):
-            encoded = self.tokenizer(prompts, return_tensors="pt", padding=True, add_special_tokens=False)
+        rows = [self.budget.prompt_ids(r) for r in requests]
+        width, pad = max(len(row) for row in rows), self.tokenizer.pad_token_id
+        encoded = {  # left-padded, as the tokenizer pads for generation
+            "input_ids": torch.tensor([[pad] * (width - len(row)) + row for row in rows], dtype=torch.long),
+            "attention_mask": torch.tensor([[0] * (width - len(row)) + [1] * len(row) for row in rows], dtype=torch.long),
+        }
         encoded = {k: v.to(self.model.device) for k, v in encoded.items()}
         budget = max(r.max_tokens or self.max_tokens for r in requests)
         options: dict[str, Any] = {"do_sample": sample, "max_new_tokens": budget, "pad_token_id": self.tokenizer.pad_token_id,
@@ -415,9 +464,8 @@ class ServedToolLLM:
         width = encoded["input_ids"].shape[1]
         limits = [r.max_tokens or self.max_tokens for r in requests]
         stops = [self.stops(r) for r in requests]
-        with guarded_tokenizer(self.tokenizer):
-            tail = max((len(self.tokenizer(s, add_special_tokens=False)["input_ids"]) for row in stops for s in row),
-                       default=1) + 2
+        every_stop = sorted({s for row in stops for s in row})
+        tail = max((len(ids) for ids in self.budget.encode(every_stop)), default=1) + 2
 
         gone = [False] * len(requests)  # abandoned requests (the question is asked until it says yes)
 
@@ -426,6 +474,7 @@ class ServedToolLLM:
                 done = torch.zeros(input_ids.shape[0], dtype=torch.bool, device=input_ids.device)
                 if cancelled is not None and cancelled.is_set():
                     return done | True
+                asked = []  # the rows whose last tokens are decoded (together: one round trip) to look for stops
                 for row in range(input_ids.shape[0]):
                     new = input_ids[row, width:]
                     check = requests[row].abandoned
@@ -433,7 +482,10 @@ class ServedToolLLM:
                     if gone[row] or len(new) >= limits[row]:
                         done[row] = True
                     elif stops[row]:
-                        text = self.tokenizer.decode(new[-tail:], skip_special_tokens=True)
+                        asked.append(row)
+                if asked:
+                    texts = self.budget.decode([input_ids[row, width:][-tail:].tolist() for row in asked])
+                    for row, text in zip(asked, texts):
                         done[row] = any(stop in text for stop in stops[row])
                 return done
 
@@ -448,11 +500,10 @@ class ServedToolLLM:
         ended = self.tokenizer.eos_token_id in kept
         if ended:
             kept = kept[: kept.index(self.tokenizer.eos_token_id)]
-        text, stop = _cut(self.tokenizer.decode(kept, skip_special_tokens=True), self.stops(request))
+        text, stop = _cut(self.budget.decode([kept])[0], self.stops(request))
         stopped = stop is not None
         if stopped:  # the tokens generated up to the end of the stop string
-            with guarded_tokenizer(self.tokenizer):
-                count = len(self.tokenizer(text + stop, add_special_tokens=False)["input_ids"])
+            count = len(self.budget.encode([text + stop])[0])
         else:
             count = len(kept)
         finish = "stop" if stopped or ended else "length"

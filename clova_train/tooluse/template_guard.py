@@ -11,7 +11,11 @@ the whole process. So:
   and a wall-clock timeout, before the caller loads either itself. A failure is one :class:`ExportError` naming
   the file at fault.
 * :class:`ChatTemplateRenderer` renders each request's conversation in one long-lived child of the same kind, with
-  a wall-clock timeout (the child is killed and started again on the next request) and a cap on the text's length.
+  a wall-clock timeout (the child is killed and started again on the next request) and a cap on the text's length;
+  given the served tokenizer (its serialized ``tokenizer.json``), the same child encodes the prompt and any other
+  text a request brings (stop strings) and decodes what the model wrote, so that a regex of the tokenizer that
+  backtracks on one client's text costs that request its answer (an error after the timeout), not the server its
+  other requests, and a native panic or abort only the child.
 
 Cost (measured on this package's 2-core CPU machine, idle): a child starts in about 0.7 s (it imports
 transformers' chat template code, warms Jinja up and locks itself down), so a probe takes about that; a render in
@@ -88,14 +92,17 @@ def _message_chars(messages: list[dict[str, Any]]) -> int:
 class _Worker:
     """One child running :mod:`~clova_train.sandbox.template_worker`, talked to one JSON line at a time."""
 
-    def __init__(self, memory_mb: int, cpu_s: int, tokenizer_file: Path | None = None) -> None:
-        extra = [str(tokenizer_file)] if tokenizer_file is not None else []
+    def __init__(self, memory_mb: int, cpu_s: int, tokenizer_file: Path | None = None,
+                 tokenizer_json: str | None = None) -> None:
+        extra = [str(tokenizer_file)] if tokenizer_file is not None else ["-"] if tokenizer_json is not None else []
         self.process = subprocess.Popen(
             [sys.executable, "-m", "clova_train.sandbox.template_worker", str(memory_mb), str(cpu_s), *extra],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, bufsize=0,
             start_new_session=True, close_fds=True, env=_child_environment(),
         )
         self._buffer = b""
+        # the serialized tokenizer, the first line the child reads (sent with the first request)
+        self._handshake = (json.dumps({"tokenizer": tokenizer_json}) + "\n").encode() if tokenizer_json else b""
         self.owner = os.getpid()  # a forked copy of this object must not talk to the same child
         self.ready = False  # it said it is locked down and reading requests
         self._finalizer = weakref.finalize(self, _kill, self.process)
@@ -108,8 +115,10 @@ class _Worker:
         deadline = time.monotonic() + timeout_s + (0.0 if self.ready else STARTUP_S)
         stage = ""
         try:
-            self.process.stdin.write((json.dumps(request, ensure_ascii=True) + "\n").encode())
-            self.process.stdin.flush()
+            data = memoryview(self._handshake + (json.dumps(request, ensure_ascii=True) + "\n").encode())
+            self._handshake = b""
+            while data:  # a pipe may take a long line in parts
+                data = data[self.process.stdin.write(data) or 0:]
         except (BrokenPipeError, OSError):
             self.close()
             return None, stage
@@ -209,34 +218,70 @@ def probe_tokenizer_files(tokenizer_file: Path | None, template: str | None, spe
 
 
 class ChatTemplateRenderer:
-    """Renders conversations with a chat template in a long-lived limited child (see the module docstring).
+    """Renders conversations with a chat template, and encodes and decodes with the served tokenizer, in a long-lived
+    limited child (see the module docstring).
 
     Args:
-        template: the Jinja chat template.
+        template: the Jinja chat template (None: the child only encodes and decodes).
         special: the tokenizer's special tokens (``bos_token``, ``eos_token``, ...), as the template sees them.
         where: what the template came from, for messages.
         limits: the child's bounds (None: :data:`DEFAULT_GUARD`).
+        tokenizer_json: the served tokenizer, serialized (``tokenizer.backend_tokenizer.to_str()``); None: this
+            renderer does not encode or decode (:meth:`encodes` is False).
     """
 
-    def __init__(self, template: str, special: dict[str, Any], where: str, limits: GuardLimits | None = None) -> None:
+    def __init__(self, template: str | None, special: dict[str, Any], where: str, limits: GuardLimits | None = None,
+                 tokenizer_json: str | None = None) -> None:
         self.template, self.special, self.where = template, dict(special), where
         self.limits = limits or DEFAULT_GUARD
+        self.tokenizer_json = tokenizer_json
         self._worker: _Worker | None = None
         self._lock = threading.Lock()
+
+    @property
+    def encodes(self) -> bool:
+        """It holds the served tokenizer: :meth:`encode` and :meth:`decode` work."""
+        return self.tokenizer_json is not None
 
     def render(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True) -> str:
         """The prompt text of ``messages``; a :class:`DataError` when the template refuses them (its
         ``raise_exception``: roles out of order, say: the client's error), an :class:`ExportError` when it fails
         otherwise, runs past the timeout, runs out of memory or writes more than the conversation plus
         ``max_render_chars``."""
+        return str(self._render(messages, add_generation_prompt, False)["text"])
+
+    def render_ids(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True) -> list[int]:
+        """The token ids of :meth:`render`'s text (no special tokens added: the template writes its own), rendered
+        and encoded in one round trip; errors as :meth:`render`'s, and an :class:`ExportError` when encoding fails."""
+        return [int(i) for i in self._render(messages, add_generation_prompt, True)["ids"]]
+
+    def encode(self, texts: list[str]) -> list[list[int]]:
+        """Each text's token ids, as ``tokenizer(text, add_special_tokens=False)`` gives them; an
+        :class:`ExportError` naming the tokenizer when it fails, panics or runs past the render timeout."""
+        chars = sum(len(text) for text in texts)
+        reply = self._ask({"op": "encode", "texts": list(texts)}, 24 * chars + (1 << 16), "encode this text")
+        return [[int(i) for i in row] for row in reply["ids"]]
+
+    def decode(self, rows: list[list[int]], skip_special_tokens: bool = True) -> list[str]:
+        """Each row's text from the tokenizer's decoder (before transformers' clean-up of spaces); errors as
+        :meth:`encode`'s."""
+        ids = sum(len(row) for row in rows)
+        reply = self._ask({"op": "decode", "ids": [list(map(int, row)) for row in rows],
+                           "skip_special_tokens": skip_special_tokens},
+                          2048 * ids + (1 << 16), "decode these tokens")
+        return [str(text) for text in reply["texts"]]
+
+    def _render(self, messages: list[dict[str, Any]], add_generation_prompt: bool, encode: bool) -> dict[str, Any]:
+        if self.template is None:
+            raise ExportError(f"the tokenizer of {self.where} has no chat template")
+        if encode and not self.encodes:
+            raise ExportError(f"the renderer of {self.where} was given no tokenizer to encode with")
         max_chars = self.limits.max_render_chars + _message_chars(messages)
         request = {"op": "render", "template": self.template, "special": self.special, "messages": messages,
-                   "add_generation_prompt": add_generation_prompt, "max_chars": max_chars}
+                   "add_generation_prompt": add_generation_prompt, "max_chars": max_chars, "encode": encode}
         with self._lock:
-            if self._worker is None or self._worker.owner != os.getpid() or not self._worker.alive():
-                self._worker = _Worker(self.limits.memory_mb, 0)
-            worker = self._worker
-            reply, _ = worker.ask(request, self.limits.render_timeout_s, 12 * max_chars + (1 << 16))
+            worker = self._started()
+            reply, _ = worker.ask(request, self.limits.render_timeout_s, 36 * max_chars + (1 << 16))
         if reply is None:
             raise ExportError(f"the chat template of {self.where} cannot render this conversation: it "
                               f"{_why(worker, self.limits.render_timeout_s, self.limits.memory_mb)}")
@@ -245,7 +290,26 @@ class ChatTemplateRenderer:
             if error.startswith("TemplateError: "):  # the template refuses this conversation (raise_exception)
                 raise DataError(f"the model's chat template refuses this conversation: {error.removeprefix('TemplateError: ')}")
             raise ExportError(f"the chat template of {self.where} cannot render this conversation: {error}")
-        return str(reply["text"])
+        return reply
+
+    def _ask(self, request: dict[str, Any], max_reply_bytes: int, action: str) -> dict[str, Any]:
+        if not self.encodes:
+            raise ExportError(f"the renderer of {self.where} was given no tokenizer to {action} with")
+        with self._lock:
+            worker = self._started()
+            reply, _ = worker.ask(request, self.limits.render_timeout_s, max_reply_bytes)
+        if reply is None:
+            raise ExportError(f"the tokenizer of {self.where} cannot {action}: it "
+                              f"{_why(worker, self.limits.render_timeout_s, self.limits.memory_mb)}")
+        if not reply.get("ok"):
+            raise ExportError(f"the tokenizer of {self.where} cannot {action}: {reply.get('error')}")
+        return reply
+
+    def _started(self) -> _Worker:
+        """The child, started again when it died, was killed or belongs to another process (a fork)."""
+        if self._worker is None or self._worker.owner != os.getpid() or not self._worker.alive():
+            self._worker = _Worker(self.limits.memory_mb, 0, tokenizer_json=self.tokenizer_json)
+        return self._worker
 
     def close(self) -> None:
         """Stop the child (it also ends with this process: its stdin closes)."""
@@ -255,7 +319,8 @@ class ChatTemplateRenderer:
                 self._worker = None
 
     def __getstate__(self) -> dict[str, Any]:  # handed to server workers: each starts its own child
-        return {"template": self.template, "special": self.special, "where": self.where, "limits": self.limits}
+        return {"template": self.template, "special": self.special, "where": self.where, "limits": self.limits,
+                "tokenizer_json": self.tokenizer_json}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__init__(**state)  # type: ignore[misc]

@@ -281,3 +281,125 @@ def test_the_bounds_pass_the_largest_real_configs(tmp_path: Path, config: dict) 
         "r": 256, "lora_alpha": 512, "target_modules": r".*\.(q_proj|v_proj)$", "layers_to_transform": [0, 1, 2],
         "rank_pattern": {"model.layers.0.self_attn.q_proj": 8}, "layer_replication": [[0, 16], [8, 24], [16, 32]]}))
     model_file_limits.check_adapter_config(tmp_path / "adapter_config.json")
+
+
+SLOW_REGEX = "(q|qq)+b"  # fine on every probe text; about 4 ms per run of 24 q's without a b (Fibonacci backtracking)
+SLOW_TEXT = ("q" * 24 + " ") * 400  # about 1.7 s to encode with it on this machine: past the render timeout
+
+
+def _budget(export: Path) -> ContextBudget:
+    from transformers import AutoTokenizer
+
+    from clova_train.tooluse.served_llm import template_renderer
+
+    tokenizer = AutoTokenizer.from_pretrained(str(export / "adapter"))
+    return ContextBudget(tokenizer, 1 << 20, 8, template_renderer(tokenizer, export / "adapter"))
+
+
+@pytest.mark.parametrize("part, spoil", [
+    ("pre-tokenizer", {"pre_tokenizer": {"type": "Split", "pattern": {"Regex": SLOW_REGEX}, "behavior": "Isolated",
+                                         "invert": False}}),
+    ("normalizer", {"normalizer": {"type": "Replace", "pattern": {"Regex": SLOW_REGEX}, "content": ""}}),
+])
+def test_a_tokenizer_regex_slow_on_one_clients_text_costs_that_request_only(tiny_export: Path, tmp_path: Path,
+                                                                             part: str, spoil: dict) -> None:
+    """A regex that passes the probe but backtracks on a text some client sends: the server process never runs it
+    (the prompt is encoded in the limited child), so that request gets one error after the render timeout and the
+    next request is answered."""
+    from clova_train.tooluse.served_llm import ChatRequest
+
+    export = spoiled(tiny_export, tmp_path)
+    edit_json(export / "adapter" / "tokenizer.json", **spoil)
+    assert ServedToolLLM.check_export(export) == "example/tiny-base"  # the probe does not see it
+    budget = _budget(export)
+    try:
+        start = time.monotonic()
+        with pytest.raises(ExportError, match="did not finish within"):
+            budget.check(ChatRequest([{"role": "user", "content": SLOW_TEXT}]))
+        assert time.monotonic() - start < BOUND_S
+        assert budget.prompt_tokens(ChatRequest(USER)) > 0
+        with pytest.raises(ExportError, match="the tokenizer of .* cannot encode this text"):
+            budget.encode([SLOW_TEXT])  # a client's stop string goes the same way
+    finally:
+        budget.renderer.close()
+
+
+def test_a_decoder_regex_slow_on_what_the_model_wrote_costs_that_request_only(tiny_export: Path, tmp_path: Path) -> None:
+    export = spoiled(tiny_export, tmp_path)
+    file = export / "adapter" / "tokenizer.json"
+    tokenizer_json = json.loads(file.read_text())
+    tokenizer_json["model"]["vocab"]["q" * 24] = len(tokenizer_json["model"]["vocab"])
+    tokenizer_json["decoder"] = {"type": "Replace", "pattern": {"Regex": SLOW_REGEX}, "content": ""}
+    file.write_text(json.dumps(tokenizer_json))
+    budget = _budget(export)
+    try:
+        start = time.monotonic()
+        with pytest.raises(ExportError, match="cannot decode these tokens: it did not finish"):
+            budget.decode([[tokenizer_json["model"]["vocab"]["q" * 24]] * 400])
+        assert time.monotonic() - start < BOUND_S
+        assert budget.decode([[3, 4]]) == [budget.tokenizer.decode([3, 4], skip_special_tokens=True)]  # answered
+    finally:
+        budget.renderer.close()
+
+
+def _word_piece(directory: Path) -> Path:
+    """A WordPiece tokenizer saved to clean up spaces when decoding (transformers applies that after the decoder)."""
+    from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = ["[UNK]", "[PAD]", "[CLS]", "hello", "world", ",", "!", "'", "s", "don", "t", "##s", "wor", "##ld", "?"]
+    backend = Tokenizer(models.WordPiece({w: i for i, w in enumerate(vocab)}, unk_token="[UNK]"))
+    backend.normalizer = normalizers.BertNormalizer(lowercase=True)
+    backend.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+    backend.decoder = decoders.WordPiece()
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=backend, unk_token="[UNK]", pad_token="[PAD]",
+                                        cls_token="[CLS]", clean_up_tokenization_spaces=True)
+    tokenizer.chat_template = "{% for m in messages %}[CLS]{{ m['content'] }}{% endfor %}"
+    tokenizer.save_pretrained(str(directory))
+    return directory
+
+
+def _byte_level_bpe(directory: Path) -> Path:
+    """A byte-level BPE tokenizer (GPT-2's kind), trained on a few sentences."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    backend = Tokenizer(models.BPE())
+    backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    backend.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=300, special_tokens=["<|end|>"],
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    backend.train_from_iterator(["Thought: Do I need to use a tool? Yes", "Action: Detect, it's 日本語 🙂!"] * 20, trainer)
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=backend, eos_token="<|end|>", clean_up_tokenization_spaces=True)
+    tokenizer.chat_template = "{% for m in messages %}{{ m['content'] }}<|end|>{% endfor %}"
+    tokenizer.save_pretrained(str(directory))
+    return directory
+
+
+PARITY_TEXTS = ["hello world", "Hello, world! It's don't?", "hello  world ,  ! ' s", "", "日本語 🙂 Thought: <|end|>",
+                "[CLS] hello [PAD] world", "<s>hello</s> chat a"]
+
+
+@pytest.mark.parametrize("kind", ["word-level", "word-piece", "byte-level-bpe"])
+def test_the_child_encodes_and_decodes_as_the_tokenizer_does(tiny_export: Path, tmp_path: Path, kind: str) -> None:
+    """The served ids and texts are the tokenizer's own, special tokens, unknown words and transformers' clean-up of
+    spaces included."""
+    from transformers import AutoTokenizer
+
+    from clova_train.tooluse.served_llm import ChatRequest, template_renderer
+
+    directory = (tiny_export / "adapter" if kind == "word-level" else
+                 _word_piece(tmp_path / "tok") if kind == "word-piece" else _byte_level_bpe(tmp_path / "tok"))
+    tokenizer = AutoTokenizer.from_pretrained(str(directory))
+    budget = ContextBudget(tokenizer, 1 << 20, 8, template_renderer(tokenizer, directory))
+    assert budget.renderer is not None and budget.renderer.encodes
+    try:
+        expected = [tokenizer(text, add_special_tokens=False)["input_ids"] for text in PARITY_TEXTS]
+        assert budget.encode(PARITY_TEXTS) == expected
+        rows = [*expected, list(range(min(len(tokenizer), 40)))]
+        assert budget.decode(rows) == [tokenizer.decode(row, skip_special_tokens=True) for row in rows]
+        request = ChatRequest([{"role": "user", "content": "Hello, world!"}])
+        text = tokenizer.apply_chat_template(request.messages, tokenize=False, add_generation_prompt=True)
+        assert budget.prompt_ids(request) == tokenizer(text, add_special_tokens=False)["input_ids"]
+    finally:
+        budget.renderer.close()
