@@ -136,34 +136,45 @@ def test_response_loss_equals_the_models_own_loss(tool_data_root: Path, tiny_lla
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-6)
 
 
-@pytest.fixture(scope="module")
-def trained(tool_data_root: Path, tiny_llama_dir: Path, tmp_path_factory: pytest.TempPathFactory):
-    from lightning import Trainer, seed_everything
+def _trainer(run_dir: Path):
+    from lightning import Trainer
+
+    return Trainer(accelerator="cpu", max_epochs=6, logger=False, enable_progress_bar=False,
+                   enable_model_summary=False, num_sanity_val_steps=0, check_val_every_n_epoch=100,
+                   default_root_dir=str(run_dir))
+
+
+def _module(tiny_llama_dir: Path):
+    from lightning import seed_everything
 
     from clova_train.models import LoraToolLLM
 
     seed_everything(0)
+    return LoraToolLLM(str(tiny_llama_dir), lr=0.01, warmup_steps=10, max_new_tokens=48)
+
+
+@pytest.fixture(scope="module")
+def trained(tool_data_root: Path, tiny_llama_dir: Path, tmp_path_factory: pytest.TempPathFactory):
+    """A short LoRA fine-tune (six epochs, no validation: the learning test below measures before and after)."""
     run_dir = tmp_path_factory.mktemp("lora-run")
-    module = LoraToolLLM(str(tiny_llama_dir), lr=0.01, warmup_steps=10, max_new_tokens=48)
+    module = _module(tiny_llama_dir)
     dm = data_module(tool_data_root, tiny_llama_dir)
-    trainer = Trainer(accelerator="cpu", max_epochs=6, logger=False, enable_progress_bar=False,
-                      enable_model_summary=False, num_sanity_val_steps=0, check_val_every_n_epoch=100,
-                      default_root_dir=str(run_dir))
-    (before,) = trainer.validate(module, dm)
-    trainer.fit(module, dm)
-    (after,) = trainer.validate(module, dm)
-    return module, dm, run_dir, before, after
+    _trainer(run_dir).fit(module, dm)
+    return module, dm, run_dir
 
 
 @pytest.mark.learning
-def test_short_fine_tune_raises_success_rate(trained) -> None:
-    _, _, _, before, after = trained
+def test_short_fine_tune_raises_success_rate(trained, tiny_llama_dir: Path, tmp_path: Path) -> None:
+    """The untrained adapter (LoRA's B starts at zero: the base model) against the fine-tuned one, same seed."""
+    module, dm, _ = trained
+    (before,) = _trainer(tmp_path).validate(_module(tiny_llama_dir), dm)
+    (after,) = _trainer(tmp_path).validate(module, dm)
     assert after["val/all/SR"] > before["val/all/SR"] + 0.2
     assert after["val/all/SR_t"] > before["val/all/SR_t"]
 
 
 def test_run_writes_adapter_and_data_report(trained) -> None:
-    _, _, run_dir, _, _ = trained
+    _, _, run_dir = trained
     adapter = run_dir / "adapter"
     assert {"adapter_config.json", "adapter_model.safetensors", "prompt_template.json", "tokenizer.json"} <= {
         p.name for p in adapter.iterdir()
@@ -178,7 +189,7 @@ def test_run_writes_adapter_and_data_report(trained) -> None:
 def test_export_loads_with_plain_transformers_and_matches_module(trained, tmp_path: Path, tiny_llama_dir: Path) -> None:
     from clova_train.cli import main
 
-    module, dm, run_dir, _, _ = trained
+    module, dm, run_dir = trained
     out = tmp_path / "export"
     assert main(["export", str(run_dir), "-o", str(out), "--merged", "--dtype=float32"]) == 0  # exact comparison
     record = dm.splits["val"].records[0]
@@ -213,7 +224,7 @@ def test_export_from_checkpoint_matches_run_adapter(trained, tmp_path: Path) -> 
 
     from clova_train.cli import main
 
-    _, _, run_dir, _, _ = trained
+    _, _, run_dir = trained
     ckpt = run_dir / "checkpoints" / "last.ckpt"
     assert main(["export", str(ckpt), "-o", str(tmp_path / "from_ckpt")]) == 0
     a = load_file(str(tmp_path / "from_ckpt" / "adapter" / "adapter_model.safetensors"))
@@ -226,7 +237,7 @@ def test_chat_template_renders_the_training_prompt_token_for_token(trained, tmp_
 
     from clova_train.cli import main
 
-    _, dm, run_dir, _, _ = trained
+    _, dm, run_dir = trained
     assert main(["export", str(run_dir), "-o", str(tmp_path / "export")]) == 0
     tokenizer = AutoTokenizer.from_pretrained(str(tmp_path / "export" / "adapter"))
     records = dm.splits["val"].records[:5] + [{"instruction": "Describe it.", "input": "image/a.png", "output": "x"}]
@@ -248,7 +259,7 @@ def test_merged_model_generates_with_plain_transformers_and_stops_at_the_step(tr
     """``generate()`` and ``pipeline("text-generation")`` with no extra arguments, in a process without clova_train."""
     from clova_train.cli import main
 
-    module, dm, run_dir, _, _ = trained
+    module, dm, run_dir = trained
     out = tmp_path / "export"
     assert main(["export", str(run_dir), "-o", str(out), "--merged", "--dtype=float32"]) == 0  # exact comparison
     generation = json.loads((out / "merged" / "generation_config.json").read_text())
@@ -295,7 +306,7 @@ def test_exports_stand_alone_named_by_hub_id_or_carrying_their_base(trained, tmp
     from clova_train.cli import main
     from helpers.standalone import run_without_package
 
-    module, _, run_dir, _, _ = trained
+    module, _, run_dir = trained
     context = module.model.config.max_position_embeddings
     assert main(["export", str(run_dir), "-o", str(tmp_path / "local")]) == 0
     assert "names its base by the local path" in capsys.readouterr().err
@@ -345,7 +356,7 @@ def test_served_llm_from_moved_export_with_copied_base(trained, tmp_path: Path, 
     from clova_train.cli import main
     from clova_train.tooluse.served_llm import ChatRequest, ServedToolLLM
 
-    module, dm, run_dir, _, _ = trained
+    module, dm, run_dir = trained
     assert main(["export", str(run_dir), "-o", str(tmp_path / "export"), "--copy-base"]) == 0
     config = json.loads((tmp_path / "export" / "adapter" / "adapter_config.json").read_text())
     assert Path(config["base_model_name_or_path"]).is_absolute()
