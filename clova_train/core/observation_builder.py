@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import re
 import zlib
-from typing import Callable, Mapping, Sequence, Union
+from typing import Callable, Mapping, NamedTuple, Sequence, Union
 
 import numpy as np
 
@@ -76,42 +76,196 @@ def embedder_from_description(identity: Mapping[str, object]) -> Embed:
                      "pass that function as embed")
 
 
-_PROBABILITY = r"(?:p\s*=\s*)?(?P<{name}>[0-9]*\.?[0-9]+)"
-_SAMPLE_LINE = re.compile(
-    r"^\s*(?:(?:[-*]|\d+[.):]|\(\d+\))(?=\s))?\s*"  # optional list marker ("1." only before a space: not "0.7")
-    r"(?:\[\s*" + _PROBABILITY.format(name="p1") + r"\s*\]\s*:?"  # [0.8] or [p=0.8]
-    r"|\(\s*" + _PROBABILITY.format(name="p2") + r"\s*\)\s*:?"  # (0.8) or (p=0.8)
-    r"|(?P<p3>[01]?\.[0-9]+)\s*[:\-]?(?=\s))?"  # a bare decimal 0.8, 0.8: or 0.8 - before the text
-    r"\s*(?P<text>.*?)"
-    r"(?:\s*(?:\[\s*" + _PROBABILITY.format(name="p4") + r"\s*\]|\(\s*" + _PROBABILITY.format(name="p5")
-    + r"\s*\)))?\s*$",  # or after it: "find the cat (0.8)"
-    re.IGNORECASE,
-)
+# --- Planner replies -------------------------------------------------------------------------------------------
+# A reply is untrusted text: every regex below runs on a window of at most _WINDOW characters of one line (the
+# line's start or its end), so none of them can take longer than a constant, whatever the reply holds.
+_WINDOW = 120
+_NUMBER = r"[-+]?(?:\d{1,6}(?:[.,]\d{1,12})?|[.,]\d{1,12})(?:e[-+]?\d{1,4})?"
+_LABEL = r"(?:probability|prob|p|confidence|conf|likelihood|certainty|chance|score)\b\s*(?:of\s+success\s*)?"
+_LABELLED = rf"{_LABEL}(?:[:=]\s*(?:{_NUMBER}(?:\s?%)?|[^\s\[\](){{}}<>]{{1,20}})|{_NUMBER}(?:\s?%)?)"
+_BRACKETED = r"[\[({<]\s*(?P<body>[^\[\](){}<>]{1,60}?)\s*[\])}>]"
+_BARE = r"(?P<bare>[01]?\.\d{1,12}|\d{1,3}(?:\.\d{1,6})?\s?%)"
+_VALUE = re.compile(rf"(?:(?P<label>{_LABEL})[:=]?\s*)?(?P<number>{_NUMBER})(?:\s?(?P<percent>%))?", re.IGNORECASE)
+_LABEL_START = re.compile(rf"{_LABEL}[:=]", re.IGNORECASE)
+_LIST_MARKER = re.compile(
+    r"(?:[-*+\u2022]|\d{1,3}[.):]|[(\[]\d{1,3}[)\]]|[a-z]\)"
+    r"|(?:step|sample|instruction|option|idea)\s?\d{1,3}[.):]?)\s+",
+    re.IGNORECASE)
+_PREFIX = re.compile(rf"(?:{_BRACKETED}|(?P<labelled>{_LABELLED})|{_BARE})(?=[\s:|,\-\u2013\u2014]|$)", re.IGNORECASE)
+_SUFFIX = re.compile(
+    rf"(?P<sep>\s*[:|,;\-\u2013\u2014]\s*|\s+|^)"
+    rf"(?:{_BRACKETED}|(?P<labelled>{_LABELLED})|{_BARE}|(?P<comma>[01],\d{{1,12}}))"
+    r"[.;!]?\s*$", re.IGNORECASE)
+_SEPARATORS = " \t:|,;-\u2013\u2014"
+# A bare trailing number after one of these words is the instruction's own quantity ("scale by 0.5"), not a probability.
+QUANTITY_WORDS = frozenset(("by", "to", "of", "at", "from", "than", "and", "or", "times", "top", "bottom", "first",
+                            "last", "factor", "ratio", "threshold", "scale", "zoom", "resize", "opacity", "alpha"))
+NOTE_KINDS = ("missing", "clipped", "unreadable", "unpaired")
+
+
+class SampleNote(NamedTuple):
+    """Why one line's probability is not simply the number written: ``kind`` is ``missing`` (no probability: read
+    as 0), ``clipped`` (outside [0, 1]: clipped to it), ``unreadable`` (looks like a probability but is not a
+    number, or is ambiguous such as ``(0,7)``: the line gets 0) or ``unpaired`` (a line holding only a probability
+    that no instruction took: dropped). ``line`` is 1-based in the reply; ``text`` the piece at fault, cut short."""
+
+    line: int
+    kind: str
+    text: str
+
+
+class SampleReport(NamedTuple):
+    """:func:`parse_samples_report`'s result: the ``samples`` :func:`parse_samples` returns, and a note per line
+    whose probability was not read as written (see :class:`SampleNote`), in reply order."""
+
+    samples: list[tuple[str, float]]
+    notes: list[SampleNote]
+
+    def count_notes(self, *kinds: str) -> int:
+        """How many notes are of ``kinds`` (all notes when none is named)."""
+        return sum(1 for note in self.notes if not kinds or note.kind in kinds)
+
+
+def _read_probability(token: str, bare: bool) -> tuple[float | None, str | None, bool]:
+    """``(value, note kind, looks like a probability)`` for one bracket body, labelled value or bare number.
+
+    A labelled or bracketed value outside [0, 1] is clipped (noted ``clipped``); a bare one is the instruction's own
+    number (``zoom 1.5``), not a probability. A decimal comma (``0,7``) is read after a label only: in brackets or
+    bare it is as likely a pair (``(0,7)``, coordinates) as a probability, so it is noted ``unreadable``.
+    """
+    match = _VALUE.fullmatch(token.strip())
+    if match is None:
+        looks = _LABEL_START.match(token.strip()) is not None
+        return None, ("unreadable" if looks else None), looks
+    label, number, percent = match.group("label"), match.group("number"), match.group("percent")
+    if "," in number:
+        if not label:
+            looks = re.fullmatch(r"[-+]?[01]?,\d+", number) is not None
+            return None, ("unreadable" if looks else None), looks
+        number = number.replace(",", ".")
+    if not (label or percent or "." in number or "e" in number.lower()):
+        return None, None, False  # "(2)", "[7]": a count or a reference, not a probability
+    value = float(number) / (100.0 if percent else 1.0)
+    if 0.0 <= value <= 1.0:
+        return value, None, True
+    if bare:
+        return None, None, False
+    return (1.0 if value > 1.0 else 0.0), "clipped", True  # 1e309 (inf) -> 1, -3 -> 0
+
+
+def _split_probability(line: str) -> tuple[str, float | None, list[tuple[str, str]]]:
+    """One stripped reply line -> ``(instruction, probability or None, [(note kind, piece)])``; the instruction is
+    ``""`` for a line that holds only a probability (or only something that looks like one)."""
+    rest, notes = line, []
+    for _ in range(2):  # "- 1. [0.8] find": up to two list markers
+        marker = _LIST_MARKER.match(rest[:_WINDOW])
+        if marker is None:
+            break
+        rest = rest[marker.end():]
+    prefix = _PREFIX.match(rest[:_WINDOW])
+    if prefix is not None:
+        token = prefix.group("body") or prefix.group("labelled") or prefix.group("bare")
+        value, note, looks = _read_probability(token, bare=prefix.group("bare") is not None)
+        after = rest[prefix.end():].strip(_SEPARATORS)
+        if note:
+            notes.append((note, token))
+        if value is not None or (looks and not after):
+            return after, value, notes
+    text = rest.rstrip()
+    start = max(0, len(text) - _WINDOW)
+    suffix = _SUFFIX.search(text, start)
+    if suffix is None or (suffix.start() == start > 0 and not suffix.group("sep")):  # the window cut a word
+        return text, None, notes
+    before = text[:suffix.start()].rstrip(_SEPARATORS)
+    if suffix.group("comma"):
+        return text, None, notes + [("unreadable", suffix.group("comma"))]
+    bare = suffix.group("bare")
+    if bare and not suffix.group("sep").strip() and before.split()[-1:] in ([w] for w in QUANTITY_WORDS):
+        return text, None, notes  # "scale by 0.5": the instruction's quantity
+    token = suffix.group("body") or suffix.group("labelled") or bare
+    value, note, looks = _read_probability(token, bare=bare is not None)
+    if note:
+        notes.append((note, token))
+    return (before, value, notes) if value is not None or (looks and not before) else (text, None, notes)
+
+
+def parse_samples_report(reply: str, n: int) -> SampleReport:
+    """:func:`parse_samples`'s ``n`` samples, with a :class:`SampleNote` for each probability read as 0 because a
+    line had none (``missing``) or held one that could not be read (``unreadable``), clipped to [0, 1]
+    (``clipped``) or left without an instruction (``unpaired``): what a caller counts and reports."""
+    samples: list[list] = []  # [instruction, probability or None, line number]
+    notes: list[SampleNote] = []
+    pending: tuple[float, int, str] | None = None  # a probability on a line of its own, waiting for the next line
+
+    def note(line: int, kind: str, text: str) -> None:
+        notes.append(SampleNote(line, kind, text[:40]))
+
+    for number, line in enumerate(reply.splitlines(), start=1):
+        line = line[:MAX_INSTRUCTION_CHARS * 2].strip()  # bounded before any regex
+        if not line or line.startswith("```"):
+            continue
+        text, probability, line_notes = _split_probability(line)
+        for kind, piece in line_notes:
+            note(number, kind, piece)
+        if not text:  # a line holding only a probability: never a sample of its own (it would shift the slots)
+            if probability is None:
+                continue
+            previous = samples[-1] if samples else None
+            if pending is None and previous is not None and previous[1] is None and not previous[0].endswith(":"):
+                previous[1] = probability
+                continue
+            if pending is not None:
+                note(pending[1], "unpaired", pending[2])
+            pending = (probability, number, line)
+            continue
+        if len(samples) == n:
+            break
+        if pending is not None:
+            if probability is None:
+                probability = pending[0]
+            else:
+                note(pending[1], "unpaired", pending[2])
+            pending = None
+        samples.append([text[:MAX_INSTRUCTION_CHARS], probability, number])
+    if pending is not None:
+        note(pending[1], "unpaired", pending[2])
+    noted = {item.line for item in notes}
+    for text, probability, number in samples:
+        if probability is None and number not in noted:  # an unreadable one is noted already: one note a line
+            note(number, "missing", text)
+    read = [(text, 0.0 if probability is None else probability) for text, probability, _ in samples]
+    return SampleReport(read + [(PLACEHOLDER_INSTRUCTION, 0.0)] * max(0, n - len(read)),
+                        sorted(notes, key=lambda item: item.line))
 
 
 def parse_samples(reply: str, n: int) -> list[tuple[str, float]]:
     """Exactly ``n`` ``(instruction, probability)`` pairs from a planner reply.
 
-    One sample per non-empty line; a probability in ``[0.83]``, ``(0.83)``, ``(p=0.83)`` or a bare ``0.83``
-    (``0.83:``) before the text, or ``[0.83]`` / ``(0.83)`` after it, is read and clipped to [0, 1] (a line without
-    one gets 0); an instruction is cut at ``MAX_INSTRUCTION_CHARS`` (a reply
-    is untrusted: its size must not grow prompts and memory). Lines beyond ``n`` are dropped (the reply's order
-    is kept); a short reply is padded with ``(no instruction)`` at probability 0, which the reasoner turns into a
-    no-op step. The action index therefore always means the same slot.
+    One sample per non-empty line, after a list marker (``1.``, ``2)``, ``(3)``, ``[4]``, ``-``, ``*``, ``a)``,
+    ``Step 5:``), which is never read as a probability. The probability may stand before or after the
+    instruction: in brackets (``[0.83]``, ``(p=0.83)``, ``{83%}``, ``<0.83>``, ``(confidence: 0.83)``), after a
+    label (``p: 0.83``, ``probability 0.83``, ``confidence=83 %``) or bare (``0.83``, ``.83``, ``83%``, set off
+    from the text by a space or ``:``/``-``/``|``; ``0.83.`` at the end of a sentence too). A number inside the
+    instruction (``pick the 2 red cubes``, ``zoom 1.5x``) is not one, nor is a bare number above 1 (``zoom 1.5``),
+    a bracketed integer (``(2)``), or a bare trailing number after a word that takes a quantity (``scale by 0.5``,
+    ``QUANTITY_WORDS``). Bracketed or labelled values outside [0, 1] are clipped to it (``[1.5]`` -> 1,
+    ``(p=-3)`` -> 0); a decimal comma is read after a label only (``p=0,7``: ``(0,7)`` may be a pair). A line
+    without a readable probability gets 0; :func:`parse_samples_report` returns the same samples with a note for
+    each such line, clipped value and stray probability, for callers to count and report.
+
+    A line holding only a probability (``(0.7)``, ``Probability: 0.7``) is never a sample of its own (it would
+    shift every later slot): it belongs to the instruction just above it when that one has none (the usual
+    ``1. find the cat`` / ``Probability: 0.7`` layout), else (at the start of the reply, below a heading ending
+    in ``:`` or below an instruction that has its own) to the next instruction line if that one has none; one
+    that neither takes is dropped and noted ``unpaired``.
+
+    An instruction is cut at ``MAX_INSTRUCTION_CHARS`` and a line is read from its first
+    ``2 * MAX_INSTRUCTION_CHARS`` characters (a reply is untrusted: its size must not grow prompts and memory, nor
+    the time spent reading it). Lines beyond ``n`` are dropped (the reply's order is kept); a short reply is
+    padded with ``(no instruction)`` at probability 0, which the reasoner turns into a no-op step. The action
+    index therefore always means the same slot.
     """
-    samples: list[tuple[str, float]] = []
-    for line in reply.splitlines():
-        line = line[:MAX_INSTRUCTION_CHARS * 2]  # bounded before the regex: long space runs backtrack quadratically
-        match = _SAMPLE_LINE.match(line)
-        text = match.group("text") if match else line.strip()
-        if not text or text.startswith("```"):
-            continue
-        raw = next((match.group(g) for g in ("p1", "p2", "p3", "p4", "p5") if match.group(g)), None) if match else None
-        probability = min(max(float(raw), 0.0), 1.0) if raw else 0.0
-        samples.append((text[:MAX_INSTRUCTION_CHARS], probability))
-        if len(samples) == n:
-            break
-    return samples[:n] + [(PLACEHOLDER_INSTRUCTION, 0.0)] * max(0, n - len(samples))
+    return parse_samples_report(reply, n).samples
 
 
 def tool_output_line(text: str) -> str:

@@ -45,6 +45,41 @@ PER_SAMPLE_NOTE = (
     "that policy class, so `DQN.load` needs clova-train importable.\n")
 
 
+PLANNER_REPLY_FORMAT = """
+The planner's reply is read by `observation.parse_samples(reply, num_samples)`: one instruction per line (a list
+marker such as `1.`, `2)`, `-` or `*` is dropped, never read as a probability), at most `num_samples` lines, each
+with its probability before or after the text: in brackets (`[0.83]`, `(p=0.83)`, `{83%}`), after a label
+(`probability: 0.83`, `p=0.83`) or bare (`0.83`, `83%`). A number inside the instruction (`pick the 2 red cubes`,
+`zoom 1.5x`, `scale by 0.5`) is not a probability; a line without one gets 0; a bracketed or labelled value outside
+[0, 1] is clipped to it. A probability on a line of its own goes with the instruction above it (or, when that one
+has its own or is a heading ending in `:`, with the one below): it never takes a slot. A short reply is padded with
+`(no instruction)` at 0, so action i always means the i-th sample. `observation.parse_samples_report` returns the
+same samples with a note for each line read as 0 (`missing`, `unreadable`), each clipped value and each probability
+left without an instruction (`unpaired`): count them to see how well your planner follows the format.
+
+Example reply (`num_samples` = 5):
+
+```text
+1. [0.83] find the red circles
+2. count them (70%)
+3. pick the 2 largest 0.6
+4. compare the counts
+   Probability: 0.4
+```
+
+is read as:
+
+| action | instruction | probability |
+| --- | --- | --- |
+| 0 | find the red circles | 0.83 |
+| 1 | count them | 0.7 |
+| 2 | pick the 2 largest | 0.6 |
+| 3 | compare the counts | 0.4 |
+| 4 | (no instruction) | 0 |
+
+"""
+
+
 def controller_card(description: dict, n_actions: int, rule: str, q_network: str = "mlp") -> str:
     """The export's README: what the files are and how to choose an action without clova-train."""
     environment = description.get("environment", "hydra")
@@ -61,11 +96,7 @@ def controller_card(description: dict, n_actions: int, rule: str, q_network: str
                  + "".join(f'         "{name}": ...,\n' for name in names)
                  + f"}}  # flags over {flags}: observation.one_hot(names, chosen)")
     actions = "\n".join(f"| {index} | {meaning} |" for index, meaning in description["actions"].items())
-    planner_format = (
-        "\nThe planner's reply is read one instruction per line, at most `num_samples` lines, each with its probability "
-        "before or after it: `1. [0.83] find the red circles`, `(0.7) count them`, `0.6: compare the counts` or "
-        "`find the cat (0.4)`. A line without a probability gets 0 and a short reply is padded with "
-        "`(no instruction)` at 0, so action i always means the i-th line.\n\n" if environment == "hydra" else "")
+    planner_format = PLANNER_REPLY_FORMAT if environment == "hydra" else ""
     return f"""# {environment} controller (DQN, stable-baselines3)
 
 Exported by clova-train. Files: `controller.zip` (stable-baselines3 DQN), `q_network.pt` (TorchScript Q-network),

@@ -291,8 +291,71 @@ def test_baselines_report_every_rule_and_the_oracle_is_not_a_rule() -> None:
     ("0.7 find the cat", ("find the cat", 0.7)), ("0.7: find the cat", ("find the cat", 0.7)),
     ("2) 0.6 - look left", ("look left", 0.6)), ("- count the circles [p=0.25]", ("count the circles", 0.25)),
     ("1. [0.83] count", ("count", 0.83)), ("1. find 3 cats", ("find 3 cats", 0.0)), ("(7) find", ("find", 0.0)),
+    # bare trailing number, percent, scientific, leading dot, labels, other brackets, sentence end
+    ("go left 0.7", ("go left", 0.7)), ("turn (70%)", ("turn", 0.7)), ("70% turn", ("turn", 0.7)),
+    ("x (p=1e-1)", ("x", 0.1)), ("(p=.7) x", ("x", 0.7)), ("go left .7", ("go left", 0.7)),
+    ("[p=0.7] x", ("x", 0.7)), ("{0.7} x", ("x", 0.7)), ("<0.7> x", ("x", 0.7)), ("- 0.7 - x", ("x", 0.7)),
+    ("p: 0.7 x", ("x", 0.7)), ("find the cat 70 %", ("find the cat", 0.7)), ("find it 0.70.", ("find it", 0.7)),
+    ("find the cat (0.7).", ("find the cat", 0.7)), ("Find the cat - Probability: 70%", ("Find the cat", 0.7)),
+    ("find the cat | 0.4", ("find the cat", 0.4)), ("find the cat \u2014 0.4", ("find the cat", 0.4)),
+    ("find the cat (confidence: 0.8)", ("find the cat", 0.8)), ("find the cat, confidence 0.8", ("find the cat", 0.8)),
+    ("probability=0.3: find the cat", ("find the cat", 0.3)), ("find the cat p=0,7", ("find the cat", 0.7)),
+    # list markers are not probabilities
+    ("1) find", ("find", 0.0)), ("* find", ("find", 0.0)), ("[2] find (0.5)", ("find", 0.5)),
+    ("Step 1: find (0.4)", ("find", 0.4)), ("a) find 0.3", ("find", 0.3)), ("- 1. [0.8] find", ("find", 0.8)),
+    # a number inside the instruction is the instruction's
+    ("pick the 2 red cubes", ("pick the 2 red cubes", 0.0)), ("zoom 1.5x", ("zoom 1.5x", 0.0)),
+    ("zoom 1.5", ("zoom 1.5", 0.0)), ("scale the image by 0.5", ("scale the image by 0.5", 0.0)),
+    ("crop the top 30%", ("crop the top 30%", 0.0)), ("find object (2)", ("find object (2)", 0.0)),
+    ("pick the 2 red cubes (0.9)", ("pick the 2 red cubes", 0.9)), ("move to (0,7)", ("move to (0,7)", 0.0)),
+    # out of range in brackets or after a label: clipped
+    ("x (1.7)", ("x", 1.0)), ("x (170%)", ("x", 1.0)), ("x (p=-3)", ("x", 0.0)), ("x 170%", ("x 170%", 0.0)),
 ])
 def test_parse_samples_reads_a_probability_before_or_after_the_instruction(line: str, expected: tuple) -> None:
     """A planner writing "(0.7)" after its instruction, or a bare "0.7" before it, is read, not turned into probability
-    0 with the number left in the text (nor "0.7" taken for list item 0)."""
+    0 with the number left in the text (nor "0.7" taken for list item 0, nor "2" in "the 2 red cubes" for one)."""
     assert parse_samples(line, 1) == [expected]
+
+
+@pytest.mark.parametrize(("reply", "samples", "notes"), [
+    ("find the cat", [("find the cat", 0.0)], [(1, "missing")]),
+    ("find the cat (0.7)", [("find the cat", 0.7)], []),
+    ("x (1.7)\ny (170%)", [("x", 1.0), ("y", 1.0)], [(1, "clipped"), (2, "clipped")]),
+    ("[1e309] inf\n(p=-3) negative", [("inf", 1.0), ("negative", 0.0)], [(1, "clipped"), (2, "clipped")]),
+    ("x (p=high)\nmove to (0,7)\ngo 0,7", [("x (p=high)", 0.0), ("move to (0,7)", 0.0), ("go 0,7", 0.0)],
+     [(1, "unreadable"), (2, "unreadable"), (3, "unreadable")]),
+    # a probability on a line of its own: with the instruction above it when that has none ...
+    ("1. find the cat\n   Probability: 0.7\n2. count\n   Probability: 0.5", [("find the cat", 0.7), ("count", 0.5)],
+     []),
+    # ... else with the next one (reply start, below a heading, below an instruction with its own)
+    ("(0.7)\nfind the cat\n(0.5)\ncount", [("find the cat", 0.7), ("count", 0.5)], []),
+    ("My ideas:\n(0.6)\nfind", [("My ideas:", 0.0), ("find", 0.6)], [(1, "missing")]),
+    ("a (0.9)\n0.2\n(0.3)\nb", [("a", 0.9), ("b", 0.3)], [(2, "unpaired")]),
+    ("a (0.9)\n0.2\nb (0.4)", [("a", 0.9), ("b", 0.4)], [(2, "unpaired")]),
+    ("a (0.9)\nprobability: 0.2", [("a", 0.9), (PLACEHOLDER_INSTRUCTION, 0.0)], [(2, "unpaired")]),
+    ("(p=high)\nfind", [("find", 0.0), (PLACEHOLDER_INSTRUCTION, 0.0)], [(1, "unreadable"), (2, "missing")]),
+    # the n-th sample still takes the probability on the line below it; a later instruction is dropped
+    ("a\nb\n(0.4)\nc (0.9)", [("a", 0.0), ("b", 0.4)], [(1, "missing")]),
+])
+def test_parse_samples_report_notes_every_probability_not_read_as_written(reply: str, samples: list,
+                                                                         notes: list) -> None:
+    """No line is read as 0 without a note (missing, unreadable, clipped or unpaired), and a line holding only a
+    probability never becomes a sample of its own (which would shift every later slot)."""
+    from clova_train.core.observation_builder import parse_samples_report
+
+    report = parse_samples_report(reply, len(samples))
+    assert report.samples == samples == parse_samples(reply, len(samples))
+    assert [(note.line, note.kind) for note in report.notes] == notes
+    clipped = sum(kind == "clipped" for _, kind in notes)
+    assert report.count_notes() == len(notes) and report.count_notes("clipped") == clipped
+
+
+def test_parse_samples_reads_a_megabyte_line_at_once() -> None:
+    """A reply is untrusted: a 1 MB line of spaces, digits or open brackets is read in well under a second."""
+    import time
+
+    for line in (" " * 2**20, "1" * 2**20, "1 " * 2**19, "0." + "7" * 2**20, "(" + " " * 2**20 + "0.7)",
+                 "[0.5" * 2**18, "x" + " 0.7" * 2**18, ("1." * 2**10 + "\n") * 2**9):
+        started = time.perf_counter()
+        samples = parse_samples(line, 5)
+        assert time.perf_counter() - started < 0.1 and len(samples) == 5

@@ -3,6 +3,7 @@ planner's raw output with the export's own ``observation.py``, and the action ta
 
 from __future__ import annotations
 
+import importlib.util
 import json
 from dataclasses import replace
 from pathlib import Path
@@ -128,10 +129,13 @@ def test_export_builds_observations_and_actions_without_clova_train(name: str, t
     assert got["predicted"] == np.asarray(got["q_sb3"]).argmax(1).tolist()
     card = (tmp_path / "export" / "README.md").read_text()
     assert "observation.build_observation" in card and "Action rule" in card
-    if config.environment == "hydra":  # the card shows the planner-reply lines the exported reader takes
-        import re
-
-        from clova_train.core.observation_builder import parse_samples
-
-        shown = re.findall(r"`([^`]*\d\.\d[^`]*)`", card.split("The planner's reply")[1].split("\n\n")[0])
-        assert len(shown) == 4 and all(parse_samples(line, 1)[0][1] > 0 for line in shown), shown
+    if config.environment == "hydra":  # the card's example reply reads as its table says, with the exported reader
+        example = card.split("The planner's reply")[1].split("```text\n")[1].split("```")[0]
+        table = card.split("is read as:")[1].split("| --- | --- | --- |\n")[1].split("\n\n")[0]
+        rows = [[cell.strip() for cell in row.strip("|").split("|")] for row in table.splitlines()]
+        assert [int(index) for index, _, _ in rows] == list(range(len(rows))) and len(rows) >= 4, rows
+        spec = importlib.util.spec_from_file_location("exported_observation", tmp_path / "export" / "observation.py")
+        exported = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(exported)  # the export's own copy of the reader
+        assert exported.parse_samples(example, len(rows)) == [(text, float(p)) for _, text, p in rows]
+        assert exported.parse_samples_report(example, len(rows)).notes == []
