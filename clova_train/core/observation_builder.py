@@ -80,34 +80,49 @@ def embedder_from_description(identity: Mapping[str, object]) -> Embed:
 # A reply is untrusted text: every regex below runs on a window of at most _WINDOW characters of one line (the
 # line's start or its end), so none of them can take longer than a constant, whatever the reply holds.
 _WINDOW = 120
-_NUMBER = r"[-+]?(?:\d{1,6}(?:[.,]\d{1,12})?|[.,]\d{1,12})(?:e[-+]?\d{1,4})?"
-_LABEL = r"(?:probability|prob|p|confidence|conf|likelihood|certainty|chance|score)\b\s*(?:of\s+success\s*)?"
-_LABELLED = rf"{_LABEL}(?:[:=]\s*(?:{_NUMBER}(?:\s?%)?|[^\s\[\](){{}}<>]{{1,20}})|{_NUMBER}(?:\s?%)?)"
-_BRACKETED = r"[\[({<]\s*(?P<body>[^\[\](){}<>]{1,60}?)\s*[\])}>]"
-_BARE = r"(?P<bare>[01]?\.\d{1,12}|\d{1,3}(?:\.\d{1,6})?\s?%)"
-_VALUE = re.compile(rf"(?:(?P<label>{_LABEL})[:=]?\s*)?(?P<number>{_NUMBER})(?:\s?(?P<percent>%))?", re.IGNORECASE)
-_LABEL_START = re.compile(rf"{_LABEL}[:=]", re.IGNORECASE)
+_NUMBER = r"(?:[~\u2248]\s?)?[-+]?(?:\d{1,6}(?:[.,]\d{1,12})?|[.,]\d{1,12})(?:e[-+]?\d{1,4})?"  # "~0.7" is 0.7
+_LABEL = (r"(?:(?:probability|prob|p|confidence|conf|likelihood|certainty|chance|score)\b|p\s?\(\s?[a-z ]{1,20}\))"
+          r"\s*(?:of\s+success\s*)?")  # "P(success) = 0.7" too
+_ASSIGN = r"\s*[:=\u2248~]\s*"
+_WORD_AFTER = r"\s+(?:probability|confidence|confident|chance|likely|likelihood|certainty|certain|sure)"  # "70% sure"
+_LABELLED = (rf"{_LABEL}(?:[:=\u2248~]\s*(?:{_NUMBER}(?:\s?%)?|[^\s\[\](){{}}<>]{{1,20}})|{_NUMBER}(?:\s?%)?)"
+             rf"|{_NUMBER}(?:\s?%)?{_WORD_AFTER}")
+_EMPHASIS = r"(?:\*{1,2}|_{1,2})?"  # markdown **0.7**
+_BRACKETED = rf"{_EMPHASIS}[\[({{<]\s*{_EMPHASIS}(?P<body>[^\[\](){{}}<>*]{{1,60}}?){_EMPHASIS}\s*[\])}}>]{_EMPHASIS}"
+_BARE = rf"{_EMPHASIS}(?P<bare>(?:[~\u2248]\s?)?(?:[01]?\.\d{{1,12}}|\d{{1,3}}(?:\.\d{{1,6}})?\s?%)){_EMPHASIS}"
+_VALUE = re.compile(rf"(?:(?P<label>{_LABEL})(?:{_ASSIGN})?)?(?P<number>{_NUMBER})(?:\s?(?P<percent>%))?"
+                    rf"(?P<word>{_WORD_AFTER})?", re.IGNORECASE)
+_LABEL_START = re.compile(rf"{_LABEL}[:=\u2248~]", re.IGNORECASE)
 _LIST_MARKER = re.compile(
     r"(?:[-*+\u2022]|\d{1,3}[.):]|[(\[]\d{1,3}[)\]]|[a-z]\)"
-    r"|(?:step|sample|instruction|option|idea)\s?\d{1,3}[.):]?)\s+",
+    r"|(?:step|sample|instruction|option|idea)(?:\s?\d{1,3}[.):]?|:))\s+",
     re.IGNORECASE)
-_PREFIX = re.compile(rf"(?:{_BRACKETED}|(?P<labelled>{_LABELLED})|{_BARE})(?=[\s:|,\-\u2013\u2014]|$)", re.IGNORECASE)
+_PREFIX = re.compile(rf"(?:{_BRACKETED}|{_EMPHASIS}(?P<labelled>{_LABELLED}){_EMPHASIS}|{_BARE})"
+                     r"(?=[\s:|,\-\u2013\u2014]|$)", re.IGNORECASE)
 _SUFFIX = re.compile(
     rf"(?P<sep>\s*[:|,;\-\u2013\u2014]\s*|\s+|^)"
-    rf"(?:{_BRACKETED}|(?P<labelled>{_LABELLED})|{_BARE}|(?P<comma>[01],\d{{1,12}}))"
+    rf"(?:{_BRACKETED}|{_EMPHASIS}(?P<labelled>{_LABELLED}){_EMPHASIS}|{_BARE}|(?P<comma>[01],\d{{1,12}}))"
     r"[.;!]?\s*$", re.IGNORECASE)
 _SEPARATORS = " \t:|,;-\u2013\u2014"
 # A bare trailing number after one of these words is the instruction's own quantity ("scale by 0.5"), not a probability.
 QUANTITY_WORDS = frozenset(("by", "to", "of", "at", "from", "than", "and", "or", "times", "top", "bottom", "first",
                             "last", "factor", "ratio", "threshold", "scale", "zoom", "resize", "opacity", "alpha"))
-NOTE_KINDS = ("missing", "clipped", "unreadable", "unpaired")
+NOTE_KINDS = ("missing", "clipped", "unreadable", "unpaired", "cut")
+
+
+def max_reply_lines(n: int) -> int:
+    """How many non-empty lines of a reply :func:`parse_samples` reads for ``n`` samples: room for a heading, a
+    probability line under each instruction and some chatter, and a bound on the time a hostile reply takes."""
+    return 64 + 4 * n
 
 
 class SampleNote(NamedTuple):
     """Why one line's probability is not simply the number written: ``kind`` is ``missing`` (no probability: read
     as 0), ``clipped`` (outside [0, 1]: clipped to it), ``unreadable`` (looks like a probability but is not a
-    number, or is ambiguous such as ``(0,7)``: the line gets 0) or ``unpaired`` (a line holding only a probability
-    that no instruction took: dropped). ``line`` is 1-based in the reply; ``text`` the piece at fault, cut short."""
+    number, or is ambiguous such as ``(0,7)``: the line gets 0), ``unpaired`` (a line holding only a probability
+    that no instruction took: dropped) or ``cut`` (the reply had more than :func:`max_reply_lines` non-empty lines
+    before its ``n`` samples: this line and the rest were not read). ``line`` is 1-based in the reply; ``text``
+    the piece at fault, cut short."""
 
     line: int
     kind: str
@@ -140,12 +155,12 @@ def _read_probability(token: str, bare: bool) -> tuple[float | None, str | None,
     label, number, percent = match.group("label"), match.group("number"), match.group("percent")
     if "," in number:
         if not label:
-            looks = re.fullmatch(r"[-+]?[01]?,\d+", number) is not None
+            looks = re.fullmatch(r"(?:[~\u2248]\s?)?[-+]?[01]?,\d+", number) is not None
             return None, ("unreadable" if looks else None), looks
         number = number.replace(",", ".")
-    if not (label or percent or "." in number or "e" in number.lower()):
+    if not (label or percent or match.group("word") or "." in number or "e" in number.lower()):
         return None, None, False  # "(2)", "[7]": a count or a reference, not a probability
-    value = float(number) / (100.0 if percent else 1.0)
+    value = float(number.lstrip("~\u2248 ")) / (100.0 if percent else 1.0)
     if 0.0 <= value <= 1.0:
         return value, None, True
     if bare:
@@ -192,7 +207,8 @@ def _split_probability(line: str) -> tuple[str, float | None, list[tuple[str, st
 def parse_samples_report(reply: str, n: int) -> SampleReport:
     """:func:`parse_samples`'s ``n`` samples, with a :class:`SampleNote` for each probability read as 0 because a
     line had none (``missing``) or held one that could not be read (``unreadable``), clipped to [0, 1]
-    (``clipped``) or left without an instruction (``unpaired``): what a caller counts and reports."""
+    (``clipped``) or left without an instruction (``unpaired``), and where a reply too long to read was ``cut``:
+    what a caller counts and reports (``report.count_notes("missing", "unreadable")``)."""
     samples: list[list] = []  # [instruction, probability or None, line number]
     notes: list[SampleNote] = []
     pending: tuple[float, int, str] | None = None  # a probability on a line of its own, waiting for the next line
@@ -200,9 +216,17 @@ def parse_samples_report(reply: str, n: int) -> SampleReport:
     def note(line: int, kind: str, text: str) -> None:
         notes.append(SampleNote(line, kind, text[:40]))
 
+    budget = max_reply_lines(n)
     for number, line in enumerate(reply.splitlines(), start=1):
         line = line[:MAX_INSTRUCTION_CHARS * 2].strip()  # bounded before any regex
-        if not line or line.startswith("```"):
+        if not line:
+            continue
+        if budget == 0:  # a reply of stray probabilities or chatter: the rest is not read
+            if len(samples) < n:
+                note(number, "cut", line)
+            break
+        budget -= 1
+        if line.startswith("```"):
             continue
         text, probability, line_notes = _split_probability(line)
         for kind, piece in line_notes:
@@ -244,8 +268,9 @@ def parse_samples(reply: str, n: int) -> list[tuple[str, float]]:
     One sample per non-empty line, after a list marker (``1.``, ``2)``, ``(3)``, ``[4]``, ``-``, ``*``, ``a)``,
     ``Step 5:``), which is never read as a probability. The probability may stand before or after the
     instruction: in brackets (``[0.83]``, ``(p=0.83)``, ``{83%}``, ``<0.83>``, ``(confidence: 0.83)``), after a
-    label (``p: 0.83``, ``probability 0.83``, ``confidence=83 %``) or bare (``0.83``, ``.83``, ``83%``, set off
-    from the text by a space or ``:``/``-``/``|``; ``0.83.`` at the end of a sentence too). A number inside the
+    label (``p: 0.83``, ``probability 0.83``, ``P(success) = 0.83``, ``83% sure``) or bare (``0.83``, ``.83``,
+    ``~0.83``, ``83%``, ``**0.83**``, set off from the text by a space or ``:``/``-``/``|``; ``0.83.`` at the end of
+    a sentence too). A number inside the
     instruction (``pick the 2 red cubes``, ``zoom 1.5x``) is not one, nor is a bare number above 1 (``zoom 1.5``),
     a bracketed integer (``(2)``), or a bare trailing number after a word that takes a quantity (``scale by 0.5``,
     ``QUANTITY_WORDS``). Bracketed or labelled values outside [0, 1] are clipped to it (``[1.5]`` -> 1,
@@ -259,11 +284,12 @@ def parse_samples(reply: str, n: int) -> list[tuple[str, float]]:
     in ``:`` or below an instruction that has its own) to the next instruction line if that one has none; one
     that neither takes is dropped and noted ``unpaired``.
 
-    An instruction is cut at ``MAX_INSTRUCTION_CHARS`` and a line is read from its first
-    ``2 * MAX_INSTRUCTION_CHARS`` characters (a reply is untrusted: its size must not grow prompts and memory, nor
-    the time spent reading it). Lines beyond ``n`` are dropped (the reply's order is kept); a short reply is
-    padded with ``(no instruction)`` at probability 0, which the reasoner turns into a no-op step. The action
-    index therefore always means the same slot.
+    An instruction is cut at ``MAX_INSTRUCTION_CHARS``, a line is read from its first ``2 * MAX_INSTRUCTION_CHARS``
+    characters (the probability from its first or last 120) and at most :func:`max_reply_lines` non-empty lines
+    are read (a reply is untrusted: its size must not grow prompts and memory, nor the time spent reading it).
+    Lines beyond ``n`` are dropped (the reply's order is kept); a short reply is padded with ``(no instruction)``
+    at probability 0, which the reasoner turns into a no-op step. The action index therefore always means the
+    same slot.
     """
     return parse_samples_report(reply, n).samples
 

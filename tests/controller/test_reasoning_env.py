@@ -11,6 +11,7 @@ import pytest
 
 from clova_train.envs import ENV_ID, ReasoningLoopConfig, ReasoningLoopEnv, eq3_step_reward
 from clova_train.envs.common.world import make_task
+from clova_train.core.observation_builder import max_reply_lines, parse_samples_report
 from clova_train.envs.hydra.parts import PLACEHOLDER_INSTRUCTION, parse_samples
 from clova_train.envs.hydra.scripted import ScriptedReasoningLLM
 from clova_train.llm.backends import BackendError, ChatBackend
@@ -300,6 +301,11 @@ def test_baselines_report_every_rule_and_the_oracle_is_not_a_rule() -> None:
     ("find the cat | 0.4", ("find the cat", 0.4)), ("find the cat \u2014 0.4", ("find the cat", 0.4)),
     ("find the cat (confidence: 0.8)", ("find the cat", 0.8)), ("find the cat, confidence 0.8", ("find the cat", 0.8)),
     ("probability=0.3: find the cat", ("find the cat", 0.3)), ("find the cat p=0,7", ("find the cat", 0.7)),
+    ("1. **Find the cat** \u2014 *0.7*", ("**Find the cat**", 0.7)), ("**[0.7]** find", ("find", 0.7)),
+    ("find the cat (0.7 probability)", ("find the cat", 0.7)), ("find the cat [70% chance]", ("find the cat", 0.7)),
+    ("find the cat, 80% sure", ("find the cat", 0.8)), ("find the cat, P(success)=0.7", ("find the cat", 0.7)),
+    ("find the cat (p \u2248 0.7)", ("find the cat", 0.7)), ("~0.7 find the cat", ("find the cat", 0.7)),
+    ("Instruction: find the cat, Probability: 0.7", ("find the cat", 0.7)), ("0.7\tfind", ("find", 0.7)),
     # list markers are not probabilities
     ("1) find", ("find", 0.0)), ("* find", ("find", 0.0)), ("[2] find (0.5)", ("find", 0.5)),
     ("Step 1: find (0.4)", ("find", 0.4)), ("a) find 0.3", ("find", 0.3)), ("- 1. [0.8] find", ("find", 0.8)),
@@ -336,13 +342,14 @@ def test_parse_samples_reads_a_probability_before_or_after_the_instruction(line:
     ("(p=high)\nfind", [("find", 0.0), (PLACEHOLDER_INSTRUCTION, 0.0)], [(1, "unreadable"), (2, "missing")]),
     # the n-th sample still takes the probability on the line below it; a later instruction is dropped
     ("a\nb\n(0.4)\nc (0.9)", [("a", 0.0), ("b", 0.4)], [(1, "missing")]),
+    # a reply of stray probabilities is read up to max_reply_lines(n) non-empty lines, then cut
+    ("(0.7)\n" * 500 + "late (0.9)", [(PLACEHOLDER_INSTRUCTION, 0.0)],
+     [(i, "unpaired") for i in range(1, max_reply_lines(1) + 1)] + [(max_reply_lines(1) + 1, "cut")]),
 ])
 def test_parse_samples_report_notes_every_probability_not_read_as_written(reply: str, samples: list,
                                                                          notes: list) -> None:
     """No line is read as 0 without a note (missing, unreadable, clipped or unpaired), and a line holding only a
     probability never becomes a sample of its own (which would shift every later slot)."""
-    from clova_train.core.observation_builder import parse_samples_report
-
     report = parse_samples_report(reply, len(samples))
     assert report.samples == samples == parse_samples(reply, len(samples))
     assert [(note.line, note.kind) for note in report.notes] == notes
@@ -351,11 +358,13 @@ def test_parse_samples_report_notes_every_probability_not_read_as_written(reply:
 
 
 def test_parse_samples_reads_a_megabyte_line_at_once() -> None:
-    """A reply is untrusted: a 1 MB line of spaces, digits or open brackets is read in well under a second."""
+    """A reply is untrusted: a 1 MB line of spaces, digits or open brackets, or a reply of stray probability lines,
+    is read in well under a second."""
     import time
 
     for line in (" " * 2**20, "1" * 2**20, "1 " * 2**19, "0." + "7" * 2**20, "(" + " " * 2**20 + "0.7)",
-                 "[0.5" * 2**18, "x" + " 0.7" * 2**18, ("1." * 2**10 + "\n") * 2**9):
+                 "[0.5" * 2**18, "x" + " 0.7" * 2**18, ("1." * 2**10 + "\n") * 2**9, "(0.7)\n" * 2**17,
+                 "(p=high)\n" * 2**17, "*" * 2**20, "p: " * 2**18):
         started = time.perf_counter()
         samples = parse_samples(line, 5)
         assert time.perf_counter() - started < 0.1 and len(samples) == 5
