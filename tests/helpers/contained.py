@@ -34,6 +34,17 @@ class CaseOutcome:
     def error_lines(self) -> list[str]:
         return [line for line in self.stderr.splitlines() if "error" in line.lower()]
 
+    @property
+    def error_message(self) -> str:
+        """The first error line with the indented lines that continue it (``invalid controller config:`` names the
+        field on the next line)."""
+        lines = self.stderr.splitlines()
+        start = next((i for i, line in enumerate(lines) if "error" in line.lower()), len(lines))
+        end = start + 1
+        while end < len(lines) and lines[end][:1].isspace():
+            end += 1
+        return "\n".join(lines[start:end])
+
 
 def _child(argv: list[str], out_path: str, err_path: str, memory_mb: int, cpu_s: int,
            entry: Callable[[list[str]], int | None] | None = None) -> None:
@@ -56,6 +67,8 @@ def _child(argv: list[str], out_path: str, err_path: str, memory_mb: int, cpu_s:
         from clova_train.cli import main
 
         code = (entry or main)(argv)
+    except SystemExit as exit_:  # argparse's --help and usage errors end this way, as they do for the user
+        code = exit_.code if isinstance(exit_.code, int) else (0 if exit_.code is None else 1)
     except MemoryError:
         sys.stderr.write("contained: MemoryError\n")
         code = 99
@@ -99,10 +112,12 @@ def run_cli(argv: Sequence[str], *, timeout_s: float = 20.0, memory_mb: int = 61
 
 
 def assert_one_clean_error(outcome: CaseOutcome, *words: str) -> None:
-    """The case finished within its limits, exited 1 or 2, with one error line holding ``words`` and no traceback."""
+    """The case finished within its limits, exited 1 or 2, with one error message holding ``words`` (its line, or the
+    indented lines continuing it) and no traceback."""
     assert outcome.killed is None, (outcome.killed, outcome.stderr[-2000:])
     assert outcome.exit_code in (1, 2), (outcome.exit_code, outcome.stderr[-2000:])
     assert "Traceback" not in outcome.stderr, outcome.stderr[-2000:]
     lines = outcome.error_lines
     assert len(lines) == 1, outcome.stderr[-2000:]
-    assert all(word in lines[0] for word in words), lines[0]
+    message = outcome.error_message
+    assert all(word in message for word in words), message

@@ -24,8 +24,13 @@ SPECIAL_FILES = ("fifo", "link to /dev/zero", "directory")
 
 
 @pytest.fixture(autouse=True)
-def no_hang() -> Iterator[None]:
-    """A reader that blocks (opening a FIFO waits for a writer) fails the test instead of hanging the suite."""
+def no_hang(request: pytest.FixtureRequest) -> Iterator[None]:
+    """A reader that blocks (opening a FIFO waits for a writer) fails the test instead of hanging the suite (a
+    contained case is bounded by its child's own limits)."""
+    if "contained" in request.node.name:
+        yield
+        return
+
     def expired(*_: Any) -> None:
         raise TimeoutError("the reader blocked")
 
@@ -374,3 +379,120 @@ def test_pool_metadata_larger_than_a_real_pool_is_refused(tmp_path: Path) -> Non
     save_file({"a": torch.zeros(1)}, str(path), metadata={"clova_train.pool": json.dumps(meta)})
     with pytest.raises(PoolError, match="model_identity is a text of 5,000 characters"):
         PromptPool.load(path)
+
+
+# --------------------------------------------------------------------------- every category as the user runs it
+
+
+def _zip_with(field: str, value: Any) -> Callable[[Path, Path], list[str]]:
+    """A case: the controller zip with ``field`` replaced, named by ``--checkpoint``."""
+    def case(controller: Path, root: Path) -> list[str]:
+        stored = _serialized(value()) if callable(value) else value
+        return [str(_rewritten(controller, root / "controller.zip", lambda data: data.update({field: stored})))]
+
+    return case
+
+
+def _evaluate_zip(field: str, value: Any) -> Callable[[Path, Path], list[str]]:
+    def case(controller: Path, root: Path) -> list[str]:
+        return ["controller", "evaluate", "--checkpoint", *_zip_with(field, value)(controller, root),
+                f"--train.output_dir={root / 'run'}"]
+
+    return case
+
+
+def _export_zip(field: str, value: Any) -> Callable[[Path, Path], list[str]]:
+    def case(controller: Path, root: Path) -> list[str]:
+        return ["controller", "export", "--checkpoint", *_zip_with(field, value)(controller, root),
+                f"--train.output_dir={root / 'run'}", f"--output={root / 'export'}"]
+
+    return case
+
+
+def _report_on(kind: str, relative: str, content: str) -> Callable[[Path, Path], list[str]]:
+    """A case: ``clova-train report`` on a ``kind`` run whose file ``relative`` holds ``content``."""
+    def case(_: Path, root: Path) -> list[str]:
+        from clova_train.core.run_manifest import write_run_manifest
+
+        run = root / "run"
+        write_run_manifest(run, kind)
+        (run / relative).parent.mkdir(parents=True, exist_ok=True)
+        (run / relative).write_text(content)
+        return ["report", str(run)]
+
+    return case
+
+
+def _fit_on_world(environment: str, name: str, content: str) -> Callable[[Path, Path], list[str]]:
+    """A case: ``clova-train controller fit --config`` whose ``environment`` section names the world file ``name``
+    holding ``content``."""
+    def case(_: Path, root: Path) -> list[str]:
+        world = root / name
+        world.write_text(content)
+        config = root / "controller.yaml"
+        config.write_text(json.dumps({"environment": environment, environment: {"world": str(world)},
+                                      "train": {"output_dir": str(root / "run")}}))
+        return ["controller", "fit", "--config", str(config)]
+
+    return case
+
+
+def _export_pool_run(_: Path, root: Path) -> list[str]:
+    """A case: ``clova-train export`` of a prompt-tuning run whose pool's metadata is 50 MB."""
+    import torch
+    from safetensors.torch import save_file
+
+    run = root / "run"
+    run.mkdir()
+    tool = {"tool": "clip", "identity": "x", "prompt_shape": [1, 2], "feature_dim": 2}
+    (run / "tool.json").write_text(json.dumps(tool))
+    meta = {"format_version": 1, "tool": "clip", "model_identity": "x" * (50 << 20), "prompt_shape": [1, 2],
+            "feature_dim": 2, "concepts": []}
+    save_file({"a": torch.zeros(1)}, str(run / "pool.safetensors"), metadata={"clova_train.pool": json.dumps(meta)})
+    return ["export", str(run), "--output", str(root / "export")]
+
+
+WIDE_LOG = ",".join(f"c{i}" for i in range(10_001)) + "\n"
+CONTAINED = {  # case: (what writes the hostile file and gives the command, the words of its one error)
+    "zip: a 37 GiB observation space, controller evaluate": (
+        _evaluate_zip("observation_space", _huge_box), ("controller.zip", "holds 40,000,000,000 values")),
+    "zip: a policy class that is no class, controller export": (
+        _export_zip("policy_class", lambda: set), ("controller.zip", "'policy_class'", "must be a DQN policy class")),
+    "metrics log of 10,001 columns, report": (
+        _report_on("lora", "logs/version_0/metrics.csv", WIDE_LOG), ("metrics.csv", "more than the 10,000")),
+    "controller log of 10,001 columns, report": (
+        _report_on("controller", "logs/progress.csv", WIDE_LOG), ("progress.csv", "more than the 10,000")),
+    "summary with a NaN curve, report": (
+        _report_on("prompt_tuning", "summary.json",
+                   '{"instances": [{"accepted": true, "loss_curve": [1.0, NaN]}]}'),
+        ("summary.json", "instances[0].loss_curve[1] = nan")),
+    "concept evaluation of text, report": (
+        _report_on("prompt_tuning", "evaluation/test.json",
+                   json.dumps({"per_concept": [{"concept": "a", "pool": {"mean": "high", "ci95": [0, 1]}}]})),
+        ("test.json", "per_concept[0].pool.mean = high")),
+    "controller evaluation of Infinity, report": (
+        _report_on("controller", "evaluation.json", '{"trained controller": {"accuracy": Infinity}}'),
+        ("evaluation.json", "trained controller.accuracy = inf")),
+    "world: a reward of 1e400, controller fit": (
+        _fit_on_world("hydra", "world.json", '{"rewards": {"r1": 1e400}}'), ("world.json", "rewards.r1 = inf: must be a finite number")),
+    "seeking world: a name of 300 characters, controller fit": (
+        _fit_on_world("avis", "world.yaml", "name: " + "x" * 300 + "\n"),
+        ("world.yaml", "must be one line of printable text of at most 200")),
+    "pool metadata of 50 MB, export": (_export_pool_run, ("pool.safetensors", "more than the 16,777,216 accepted")),
+}
+
+
+@pytest.mark.parametrize("case", list(CONTAINED))
+def test_each_hostile_file_is_one_error_of_the_users_command_contained(controller_zip: Path, tmp_path: Path,
+                                                                        case: str) -> None:
+    """The hostile file where the user's command reads it, and that command (``clova-train ...``) in a child under a
+    time and memory bound: one error line naming the file and the field, exit 1 or 2, no traceback; a case that
+    escaped its reader's bound would be killed (a hang, gigabytes, an abort), not hang or crash the worker."""
+    from helpers.contained import assert_one_clean_error, run_cli
+
+    write, words = CONTAINED[case]
+    argv = write(controller_zip, tmp_path)
+    started = time.monotonic()
+    outcome = run_cli(argv, timeout_s=20, memory_mb=6144, cpu_s=20)
+    assert_one_clean_error(outcome, *words)
+    print(f"{case}: {time.monotonic() - started:.2f} s")
