@@ -83,9 +83,10 @@ _WINDOW = 120
 _NUMBER = r"(?:[~\u2248]\s?)?[-+]?(?:\d{1,6}(?:[.,]\d{1,12})?|[.,]\d{1,12})(?:e[-+]?\d{1,4})?"  # "~0.7" is 0.7
 _LABEL = (r"(?:(?:probability|prob|p|confidence|conf|likelihood|certainty|chance|score)\b|p\s?\(\s?[a-z ]{1,20}\))"
           r"\s*(?:of\s+success\s*)?")  # "P(success) = 0.7" too
-_ASSIGN = r"\s*[:=\u2248~]\s*"
+_ASSIGN = r"\s*(?:[:=\u2248~]|\bis\b)\s*"  # "p = 0.7", "probability is 0.7"
 _WORD_AFTER = r"\s+(?:probability|confidence|confident|chance|likely|likelihood|certainty|certain|sure)"  # "70% sure"
-_LABELLED = (rf"{_LABEL}(?:[:=\u2248~]\s*(?:{_NUMBER}(?:\s?%)?|[^\s\[\](){{}}<>]{{1,20}})|{_NUMBER}(?:\s?%)?)"
+_LABELLED = (rf"(?:probability|confidence|likelihood|chance|certainty)\s+is\s+{_NUMBER}(?:\s?%)?"
+             rf"|{_LABEL}(?:[:=\u2248~]\s*(?:{_NUMBER}(?:\s?%)?|[^\s\[\](){{}}<>]{{1,20}})|{_NUMBER}(?:\s?%)?)"
              rf"|{_NUMBER}(?:\s?%)?{_WORD_AFTER}")
 _EMPHASIS = r"(?:\*{1,2}|_{1,2})?"  # markdown **0.7**
 _BRACKETED = rf"{_EMPHASIS}[\[({{<]\s*{_EMPHASIS}(?P<body>[^\[\](){{}}<>*]{{1,60}}?){_EMPHASIS}\s*[\])}}>]{_EMPHASIS}"
@@ -105,8 +106,10 @@ _SUFFIX = re.compile(
     r"[.;!]?\s*$", re.IGNORECASE)
 _SEPARATORS = " \t:|,;-\u2013\u2014"
 # A bare trailing number after one of these words is the instruction's own quantity ("scale by 0.5"), not a probability.
-QUANTITY_WORDS = frozenset(("by", "to", "of", "at", "from", "than", "and", "or", "times", "top", "bottom", "first",
-                            "last", "factor", "ratio", "threshold", "scale", "zoom", "resize", "opacity", "alpha"))
+QUANTITY_WORDS = frozenset((
+    "by", "to", "of", "at", "from", "than", "and", "or", "is", "are", "equals", "equal", "about", "around", "above",
+    "below", "under", "over", "near", "within", "exactly", "times", "top", "bottom", "first", "last", "factor",
+    "ratio", "threshold", "scale", "zoom", "resize", "opacity", "alpha"))
 NOTE_KINDS = ("missing", "clipped", "unreadable", "unpaired", "cut")
 
 

@@ -312,7 +312,9 @@ def test_baselines_report_every_rule_and_the_oracle_is_not_a_rule() -> None:
     # a number inside the instruction is the instruction's
     ("pick the 2 red cubes", ("pick the 2 red cubes", 0.0)), ("zoom 1.5x", ("zoom 1.5x", 0.0)),
     ("zoom 1.5", ("zoom 1.5", 0.0)), ("scale the image by 0.5", ("scale the image by 0.5", 0.0)),
-    ("crop the top 30%", ("crop the top 30%", 0.0)), ("find object (2)", ("find object (2)", 0.0)),
+    ("check if the score is 0.5", ("check if the score is 0.5", 0.0)),
+    ("find the cat, probability is 0.7", ("find the cat", 0.7)), ("crop the top 30%", ("crop the top 30%", 0.0)),
+    ("find object (2)", ("find object (2)", 0.0)),
     ("pick the 2 red cubes (0.9)", ("pick the 2 red cubes", 0.9)), ("move to (0,7)", ("move to (0,7)", 0.0)),
     # out of range in brackets or after a label: clipped
     ("x (1.7)", ("x", 1.0)), ("x (170%)", ("x", 1.0)), ("x (p=-3)", ("x", 0.0)), ("x 170%", ("x 170%", 0.0)),
