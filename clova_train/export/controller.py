@@ -54,8 +54,10 @@ with its probability before or after the text: in brackets (`[0.83]`, `(p=0.83)`
 [0, 1] is clipped to it. A probability on a line of its own goes with the instruction above it (or, when that one
 has its own or is a heading ending in `:`, with the one below): it never takes a slot. A short reply is padded with
 `(no instruction)` at 0, so action i always means the i-th sample. `observation.parse_samples_report` returns the
-same samples with a note for each line read as 0 (`missing`, `unreadable`), each clipped value and each probability
-left without an instruction (`unpaired`): count them to see how well your planner follows the format.
+same samples with a note for each line read as 0 (`missing`, `unreadable`), each clipped value, each probability
+left without an instruction (`unpaired`) and where a reply too long to read was `cut` (after
+`observation.max_reply_lines(num_samples)` non-empty lines): count them to see how well your planner follows the
+format.
 
 Example reply (`num_samples` = 5):
 
