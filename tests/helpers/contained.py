@@ -16,7 +16,12 @@ import tempfile
 from dataclasses import dataclass
 from typing import Callable, Sequence
 
-PRELOAD = ["torch", "clova_train.cli", "clova_train.report.figures", "clova_train.sb3.files"]  # what the cases import lazily: a fork each
+# What the cases' commands import lazily, imported once in the forkserver rather than in every case: torch and the CLI
+# (report, controller), and ``export``/``serve``'s Lightning, transformers and the HTTP server (about 5 s once, a
+# case then costs about a second instead of 6).
+PRELOAD = ["torch", "clova_train.cli", "clova_train.report.figures", "clova_train.sb3.files",
+           "clova_train.controller.trainer", "clova_train.export.lora", "clova_train.serving.http",
+           "clova_train.tooluse.served_llm"]
 _CONTEXT = multiprocessing.get_context("forkserver")
 _CONTEXT.set_forkserver_preload(PRELOAD)
 

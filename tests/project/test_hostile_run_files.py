@@ -456,6 +456,8 @@ WIDE_LOG = ",".join(f"c{i}" for i in range(10_001)) + "\n"
 CONTAINED = {  # case: (what writes the hostile file and gives the command, the words of its one error)
     "zip: a 37 GiB observation space, controller evaluate": (
         _evaluate_zip("observation_space", _huge_box), ("controller.zip", "holds 40,000,000,000 values")),
+    "zip: a replay buffer of 10^11, controller evaluate": (
+        _evaluate_zip("buffer_size", 10**11), ("controller.zip", "'buffer_size'", "must be an integer from 1 to")),
     "zip: a policy class that is no class, controller export": (
         _export_zip("policy_class", lambda: set), ("controller.zip", "'policy_class'", "must be a DQN policy class")),
     "metrics log of 10,001 columns, report": (
