@@ -498,3 +498,35 @@ def test_each_hostile_file_is_one_error_of_the_users_command_contained(controlle
     outcome = run_cli(argv, timeout_s=20, memory_mb=6144, cpu_s=20)
     assert_one_clean_error(outcome, *words)
     print(f"{case}: {time.monotonic() - started:.2f} s")
+
+
+LORA_CASES = [  # one command per kind of LoRA case (every case with both: tests/tool_llm/test_hostile_lora_cli.py)
+    ("a template that loops", "export"), ("a 100 MB template", "serve"), ("a tokenizer regex that panics", "serve"),
+    ("10^6 replicated layers", "export"),
+]
+
+
+@pytest.fixture(scope="module")
+def tiny_lora_export(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from helpers.hostile_lora_export import write_tiny_lora_export
+
+    return write_tiny_lora_export(tmp_path_factory.mktemp("lora") / "export")
+
+
+@pytest.mark.parametrize(("case", "command"), LORA_CASES)
+def test_a_lora_runs_hostile_file_is_one_error_of_export_or_serve_contained(tiny_lora_export: Path, tmp_path: Path,
+                                                                            case: str, command: str) -> None:
+    """A LoRA run's (or export's) hostile template, tokenizer or adapter config, through ``clova-train export`` or
+    ``serve`` in a bounded child: a loop is stopped by the template probe's bound, a 100 MB template (an abort in
+    tokenizers) and a panicking regex never reach the server process, 10^6 layers are refused before PEFT."""
+    import shutil
+
+    from helpers.contained import assert_one_clean_error, run_cli
+    from helpers.hostile_lora_export import COMMANDS, HOSTILE_FILES, cli_with_short_probe
+
+    spoil, words = HOSTILE_FILES[case]
+    spoiled = Path(shutil.copytree(tiny_lora_export, tmp_path / "export"))
+    spoil(spoiled)
+    outcome = run_cli(COMMANDS[command](spoiled, tmp_path), timeout_s=20, memory_mb=6144, cpu_s=20,
+                      entry=cli_with_short_probe)
+    assert_one_clean_error(outcome, *words)
