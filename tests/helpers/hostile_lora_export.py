@@ -94,3 +94,18 @@ def cli_with_short_probe(argv: list[str]) -> int | None:
     template_guard.DEFAULT_GUARD = template_guard.GuardLimits(memory_mb=1024, probe_timeout_s=1.5,
                                                               render_timeout_s=0.5)
     return main(argv)
+
+
+def run_hostile_case(export: Path, scratch: Path, case: str, command: str) -> tuple[object, tuple[str, ...]]:
+    """A copy of ``export`` in ``scratch`` spoiled as ``case`` of :data:`HOSTILE_FILES`, and ``command`` run on it in a
+    contained child: its :class:`~helpers.contained.CaseOutcome` and the words its one error must hold."""
+    import shutil
+
+    from helpers.contained import run_cli
+
+    spoil, words = HOSTILE_FILES[case]
+    spoiled = Path(shutil.copytree(export, scratch / "export"))
+    spoil(spoiled)
+    outcome = run_cli(COMMANDS[command](spoiled, scratch), timeout_s=20, memory_mb=6144, cpu_s=20,
+                      entry=cli_with_short_probe)
+    return outcome, words

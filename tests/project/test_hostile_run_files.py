@@ -519,14 +519,8 @@ def test_a_lora_runs_hostile_file_is_one_error_of_export_or_serve_contained(tiny
     """A LoRA run's (or export's) hostile template, tokenizer or adapter config, through ``clova-train export`` or
     ``serve`` in a bounded child: a loop is stopped by the template probe's bound, a 100 MB template (an abort in
     tokenizers) and a panicking regex never reach the server process, 10^6 layers are refused before PEFT."""
-    import shutil
+    from helpers.contained import assert_one_clean_error
+    from helpers.hostile_lora_export import run_hostile_case
 
-    from helpers.contained import assert_one_clean_error, run_cli
-    from helpers.hostile_lora_export import COMMANDS, HOSTILE_FILES, cli_with_short_probe
-
-    spoil, words = HOSTILE_FILES[case]
-    spoiled = Path(shutil.copytree(tiny_lora_export, tmp_path / "export"))
-    spoil(spoiled)
-    outcome = run_cli(COMMANDS[command](spoiled, tmp_path), timeout_s=20, memory_mb=6144, cpu_s=20,
-                      entry=cli_with_short_probe)
+    outcome, words = run_hostile_case(tiny_lora_export, tmp_path, case, command)
     assert_one_clean_error(outcome, *words)

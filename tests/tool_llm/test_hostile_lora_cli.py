@@ -12,12 +12,11 @@ is marked ``learning`` (``make test-learning``); the 15-minute suite runs one co
 
 from __future__ import annotations
 
-import shutil
 from pathlib import Path
 
 import pytest
 
-from helpers.hostile_lora_export import COMMANDS, HOSTILE_FILES, cli_with_short_probe, write_tiny_lora_export
+from helpers.hostile_lora_export import COMMANDS, HOSTILE_FILES, run_hostile_case, write_tiny_lora_export
 
 pytestmark = pytest.mark.learning
 
@@ -31,11 +30,7 @@ def tiny_lora_export(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.mark.parametrize("case", list(HOSTILE_FILES))
 def test_a_hostile_export_file_is_one_error_of_the_users_command_contained(tiny_lora_export: Path, tmp_path: Path,
                                                                             case: str, command: str) -> None:
-    from helpers.contained import assert_one_clean_error, run_cli
+    from helpers.contained import assert_one_clean_error
 
-    spoil, words = HOSTILE_FILES[case]
-    spoiled = Path(shutil.copytree(tiny_lora_export, tmp_path / "export"))
-    spoil(spoiled)
-    outcome = run_cli(COMMANDS[command](spoiled, tmp_path), timeout_s=20, memory_mb=6144, cpu_s=20,
-                      entry=cli_with_short_probe)
+    outcome, words = run_hostile_case(tiny_lora_export, tmp_path, case, command)
     assert_one_clean_error(outcome, *words)

@@ -16,7 +16,7 @@ import pytest
 from clova_train.core.errors import ExportError
 from clova_train.core import model_file_limits
 from clova_train.tooluse import template_guard
-from clova_train.tooluse.prompt_template import TEMPLATE_FILE, PromptTemplate
+from clova_train.tooluse.prompt_template import PromptTemplate
 from clova_train.tooluse.served_llm import SERVING_FILE, ContextBudget, ServedToolLLM
 from clova_train.tooluse.template_guard import ChatTemplateRenderer, GuardLimits
 
@@ -33,24 +33,9 @@ def fast_limits(monkeypatch: pytest.MonkeyPatch) -> None:
 
 @pytest.fixture(scope="module")
 def tiny_export(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from tokenizers import Tokenizer, models, pre_tokenizers
-    from transformers import PreTrainedTokenizerFast
+    from helpers.hostile_lora_export import write_tiny_lora_export
 
-    export = tmp_path_factory.mktemp("hostile") / "export"
-    adapter = export / "adapter"
-    words = ["<unk>", "<s>", "</s>", "hello", "world", "USER:", "ASSISTANT:", "a", "chat"]
-    backend = Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="<unk>"))
-    backend.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-    tokenizer = PreTrainedTokenizerFast(tokenizer_object=backend, bos_token="<s>", eos_token="</s>", unk_token="<unk>")
-    tokenizer.chat_template = PromptTemplate().chat_template(bos_token=True)
-    tokenizer.save_pretrained(str(adapter))
-    (adapter / "adapter_config.json").write_text(json.dumps({
-        "peft_type": "LORA", "base_model_name_or_path": "example/tiny-base", "r": 4, "lora_alpha": 8,
-        "target_modules": ["q_proj", "v_proj"], "task_type": "CAUSAL_LM"}))
-    (adapter / "adapter_model.safetensors").write_bytes(b"{}")
-    (adapter / TEMPLATE_FILE).write_text(json.dumps(PromptTemplate().to_dict()))
-    (adapter / SERVING_FILE).write_text(json.dumps({"stop": ["Observation:"], "temperature": 0.0, "max_tokens": 8}))
-    return export
+    return write_tiny_lora_export(tmp_path_factory.mktemp("hostile") / "export")
 
 
 def spoiled(tiny_export: Path, tmp_path: Path) -> Path:
