@@ -27,8 +27,11 @@ from helpers.common import REPO, fit_args, run_fit
 
 if os.environ.get("PYTEST_XDIST_WORKER"):
     # `make test` runs one pytest-xdist worker per core; with torch's default of one thread per core each,
-    # the workers' threads contend and the suite takes more than twice as long
+    # the workers' threads contend and the suite takes more than twice as long. The same holds for the processes
+    # the tests start (CLI runs, servers, benchmarks): they inherit the environment, so one thread each too (a DDP
+    # rank on CPU gets one anyway: Lightning divides the cores among the ranks of a machine).
     torch.set_num_threads(1)
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 
 # The slow tier (`make test-fast` leaves it out; the marker is registered in setup.cfg). Modules mark their own slow
