@@ -9,8 +9,8 @@ A prompt-tuning run has ``summary.json`` (every instance's gate verdict and lear
 from __future__ import annotations
 
 import csv
-import io
 import math
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -27,6 +27,8 @@ KINDS = ("prompt_tuning", "lora", "controller")
 MAX_LOG_BYTES = 512 << 20
 MAX_LOG_COLUMNS = 10_000
 MAX_LOG_ROWS = 10_000_000
+MAX_LOG_VALUES = 5_000_000  # numbers kept over all columns (a million steps of 5 metrics; Lightning logs every 50th)
+MAX_LOG_CELLS = 50_000_000  # cells read, empty ones too (a sparse log of 10,000 columns is mostly commas)
 SUMMARY_LIMITS = ReadLimits(max_bytes=512 << 20, max_depth=8, max_values=50_000_000, max_text=100_000)
 EVALUATION_LIMITS = ReadLimits(max_bytes=64 << 20, max_depth=8, max_values=5_000_000, max_text=10_000)
 MAX_INSTANCES = 2_000_000
@@ -64,30 +66,49 @@ def run_kind(directory: Path) -> str:
 
 def read_series(path: Path, x_columns: tuple[str, ...]) -> dict[str, Series]:
     """Every numeric column of a CSV log as a series against the first of ``x_columns`` the row has; a log that is
-    not a regular file, or holds more than :data:`MAX_LOG_BYTES`, columns or rows than a real log does, is one
+    not a regular file, or holds more than :data:`MAX_LOG_BYTES`, columns, rows, cells or numbers than a real log does, is one
     :class:`DataError` naming it."""
     where = f"the log {printable(path)}"
     text = read_text(path, "log", MAX_LOG_BYTES)
     series: dict[str, Series] = {}
+    cells = values = 0
     try:
-        reader = csv.DictReader(io.StringIO(text, newline=""))
-        if len(reader.fieldnames or ()) > MAX_LOG_COLUMNS:
-            raise DataError(f"{where} has {len(reader.fieldnames or ()):,} columns, more than the {MAX_LOG_COLUMNS:,} "
-                            "a log holds")
+        reader = csv.reader(_lines(text))
+        header = next(reader, [])
+        if len(header) > MAX_LOG_COLUMNS:
+            raise DataError(f"{where} has {len(header):,} columns, more than the {MAX_LOG_COLUMNS:,} a log holds")
+        last = {name: i for i, name in enumerate(header)}  # a repeated column name: its last column, as DictReader
+        x_at = [last[c] for c in x_columns if c in last]
+        names = [name if name and name not in x_columns and last[name] == i else None for i, name in enumerate(header)]
         for number, row in enumerate(reader, 1):
-            if number > MAX_LOG_ROWS:
-                raise DataError(f"{where} has more than {MAX_LOG_ROWS:,} rows")
-            x = next((_number(row.get(c)) for c in x_columns if _number(row.get(c)) is not None), None)
+            cells += len(row)
+            if number > MAX_LOG_ROWS or cells > MAX_LOG_CELLS:
+                raise DataError(f"{where} has more than {MAX_LOG_ROWS:,} rows or {MAX_LOG_CELLS:,} cells")
+            x = next((_number(row[i]) for i in x_at if i < len(row) and _number(row[i]) is not None), None)
             if x is None:
                 continue
-            for key, value in row.items():
-                y = _number(value)
-                if key and key not in x_columns and y is not None:
-                    series.setdefault(key, Series()).x.append(x)
-                    series[key].y.append(y)
+            for name, value in zip(names, row):
+                if value and name is not None:  # the empty cells of a sparse log cost one test each
+                    y = _number(value)
+                    if y is not None:
+                        series.setdefault(name, Series()).x.append(x)
+                        series[name].y.append(y)
+                        values += 1
+            if values > MAX_LOG_VALUES:  # within the bytes, columns and rows, a dense log still fills gigabytes
+                raise DataError(f"{where} holds more than {MAX_LOG_VALUES:,} numbers, more than a log holds")
     except csv.Error as err:
         raise DataError(f"cannot read {where}: {err}") from None
     return series
+
+
+def _lines(text: str) -> Iterator[str]:
+    """The lines of ``text`` with their ends, one at a time (a StringIO would copy a 512 MB log at four bytes a
+    character)."""
+    start = 0
+    while start < len(text):
+        end = text.find("\n", start) + 1 or len(text)
+        yield text[start:end]
+        start = end
 
 
 def _number(value: Any) -> float | None:

@@ -232,6 +232,27 @@ def test_metrics_logs_beyond_a_real_log_are_refused(tmp_path: Path) -> None:
     assert read_series(fine, ("step",))["loss"].y == [0.5]
 
 
+def test_a_dense_or_sparse_log_within_the_bytes_is_bounded_in_numbers_and_cells(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Within 512 MiB, 10,000 columns and 10 million rows, a dense log of numbers filled more than 6 GB (a 500 MB log
+    of 1,000 columns: MemoryError in ``report``) and a sparse one of 10,000 mostly empty columns took minutes (50 MB:
+    39 s): the numbers kept and the cells read are bounded too (here at small limits; 500 MB: 4 s and 2 s)."""
+    from clova_train.report import runs
+
+    monkeypatch.setattr(runs, "MAX_LOG_VALUES", 1000)
+    monkeypatch.setattr(runs, "MAX_LOG_CELLS", 10_000)
+    dense = _csv(tmp_path / "dense.csv", "step," + ",".join(f"c{i}" for i in range(100)) + "\n"
+                 + ("1," + ",".join(["0.5"] * 100) + "\n") * 20)
+    with pytest.raises(DataError, match="dense.csv holds more than 1,000 numbers"):
+        runs.read_series(dense, ("step",))
+    sparse = _csv(tmp_path / "sparse.csv", "step," + ",".join(f"c{i}" for i in range(999)) + "\n"
+                  + ("1" + "," * 999 + "\n") * 20)
+    with pytest.raises(DataError, match="sparse.csv has more than .* 10,000 cells"):
+        runs.read_series(sparse, ("step",))
+    repeated = _csv(tmp_path / "repeated.csv", "step,a,a,\n1,2,3,4,5\n\n2,,6\n")  # the last 'a' counts, as before
+    assert {name: (s.x, s.y) for name, s in runs.read_series(repeated, ("step",)).items()} == {"a": ([1.0, 2.0], [3.0, 6.0])}
+
+
 SUMMARIES = {  # an instance record, the field named
     "NaN curve": ({"accepted": True, "loss_curve": [1.0, float("nan")]}, "instances[0].loss_curve[1] = nan"),
     "infinite curve": ({"accepted": True, "loss_curve": [float("inf")]}, "instances[0].loss_curve[0] = inf"),
