@@ -185,7 +185,9 @@ def check_values(value: Any, where: str, limits: ReadLimits) -> Any:
     while stack:
         item, path, depth = stack.pop()
         count += 1
-        if limits.max_values is not None and count > limits.max_values:
+        # each child of a list or object counts at least once: a long one is refused before its children are stacked
+        if limits.max_values is not None and count + (len(item) if isinstance(item, (dict, list, tuple)) else 0) \
+                > limits.max_values:
             raise DataError(f"{where} holds more than {limits.max_values:,} values")
         if isinstance(item, dict):
             if depth + 1 > limits.max_depth:

@@ -29,7 +29,7 @@ MAX_LOG_COLUMNS = 10_000
 MAX_LOG_ROWS = 10_000_000
 MAX_LOG_VALUES = 5_000_000  # numbers kept over all columns (a million steps of 5 metrics; Lightning logs every 50th)
 MAX_LOG_CELLS = 50_000_000  # cells read, empty ones too (a sparse log of 10,000 columns is mostly commas)
-SUMMARY_LIMITS = ReadLimits(max_bytes=512 << 20, max_depth=8, max_values=50_000_000, max_text=100_000)
+SUMMARY_LIMITS = ReadLimits(max_bytes=128 << 20, max_depth=8, max_values=10_000_000, max_text=100_000)
 EVALUATION_LIMITS = ReadLimits(max_bytes=64 << 20, max_depth=8, max_values=5_000_000, max_text=10_000)
 MAX_INSTANCES = 2_000_000
 MAX_CURVE_STEPS = 1_000_000

@@ -277,6 +277,19 @@ def test_a_summary_field_of_the_wrong_type_or_not_finite_is_named(tmp_path: Path
     assert str(path) in str(caught.value) and words in str(caught.value), caught.value
 
 
+def test_a_summary_of_more_numbers_than_a_real_one_is_refused_before_it_is_walked(tmp_path: Path) -> None:
+    """A 128 MB summary of one 64-million-number curve (within the bytes) stacked every number before counting it:
+    over 120 s and gigabytes in ``report``; a list longer than the values left is now refused at once (about 4 s)."""
+    from clova_train.core.safe_files import ReadLimits, check_values
+    from clova_train.report.runs import SUMMARY_LIMITS
+
+    assert SUMMARY_LIMITS.max_values <= 10_000_000 and SUMMARY_LIMITS.max_bytes <= 128 << 20  # 60,000 x 100 steps fit
+    started = time.monotonic()
+    with pytest.raises(DataError, match="holds more than 1,000 values"):
+        check_values({"instances": [{"loss_curve": [0.5] * 5_000_000}]}, "summary", ReadLimits(max_values=1000))
+    assert time.monotonic() - started < 0.5
+
+
 def test_evaluations_with_infinite_or_mistyped_numbers_are_named(tmp_path: Path) -> None:
     from clova_train.report.runs import read_concept_evaluation, read_policy_evaluation
 
