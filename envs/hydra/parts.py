@@ -3,7 +3,8 @@
 Each part talks to a :class:`~clova_train.llm.backends.ChatBackend` in plain text, so a served LLM, a local
 transformers model or the offline scripted model can stand behind it.
 
-* :class:`Planner`: prompt -> reply -> :func:`parse_samples` -> exactly N ``(instruction, probability)``.
+* :class:`Planner`: prompt -> reply -> :func:`parse_samples_report` -> exactly N ``(instruction, probability)``;
+  the probabilities it could not read as written are counted (``note_counts``) and each kind is warned about once.
 * :class:`Reasoner`: prompt with the chosen instruction and the kept variables -> Python code (the first
   fenced block, or the whole reply).
 * :class:`Textualizer`: an execution result -> one line for the memory bank (a template, as in HYDRA).
@@ -13,13 +14,15 @@ transformers model or the offline scripted model can stand behind it.
 from __future__ import annotations
 
 import re
+import warnings
+from collections import Counter
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from clova_train.core.observation_builder import (  # noqa: F401 (re-exported)
     HYDRA_TASK_DESCRIPTION, MAX_INSTRUCTION_CHARS, MEMORY_LINES_SHOWN, PLACEHOLDER_INSTRUCTION, hydra_context_text,
-    hydra_samples_text, memory_text, parse_samples,
+    hydra_samples_text, memory_text, parse_samples, parse_samples_report,
 )
 from clova_train.llm.backends import ChatBackend, EmbeddingBackend, ask
 from clova_train.sandbox import ExecutionResult
@@ -68,6 +71,7 @@ class Planner:
 
     def __init__(self, backend: ChatBackend, num_samples: int) -> None:
         self.backend, self.num_samples = backend, num_samples
+        self.note_counts: Counter[str] = Counter()  # replies' lines whose probability was not read as written, by kind
 
     def prompt(self, question: str, memory: MemoryBank, attempt: int) -> str:
         return (
@@ -79,7 +83,23 @@ class Planner:
     def propose(self, question: str, memory: MemoryBank, attempt: int) -> list[tuple[str, float]]:
         reply = ask(self.backend, [{"role": "system", "content": self.SYSTEM},
                                    {"role": "user", "content": self.prompt(question, memory, attempt)}])
-        return parse_samples(reply, self.num_samples)
+        report = parse_samples_report(reply, self.num_samples)
+        for note in report.notes:
+            if not self.note_counts[note.kind]:  # once per kind: the planner's LLM writes the same way every time
+                warnings.warn(f"the planner's reply line {note.line} ({note.text!r}) is {note.kind}: "
+                              f"{PROBABILITY_NOTES[note.kind]} (more of this kind are counted, not repeated)",
+                              stacklevel=2)
+            self.note_counts[note.kind] += 1
+        return report.samples
+
+
+PROBABILITY_NOTES = {
+    "missing": "no probability was written, so it counts as 0",
+    "unreadable": "what looks like its probability is not a number in [0, 1] that can be read, so it counts as 0",
+    "clipped": "its probability is outside [0, 1] and was clipped to it",
+    "unpaired": "a probability on its own line that no instruction took was dropped",
+    "cut": "the reply was longer than the lines read for its samples; the rest was not read",
+}
 
 
 _FENCED = re.compile(r"```(?:python|py)?\s*\n(.*?)```", re.DOTALL)

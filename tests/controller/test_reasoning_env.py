@@ -370,3 +370,23 @@ def test_parse_samples_reads_a_megabyte_line_at_once() -> None:
         started = time.perf_counter()
         samples = parse_samples(line, 5)
         assert time.perf_counter() - started < 0.1 and len(samples) == 5
+
+
+def test_the_planner_counts_probabilities_it_could_not_read_and_warns_once_per_kind() -> None:
+    from clova_train.envs.hydra.parts import MemoryBank, Planner
+
+    class Reply(ChatBackend):
+        def identity(self) -> dict:
+            return {"kind": "fixed"}
+
+        def chat(self, messages: list) -> str:
+            return "1. (0.7) find the cat\n2. turn (170%)\n3. look (0,7)\n4. zoom"
+
+    planner = Planner(Reply(), 4)
+    with pytest.warns(UserWarning) as caught:
+        first = planner.propose("How many?", MemoryBank(), 0)
+        planner.propose("How many?", MemoryBank(), 1)
+    assert first == [("find the cat", 0.7), ("turn", 1.0), ("look (0,7)", 0.0), ("zoom", 0.0)]
+    assert planner.note_counts == {"clipped": 2, "unreadable": 2, "missing": 2}
+    messages = sorted(str(w.message) for w in caught)
+    assert len(messages) == 3 and "'0,7'" in messages[1] and "counts as 0" in messages[1], messages
