@@ -321,6 +321,7 @@ def run_serve(args: Sequence[str]) -> int | None:
     if parsed.request or parsed.stdin:
         if len(parsed.exports) != 1:
             raise ClovaTrainError("--request/--stdin answer with one prompt-tool export; give exactly one")
+        _refuse_a_chat_export(Path(parsed.exports[0]))
         from PIL import Image
 
         Image.MAX_IMAGE_PIXELS = limits.max_image_pixels
@@ -377,6 +378,21 @@ def served_api_key(given: str | None, key_file: str | None) -> str | None:
             raise ClovaTrainError(f"API key file {key_file}: expected one line holding the key")
         return key
     return given if given is not None else os.environ.get(API_KEY_ENV) or None
+
+
+def _refuse_a_chat_export(export: Path) -> None:
+    """``--request``/``--stdin`` answer prompt-tool requests; a LoRA export is named as such (its missing
+    ``tool.json`` would say less)."""
+    from clova_train.core.errors import DataError
+    from clova_train.core.run_manifest import read_run_manifest
+
+    try:
+        kind = read_run_manifest(export).kind if export.is_dir() else None
+    except DataError:
+        return  # not a run or export at all: the prompt-tool loader names what is missing
+    if kind == "lora":
+        raise ClovaTrainError(f"--request/--stdin answer prompt-tool requests, and {export} is a LoRA (chat) export: "
+                              "serve it without them (POST /v1/chat/completions, OpenAI-compatible)")
 
 
 def answer_json_lines(export: str, lines: Iterable[tuple[int, Any]] | None, top_k: int | None, device: str,

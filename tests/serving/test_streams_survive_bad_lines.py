@@ -161,3 +161,16 @@ def test_predict_answers_every_good_jsonl_line_and_reports_each_bad_one(tiny_cli
     assert "'output'" in lines[4]["error"]
     err = capsys.readouterr().err
     assert "4 of 6 inputs failed" in err and "line 2: " in err and "line 5: " in err
+
+
+def test_serve_stdin_names_a_lora_export_as_the_wrong_kind(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    """``--request``/``--stdin`` answer prompt-tool requests: a chat export is named as such (not as a prompt-tool
+    export missing its tool.json)."""
+    from clova_train.core.manifest import write_manifest
+    from helpers.hostile_lora_export import write_tiny_lora_export
+
+    export = write_tiny_lora_export(tmp_path / "export")
+    write_manifest(export, "lora", {"run": "r"})
+    assert main(["serve", str(export), "--request", "{}"]) == 2
+    error = capsys.readouterr().err
+    assert "is a LoRA (chat) export" in error and "tool.json" not in error and "Traceback" not in error, error
