@@ -172,7 +172,7 @@ def test_clova_train_serve_answers_depth_requests_at_v1_depth(depth_dir: Path, i
     box and an unreadable image each a 400 naming it, in OpenAI's error shape."""
     from helpers.serving import serving
 
-    with serving([str(depth_dir), "--image-root", str(image_file.parent)]) as (base, _):
+    with serving([str(depth_dir), "--image-root", str(image_file.parent)]) as (base, server):
         body = {"image": str(image_file), "boxes": [[0, 0, 10, 10], [20, 20, 70, 50]]}
         status, reply = post(base + "/v1/depth", body)
         assert status == 200, reply
@@ -188,4 +188,27 @@ def test_clova_train_serve_answers_depth_requests_at_v1_depth(depth_dir: Path, i
         assert status == 400 and "nonexistent.png' cannot be used" in reply["error"]["message"]
         status, reply = post(base + "/v1/depth", {"image": "/etc/hostname"})  # outside --image-root
         assert status == 400 and "outside the server's --image-root" in reply["error"]["message"]
+        _stops_on_sigterm(base, server)
+
+
+def _stops_on_sigterm(base: str, server) -> None:
+    """This export kind too (issue 52): SIGTERM to the server's own process stops it and every process it started,
+    exit code 0, and frees its port (tests/serving/test_http_serving.py checks the others, twice in a row)."""
+    import os
+    import signal
+    import socket
+    import time
+
+    from helpers.serving import process_group
+
+    os.kill(server.pid, signal.SIGTERM)
+    assert server.wait(timeout=45) == 0
+    assert "stopped (SIGTERM)" in server.stdout.read()
+    deadline = time.monotonic() + 10
+    while process_group(server.pid) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert process_group(server.pid) == [], "a worker outlived its server"
+    with socket.socket() as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(("127.0.0.1", int(base.rsplit(":", 1)[1])))  # the port is free again
 
