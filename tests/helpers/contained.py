@@ -8,11 +8,13 @@ sees it as :class:`CaseOutcome` (``killed`` says why) instead of losing its work
 from __future__ import annotations
 
 import multiprocessing
+import multiprocessing.connection
 import os
 import resource
 import signal
 import sys
 import tempfile
+import time
 from dataclasses import dataclass
 from typing import Callable, Sequence
 
@@ -34,6 +36,7 @@ class CaseOutcome:
     killed: str | None  # "timeout", "memory", "signal N" or None when the case ended by itself
     stdout: str
     stderr: str
+    seconds: float = 0.0  # wall time from the case's start (the child running, limits set) to its end
 
     @property
     def error_lines(self) -> list[str]:
@@ -52,9 +55,10 @@ class CaseOutcome:
 
 
 def _child(argv: list[str], out_path: str, err_path: str, memory_mb: int, cpu_s: int,
-           entry: Callable[[list[str]], int | None] | None = None) -> None:
-    """The forked case: limits first, then ``entry(argv)`` (the CLI's own ``main`` unless given) with its
-    stdout/stderr in files."""
+           entry: Callable[[list[str]], int | None] | None, started: multiprocessing.connection.Connection) -> None:
+    """The forked case: limits and the preloaded imports first, then it tells the parent it started (the wall-clock
+    limit counts from there), then ``entry(argv)`` (the CLI's own ``main`` unless given) with its stdout/stderr in
+    files."""
     resource.setrlimit(resource.RLIMIT_AS, (memory_mb << 20, memory_mb << 20))
     resource.setrlimit(resource.RLIMIT_CPU, (cpu_s, cpu_s + 1))
     resource.setrlimit(resource.RLIMIT_CORE, (0, 0))  # an abort leaves no core file behind
@@ -71,6 +75,8 @@ def _child(argv: list[str], out_path: str, err_path: str, memory_mb: int, cpu_s:
         torch.set_num_threads(1)
         from clova_train.cli import main
 
+        started.send_bytes(b"started")
+        started.close()
         code = (entry or main)(argv)
     except SystemExit as exit_:  # argparse's --help and usage errors end this way, as they do for the user
         code = exit_.code if isinstance(exit_.code, int) else (0 if exit_.code is None else 1)
@@ -87,22 +93,25 @@ def _child(argv: list[str], out_path: str, err_path: str, memory_mb: int, cpu_s:
     os._exit(code if isinstance(code, int) else 0)
 
 
-def _ready() -> None:
-    """A child that does nothing: :func:`run_cli` starts one first, untimed, so the forkserver's preload (seconds,
-    once per worker) never counts against a case's wall-clock limit."""
+# How long a case may take to start (the forkserver's preload when it is cold or was restarted, the fork, unpickling
+# the case's entry and the modules it names) before it counts as never started. Not part of the case's own limit.
+STARTUP_LIMIT_S = 300.0
 
 
-_started = False
-
-
-def start_forkserver() -> None:
-    """Start this worker's forkserver and wait for its preload (once; :func:`run_cli` calls it)."""
-    global _started
-    if not _started:
-        process = _CONTEXT.Process(target=_ready)
-        process.start()
-        process.join()
-        _started = True
+def _wait_for_start(process: multiprocessing.process.BaseProcess,
+                    started: multiprocessing.connection.Connection) -> str | None:
+    """Wait, untimed by the case's own limit, until the child says it started; the reason when it never does."""
+    ready = multiprocessing.connection.wait([started, process.sentinel], timeout=STARTUP_LIMIT_S)
+    if started in ready:
+        try:
+            started.recv_bytes()
+            return None
+        except EOFError:  # the child ended before its case began
+            pass
+    if not ready:
+        process.kill()
+        return "startup timeout"
+    return "died before starting"
 
 
 def run_cli(argv: Sequence[str], *, timeout_s: float = 20.0, memory_mb: int = 6144, cpu_s: int = 20,
@@ -111,28 +120,36 @@ def run_cli(argv: Sequence[str], *, timeout_s: float = 20.0, memory_mb: int = 61
 
     Args:
         argv: the CLI arguments (without the program name).
-        timeout_s: wall-clock limit; past it the child is killed and ``killed`` is ``"timeout"``.
+        timeout_s: wall-clock limit from the case's start (its child forked, limits set); past it the child is killed
+            and ``killed`` is ``"timeout"``. Starting (a cold forkserver's preload, the fork) is not counted: under a
+            loaded machine it takes seconds, and a case killed before it began would report a hang it never had.
         memory_mb: the child's address-space limit (``RLIMIT_AS``); the preloaded CLI and torch map ~3.3 GB of address space.
         cpu_s: the child's CPU-time limit (``RLIMIT_CPU``, ``SIGXCPU`` past it).
         entry: a module-level function run instead of the CLI's ``main`` (it gets ``argv``, returns the exit code).
     """
     with tempfile.NamedTemporaryFile("w+") as out, tempfile.NamedTemporaryFile("w+") as err:
-        start_forkserver()
-        process = _CONTEXT.Process(target=_child, args=(list(argv), out.name, err.name, memory_mb, cpu_s, entry))
+        started, started_in_child = _CONTEXT.Pipe(duplex=False)
+        process = _CONTEXT.Process(target=_child, args=(list(argv), out.name, err.name, memory_mb, cpu_s, entry,
+                                                        started_in_child))
         process.start()
-        process.join(timeout_s)
-        killed = None
-        if process.is_alive():
-            process.kill()
-            process.join()
-            killed = "timeout"
+        started_in_child.close()
+        killed = _wait_for_start(process, started)
+        started.close()
+        began = time.monotonic()
+        if killed is None:
+            process.join(timeout_s)
+            if process.is_alive():
+                process.kill()
+                killed = "timeout"
+        process.join()
+        seconds = time.monotonic() - began
         code = process.exitcode
         if killed is None and code is not None and code < 0:
             killed = "timeout" if -code == signal.SIGXCPU else f"signal {-code}"
         if code == 99:
             killed = "memory"
         return CaseOutcome(None if code is None or code < 0 else code, killed, open(out.name).read(),
-                           open(err.name).read())
+                           open(err.name).read(), seconds)
 
 
 def assert_one_clean_error(outcome: CaseOutcome, *words: str) -> None:
