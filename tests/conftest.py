@@ -24,6 +24,7 @@ from clova_train.tools.clip.synthetic import write_concept_folders
 from helpers.tiny_models import build_environment, cache_name
 
 from helpers.common import REPO, fit_args, run_fit
+import helpers.contained  # noqa: F401  sets the forkserver's preload before SB3's SubprocVecEnv can start it bare
 
 if os.environ.get("PYTEST_XDIST_WORKER"):
     # `make test` runs one pytest-xdist worker per core; with torch's default of one thread per core each,

@@ -7,6 +7,7 @@ sees it as :class:`CaseOutcome` (``killed`` says why) instead of losing its work
 
 from __future__ import annotations
 
+import math
 import multiprocessing
 import multiprocessing.connection
 import os
@@ -20,7 +21,10 @@ from typing import Callable, Sequence
 
 # What the cases' commands import lazily, imported once in the forkserver rather than in every case: torch and the CLI
 # (report, controller), and ``export``/``serve``'s Lightning, transformers and the HTTP server (about 5 s once, a
-# case then costs about a second instead of 6).
+# case then costs about a second instead of 6). The forkserver is one per process, shared with every other user of
+# the "forkserver" start method (SB3's ``SubprocVecEnv`` defaults to it), and the preload only counts if it is set
+# before the first of them starts it: ``tests/conftest.py`` imports this module for that. A child that finds the
+# modules missing all the same imports them before its case starts (seconds, outside the case's limits).
 PRELOAD = ["torch", "clova_train.cli", "clova_train.report.figures", "clova_train.sb3.files",
            "clova_train.controller.trainer", "clova_train.export.lora", "clova_train.serving.http",
            "clova_train.tooluse.served_llm"]
@@ -56,11 +60,15 @@ class CaseOutcome:
 
 def _child(argv: list[str], out_path: str, err_path: str, memory_mb: int, cpu_s: int,
            entry: Callable[[list[str]], int | None] | None, started: multiprocessing.connection.Connection) -> None:
-    """The forked case: limits and the preloaded imports first, then it tells the parent it started (the wall-clock
-    limit counts from there), then ``entry(argv)`` (the CLI's own ``main`` unless given) with its stdout/stderr in
-    files."""
+    """The forked case: the preloaded imports and the limits first, then it tells the parent it started (the
+    wall-clock limit counts from there), then ``entry(argv)`` (the CLI's own ``main`` unless given) with its
+    stdout/stderr in files."""
+    for name in PRELOAD:  # imported already unless the forkserver was started without PRELOAD (see above)
+        __import__(name)
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    spent = math.ceil(usage.ru_utime + usage.ru_stime)  # RLIMIT_CPU counts the whole process: starting is not the case's
     resource.setrlimit(resource.RLIMIT_AS, (memory_mb << 20, memory_mb << 20))
-    resource.setrlimit(resource.RLIMIT_CPU, (cpu_s, cpu_s + 1))
+    resource.setrlimit(resource.RLIMIT_CPU, (spent + cpu_s, spent + cpu_s + 1))
     resource.setrlimit(resource.RLIMIT_CORE, (0, 0))  # an abort leaves no core file behind
     out_fd = os.open(out_path, os.O_WRONLY)
     err_fd = os.open(err_path, os.O_WRONLY)
@@ -111,7 +119,8 @@ def _wait_for_start(process: multiprocessing.process.BaseProcess,
     if not ready:
         process.kill()
         return "startup timeout"
-    return "died before starting"
+    process.join()
+    return f"died before starting (exit code {process.exitcode})"
 
 
 def run_cli(argv: Sequence[str], *, timeout_s: float = 20.0, memory_mb: int = 6144, cpu_s: int = 20,
