@@ -47,7 +47,6 @@ from collections import Counter
 from typing import Literal
 
 import torch
-from nltk.translate.bleu_score import SmoothingFunction, sentence_bleu
 from torchmetrics import Metric
 
 from clova_train.tooluse.react import ReActResponse, parse_react, split_arguments
@@ -55,19 +54,21 @@ from clova_train.tooluse.react import ReActResponse, parse_react, split_argument
 CATEGORIES = ("seen", "unseen", "no_tool")
 IMAGE_EXTENSIONS = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".webp")
 Scores = tuple[float, float, float, float]  # thought, action, args, success
-_SMOOTHING = SmoothingFunction().method2
 
 
 _TOKEN = re.compile(r"\w+|[^\w\s]")
 
 
 def _paper_text_similarity(prediction: str, reference: str) -> float:
+    # nltk (0.3 s with the scikit-learn it pulls in) only when a metric is computed, not with every CLI start
+    from nltk.translate.bleu_score import SmoothingFunction, sentence_bleu
+
     ref_tokens, pred_tokens = _TOKEN.findall(reference), _TOKEN.findall(prediction)
     if not ref_tokens or not pred_tokens:
         return float(ref_tokens == pred_tokens)
     order = min(4, len(ref_tokens))
     return float(
-        sentence_bleu([ref_tokens], pred_tokens, weights=(1 / order,) * order, smoothing_function=_SMOOTHING)
+        sentence_bleu([ref_tokens], pred_tokens, weights=(1 / order,) * order, smoothing_function=SmoothingFunction().method2)
     )
 
 

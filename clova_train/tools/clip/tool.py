@@ -35,7 +35,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar, Literal
 
-import open_clip
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -80,6 +79,8 @@ def _resolve_local(model_name: str) -> Path | None:
 
 def load_open_clip(source: ClipSource) -> tuple[nn.Module, object]:
     """Load an open_clip model and its tokenizer through open_clip's own factory."""
+    import open_clip  # here, not at the top: every CLI start imports this module through its data modules (0.5 s)
+
     _resolve_local(source.model_name)
     try:
         model = open_clip.create_model(source.model_name, pretrained=source.pretrained, device="cpu")
@@ -97,6 +98,7 @@ def load_open_clip(source: ClipSource) -> tuple[nn.Module, object]:
 
 def save_open_clip(model: nn.Module, model_config: dict, directory: str | Path) -> Path:
     """Save ``model`` in the ``local-dir:`` layout open_clip loads (config JSON + safetensors weights)."""
+    import open_clip
     from safetensors.torch import save_file
 
     directory = Path(directory)
@@ -237,6 +239,8 @@ class PromptedClip(PromptTool):
         self.width = int(visual.conv1.out_channels)
         size = visual.image_size
         self.image_size = tuple(size) if isinstance(size, (tuple, list)) else (size, size)
+        import open_clip
+
         preprocess = open_clip.get_model_preprocess_cfg(self.model)
         self.register_buffer("mean", torch.tensor(preprocess["mean"]).view(1, 3, 1, 1), persistent=False)
         self.register_buffer("std", torch.tensor(preprocess["std"]).view(1, 3, 1, 1), persistent=False)
