@@ -67,9 +67,8 @@ def _paper_text_similarity(prediction: str, reference: str) -> float:
     if not ref_tokens or not pred_tokens:
         return float(ref_tokens == pred_tokens)
     order = min(4, len(ref_tokens))
-    return float(
-        sentence_bleu([ref_tokens], pred_tokens, weights=(1 / order,) * order, smoothing_function=SmoothingFunction().method2)
-    )
+    return float(sentence_bleu([ref_tokens], pred_tokens, weights=(1 / order,) * order,
+                               smoothing_function=SmoothingFunction().method2))
 
 
 def _is_image_path(argument: str) -> bool:

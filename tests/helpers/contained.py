@@ -60,23 +60,23 @@ class CaseOutcome:
 
 def _child(argv: list[str], out_path: str, err_path: str, memory_mb: int, cpu_s: int,
            entry: Callable[[list[str]], int | None] | None, started: multiprocessing.connection.Connection) -> None:
-    """The forked case: the preloaded imports and the limits first, then it tells the parent it started (the
-    wall-clock limit counts from there), then ``entry(argv)`` (the CLI's own ``main`` unless given) with its
-    stdout/stderr in files."""
-    for name in PRELOAD:  # imported already unless the forkserver was started without PRELOAD (see above)
-        __import__(name)
-    usage = resource.getrusage(resource.RUSAGE_SELF)
-    spent = math.ceil(usage.ru_utime + usage.ru_stime)  # RLIMIT_CPU counts the whole process: starting is not the case's
-    resource.setrlimit(resource.RLIMIT_AS, (memory_mb << 20, memory_mb << 20))
-    resource.setrlimit(resource.RLIMIT_CPU, (spent + cpu_s, spent + cpu_s + 1))
-    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))  # an abort leaves no core file behind
+    """The forked case: its stdout/stderr into the files, the preloaded imports, the limits, then it tells the parent
+    it started (the wall-clock limit counts from there), then ``entry(argv)`` (the CLI's own ``main`` unless
+    given)."""
     out_fd = os.open(out_path, os.O_WRONLY)
     err_fd = os.open(err_path, os.O_WRONLY)
     os.dup2(out_fd, 1)
     os.dup2(err_fd, 2)
     sys.stdout = open(1, "w", closefd=False)
-    sys.stderr = open(2, "w", closefd=False)
+    sys.stderr = open(2, "w", closefd=False)  # from here an import's traceback lands where the test reads it
     os.environ["OMP_NUM_THREADS"] = "1"
+    for name in PRELOAD:  # imported already unless the forkserver was started without PRELOAD (see above)
+        __import__(name)
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    spent = math.ceil(usage.ru_utime + usage.ru_stime)  # RLIMIT_CPU counts the whole process, starting included
+    resource.setrlimit(resource.RLIMIT_AS, (memory_mb << 20, memory_mb << 20))
+    resource.setrlimit(resource.RLIMIT_CPU, (spent + cpu_s, spent + cpu_s + 1))
+    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))  # an abort leaves no core file behind
     try:
         import torch
 
