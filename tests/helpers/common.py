@@ -7,6 +7,7 @@ import contextlib
 import io
 import json
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -70,14 +71,41 @@ def run_cli_captured(args: list[str]) -> subprocess.CompletedProcess:
     return subprocess.CompletedProcess(["clova-train", *args], code, stdout.getvalue(), stderr.getvalue())
 
 
+STACKS_WAIT = 10  # seconds a timed-out run's processes get to print their stacks before they are killed
+
+
 def run_cli_subprocess(args: list[str], timeout: float = 300, cwd: Path = REPO, **kwargs) -> subprocess.CompletedProcess:
     """Run ``python -m clova_train`` in a subprocess (the only way to test multi-process DDP); ``tests/`` is on its
-    path, so its arguments may name the callbacks of :mod:`helpers.kill` and :mod:`helpers.progress`."""
-    env = {**os.environ, "PYTHONPATH": str(TESTS), "PYTHONWARNINGS": "ignore"}
-    return subprocess.run(
-        [sys.executable, "-m", "clova_train", *args],
-        capture_output=True, text=True, timeout=timeout, env=env, cwd=cwd, **kwargs,
-    )
+    path, so its arguments may name the callbacks of :mod:`helpers.kill` and :mod:`helpers.progress`.
+
+    The run is a process group of its own (its DDP ranks and DataLoader workers with it). Past ``timeout`` every
+    process of the group is sent SIGABRT, which makes each print the Python stack of every thread (faulthandler),
+    then killed; the test fails with those stacks, so a hang seen once in CI says where it hung."""
+    env = {**os.environ, "PYTHONPATH": str(TESTS), "PYTHONWARNINGS": "ignore", "PYTHONFAULTHANDLER": "1"}
+    command = [sys.executable, "-m", "clova_train", *args]
+    with subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=cwd,
+                          start_new_session=True, **kwargs) as process:
+        try:
+            stdout, stderr = process.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            _signal_group(process.pid, signal.SIGABRT)
+            try:
+                stdout, stderr = process.communicate(timeout=STACKS_WAIT)
+            except subprocess.TimeoutExpired:
+                _signal_group(process.pid, signal.SIGKILL)
+                stdout, stderr = process.communicate()
+            _signal_group(process.pid, signal.SIGKILL)  # the other ranks and workers, if the first one ended
+            raise AssertionError(f"{' '.join(command)} timed out after {timeout} s; the stacks of its processes "
+                                 f"(SIGABRT, faulthandler):\n{stderr[-60000:]}\n--- stdout:\n{stdout[-2000:]}") from None
+        finally:
+            if process.poll() is None:
+                _signal_group(process.pid, signal.SIGKILL)
+    return subprocess.CompletedProcess(command, process.returncode, stdout, stderr)
+
+
+def _signal_group(pgid: int, signum: int) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pgid, signum)
 
 
 def serve_in_fresh_process(export: Path, request: dict) -> dict:
