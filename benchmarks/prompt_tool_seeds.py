@@ -13,7 +13,10 @@ serving code (``PromptToolServer``). The shipped measurements:
   the colours it knows, all, and each answer), without prompts, with the pool, with the random-prompt pool (every
   prompt replaced by a random one of its norm: the same retrieval, nothing learned);
 * LOC / SEG: the share of the held-out images of the concept found (LOC: its box at mean IoU above ``gate_iou``;
-  SEG: every mask covered at IoU >= ``gate_iou``), the same three columns;
+  SEG: every mask covered at IoU >= ``gate_iou``) without prompts, with the pool served by the paper's rule (the
+  concept's prompts under which it scores above ``score_threshold``, ensembled) and with the random-prompt pool under
+  the same rule; over all images, those the unmodified tool finds (what the pool can lose) and those it misses; and
+  how many images the served pool prompts;
 * REPLACE: the distance of a repainted region's mean colour from the concept's colour (RGB, lower is better) over
   24 new green squares repainted as the concept (repaint seeds ``s``..), with the words, the exported token, the
   untuned token, the ungated pool (every tuned token) and a random token of the exported token's norm.
@@ -119,11 +122,13 @@ def table_rows(tool: str, measurement: SeedMeasurement, per_seed: list[dict[str,
 
 
 def served_rows(tool: str, measurement: SeedMeasurement, per_seed: list[dict[str, dict[str, float]]]) -> list[str]:
-    """With an ``operating point`` group (a served margin chosen on validation): how many seeds' served pools answer
-    anything differently from the unmodified tool, and the served pool's gain on ``all`` over those seeds."""
-    if "operating point" not in per_seed[0] or "all" not in per_seed[0]:
+    """With an ``operating point`` group that says how many items the served pool changed (the measurement's
+    ``changed``): how many seeds' served pools answer anything differently from the unmodified tool, and the served
+    pool's gain on ``all`` over those seeds."""
+    changed = measurement.changed
+    if changed is None or "operating point" not in per_seed[0] or "all" not in per_seed[0]:
         return []
-    differs = [k for k, s in enumerate(per_seed) if s["operating point"].get("answers changed", 0) > 0]
+    differs = [k for k, s in enumerate(per_seed) if s["operating point"].get(changed, 0) > 0]
     unmodified, served = measurement.columns[0], measurement.columns[1]
     gains = [round(per_seed[k]["all"][served] - per_seed[k]["all"][unmodified], 9) + 0.0 for k in differs]
     return [f"| {tool} | all | seeds whose {served} differs from the {unmodified} tool | - | - | {len(differs)} of "

@@ -172,6 +172,8 @@ class SeedMeasurement:
         seeded_data: the quickstart data's arguments set to the seed besides ``render_seed``.
         bounded: the scores are shares in [0, 1] (intervals cut there); False: unbounded (distances).
         score_format: how one seed's score is printed.
+        changed: the ``operating point`` quantity that is the share of items whose served output differs from the
+            unmodified tool's (the seeds where it is above 0 are counted, and the served pool's gain there reported).
     """
 
     metric: str
@@ -181,6 +183,7 @@ class SeedMeasurement:
     seeded_data: tuple[str, ...] = ()
     bounded: bool = True
     score_format: str = "{:.2f}"
+    changed: str | None = None
 
 
 def _settings_module(recipe: ToolRecipe) -> Any:

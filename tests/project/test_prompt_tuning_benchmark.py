@@ -65,14 +65,24 @@ def test_seed_tables_keep_their_rows(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("ATEN_CPU_CAPABILITY", "unchanged")  # importing the script must not set it for this process
     import prompt_tool_seeds
 
-    per_seed = [{"purple circle": {"no prompt": 0.25, "pool": 0.75, "random-prompt pool": 0.5},
-                 "prompts accepted": {"count": 3.0}}]
-    rows = prompt_tool_seeds.table_rows("seg", seed_measurement(tool_recipe("seg")), per_seed)
-    assert rows == ["| seg | purple circle | no prompt | 0.250 | - | 0.25 |",
-                    "| seg | purple circle | pool | 0.750 | +0.500 | 0.75 |",
-                    "| seg | purple circle | random-prompt pool | 0.500 | +0.250 | 0.50 |",
-                    "| seg | purple circle | pool - random-prompt pool | - | +0.250 | +0.25 |",
-                    "| seg | prompts accepted | - | - | - | 3 |"]
+    seg = seed_measurement(tool_recipe("seg"))
+    assert seg.columns == ("no prompt", "pool, served", "random-prompt pool, same rule")
+    per_seed = [{"all": dict(zip(seg.columns, (0.25, 0.75, 0.5))),
+                 "operating point": {"images prompted": 0.5, "results changed": 0.5, "found images lost": 0.0},
+                 "prompts accepted": {"count": 3.0}},
+                {"all": dict(zip(seg.columns, (0.5, 0.5, 0.5))),
+                 "operating point": {"images prompted": 0.0, "results changed": 0.0, "found images lost": 0.0},
+                 "prompts accepted": {"count": 0.0}}]
+    rows = prompt_tool_seeds.table_rows("seg", seg, per_seed)
+    assert rows[:4] == ["| seg | all | no prompt | 0.375 [0.000, 1.000] | - | 0.25, 0.50 |",
+                        "| seg | all | pool, served | 0.625 [0.000, 1.000] | +0.250 [-1.000, +1.000] | 0.75, 0.50 |",
+                        "| seg | all | random-prompt pool, same rule | 0.500 [0.500, 0.500] | +0.125 [-1.000, +1.000] | 0.50, 0.50 |",
+                        "| seg | all | pool, served - random-prompt pool, same rule | - | +0.125 [-1.000, +1.000] | +0.25, +0.00 |"]
+    assert rows[4].startswith("| seg | operating point | images prompted | ")
+    assert rows[-3] == "| seg | prompts accepted | - | - | - | 3, 0 |"
+    # the seeds whose served pool prompted any image, and its gain over those seeds only
+    assert rows[-2:] == ["| seg | all | seeds whose pool, served differs from the no prompt tool | - | - | 1 of 2 |",
+                         "| seg | all | pool, served - no prompt, seeds where it differs | - | +0.500 | +0.50 |"]
     replace = seed_measurement(tool_recipe("replace"))
     per_seed = [{"orange_circle": dict(zip(replace.columns, (90.0, 30.4, 80.0, 40.0, 120.0)))}]
     assert prompt_tool_seeds.table_rows("replace", replace, per_seed)[1] == \
@@ -92,3 +102,40 @@ def test_the_benchmark_prints_a_vqa_table() -> None:
     rows = [line.split(" | ") for line in lines if line.startswith(("| engine", "| reference"))]
     assert [row[0] for row in rows] == ["| engine", "| reference"], done.stdout[-2000:]
     assert all(float(row[-1].rstrip(" |")) < 1e-5 for row in rows)  # the same prompts as the engine's
+
+
+def test_the_grounding_measurement_splits_images_by_what_the_unmodified_tool_found(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Found / missed without prompts, the served pool's losses on the found ones, and the share it prompts."""
+    import torch
+
+    import clova_train.core.pool as pool_module
+    import clova_train.tools.grounding.demo as demo
+    import clova_train.tools.prompt_server as prompt_server
+    from clova_train.tools.grounding.benchmark import measure_grounding_seed
+
+    plain = torch.tensor([1.0, 1.0, 1.0, 0.0, 0.0])
+    outcomes = {"pool": torch.tensor([1.0, 0.0, 1.0, 1.0, 0.0]), "random": torch.tensor([1.0, 1.0, 0.0, 0.0, 0.0])}
+
+    class Tool:
+        evaluation_metrics = ("found_no_prompt", "found_pool")
+
+        def evaluate(self, lookup, batch):
+            return {"found_no_prompt": plain, "found_pool": outcomes[lookup.pool]}
+
+    class Server:
+        def __init__(self, tool, pool, top_k=None):
+            self.tool, self.pool, self.top_k = tool, pool, top_k
+
+    monkeypatch.setattr(demo, "eval_images", lambda export: ("purple circle", list(range(5))))
+    monkeypatch.setattr(pool_module, "control_pool", lambda pool, kind, seed: kind)
+    monkeypatch.setattr(prompt_server, "PromptToolServer", Server)
+    served = lambda tool, lookup, image, concept: {"prompted": image in (1, 3)}  # noqa: E731
+    scores = measure_grounding_seed(served, Server(Tool(), "pool"), None, 0)
+    assert scores["all"] == {"no prompt": 0.6, "pool, served": 0.6, "random-prompt pool, same rule": 0.4}
+    assert scores["found without prompts"] == pytest.approx(
+        {"no prompt": 1.0, "pool, served": 2 / 3, "random-prompt pool, same rule": 2 / 3})
+    assert scores["missed without prompts"] == {"no prompt": 0.0, "pool, served": 0.5,
+                                                "random-prompt pool, same rule": 0.0}
+    assert scores["operating point"] == pytest.approx(
+        {"images prompted": 0.4, "results changed": 0.4, "found images lost": 1 / 3})

@@ -5,12 +5,15 @@
 from __future__ import annotations
 
 import argparse
+import functools
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 
 from clova_train.tools.benchmark_settings import PromptTuningBenchmark, SeedMeasurement
+from clova_train.tools.grounding.instances import GroundedImage
 
 if TYPE_CHECKING:
     from clova_train.tools.prompt_server import PromptToolServer
@@ -77,9 +80,28 @@ class GroundingPromptTuning(PromptTuningBenchmark):
         return prompt.detach()[0].cpu()
 
 
-def measure_seed(server: PromptToolServer, export: Path, seed: int) -> dict[str, dict[str, float]]:
-    """The share of the export's held-out images of the concept the tool finds (its evaluation metrics), without
-    prompts, with the pool and with the random-prompt pool."""
+SERVED, RANDOM = "pool, served", "random-prompt pool, same rule"
+"""The columns besides "no prompt": the pool under the paper's serving rule (the concept's stored prompts under which
+the concept scores above ``score_threshold`` are ensembled; none kept, the unmodified tool answers), and the pool of
+random prompts of the same norms under the same rule."""
+
+ServedOutput = Callable[[Any, Any, GroundedImage, str], dict[str, Any]]
+"""``(tool, lookup, image, concept) -> the tool's served output for one image`` (a dict with ``"prompted"``)."""
+
+
+def share(found: torch.Tensor, where: torch.Tensor) -> float:
+    """The share of ``where``'s images that ``found`` marks (NaN when ``where`` selects none)."""
+    return float(found[where].double().mean()) if bool(where.any()) else float("nan")
+
+
+def measure_grounding_seed(served: ServedOutput, server: PromptToolServer, export: Path,
+                           seed: int) -> dict[str, dict[str, float]]:
+    """Per held-out image of the concept: found (the tool's evaluation metric) without prompts, with the pool served
+    and with the random-prompt pool under the same rule; groups: all images, those the unmodified tool finds (what
+    serving the pool can lose) and those it misses (what the pool can gain); and the operating point: the share of
+    images the served pool prompts (its output differs from the unmodified tool's on those only; other concepts
+    have no prompts and are never prompted), the share whose found/missed result changes, and the share of the
+    unmodified tool's found images that the served pool loses."""
     from clova_train.core.pool import control_pool
     from clova_train.tools.grounding.demo import eval_images
     from clova_train.tools.prompt_server import PromptToolServer
@@ -87,16 +109,25 @@ def measure_seed(server: PromptToolServer, export: Path, seed: int) -> dict[str,
     concept, images = eval_images(export)
     control = PromptToolServer(server.tool, control_pool(server.pool, "random", seed), server.top_k)
     batch = [(image, concept) for image in images]
+    plain_key, pool_key = server.tool.evaluation_metrics
     with torch.no_grad():
         measured, random = server.tool.evaluate(server, batch), server.tool.evaluate(control, batch)
-    plain_key, pool_key = server.tool.evaluation_metrics
-    return {concept: {"no prompt": float(measured[plain_key].float().mean()),
-                      "pool": float(measured[pool_key].float().mean()),
-                      "random-prompt pool": float(random[pool_key].float().mean())}}
+        prompted = torch.tensor([bool(served(server.tool, server, image, concept)["prompted"]) for image in images])
+    found = {"no prompt": measured[plain_key].bool(), SERVED: measured[pool_key].bool(), RANDOM: random[pool_key].bool()}
+    known = found["no prompt"]
+    groups = {"all": torch.ones_like(known), "found without prompts": known, "missed without prompts": ~known}
+    scores = {name: {column: share(hits, where) for column, hits in found.items()} for name, where in groups.items()}
+    scores["operating point"] = {
+        "images prompted": float(prompted.double().mean()),
+        "results changed": float((found[SERVED] != known).double().mean()),
+        "found images lost": share(~found[SERVED], known),
+    }
+    return scores
 
 
-def grounding_seeds(metric: str) -> SeedMeasurement:
-    """The seed measurement of a grounding quickstart whose score is ``metric`` (its scenes split by the seed too)."""
-    return SeedMeasurement(metric=metric, columns=("no prompt", "pool", "random-prompt pool"),
-                           contrasts=(("pool", "random-prompt pool"),), measure=measure_seed,
-                           seeded_data=("split_seed",))
+def grounding_seeds(metric: str, served: ServedOutput) -> SeedMeasurement:
+    """The seed measurement of a grounding quickstart whose score is ``metric`` (its scenes split by the seed too);
+    ``served`` gives the tool's served output for one image (whether the pool prompted it)."""
+    return SeedMeasurement(metric=metric, columns=("no prompt", SERVED, RANDOM), contrasts=((SERVED, RANDOM),),
+                           measure=functools.partial(measure_grounding_seed, served), seeded_data=("split_seed",),
+                           changed="images prompted")

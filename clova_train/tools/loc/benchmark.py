@@ -9,6 +9,7 @@ from typing import Any
 
 from clova_train.tools.base import PromptTool
 from clova_train.tools.grounding.benchmark import GroundingPromptTuning, grounding_seeds
+from clova_train.tools.grounding.instances import GroundedImage
 
 # OWL-ViT of the real architecture at a CPU-friendly size (random weights).
 BENCH_OWLVIT = {"image_size": 64, "width": 128, "layers": 4}
@@ -39,4 +40,9 @@ class LocPromptTuning(GroundingPromptTuning):
 
 
 PROMPT_TUNING = LocPromptTuning
-SEEDS = grounding_seeds("share of images whose concept is detected")
+def served_detection(tool: Any, lookup: Any, image: GroundedImage, concept: str) -> dict[str, Any]:
+    """LOC's served output for one image (as ``serve`` answers a request)."""
+    return tool.detect(lookup, [image.image], concept)[0]
+
+
+SEEDS = grounding_seeds("share of images whose concept is detected", served_detection)

@@ -9,6 +9,7 @@ from typing import Any
 
 from clova_train.tools.base import PromptTool
 from clova_train.tools.grounding.benchmark import GroundingPromptTuning, grounding_seeds
+from clova_train.tools.grounding.instances import GroundedImage
 
 # MaskFormer of the real architecture at a CPU-friendly size (random weights).
 BENCH_MASKFORMER = {"image_size": 64, "width": 64, "num_queries": 32}
@@ -38,4 +39,9 @@ class SegPromptTuning(GroundingPromptTuning):
 
 
 PROMPT_TUNING = SegPromptTuning
-SEEDS = grounding_seeds("share of images whose concept is segmented")
+def served_segmentation(tool: Any, lookup: Any, image: GroundedImage, concept: str) -> dict[str, Any]:
+    """SEG's served output for one image (as ``serve`` answers a request)."""
+    return tool.segment(lookup, [image.image], concept)[0]
+
+
+SEEDS = grounding_seeds("share of images whose concept is segmented", served_segmentation)

@@ -151,4 +151,5 @@ SEEDS = SeedMeasurement(
     columns=("no prompt", SERVED, RANDOM, ALWAYS),
     contrasts=((SERVED, RANDOM),),
     measure=measure_seed,
+    changed="answers changed",
 )
