@@ -42,7 +42,7 @@ when not reached.
 
     python benchmarks/controller_controls.py [--environments hydra avis hammr] [--worlds shapes-replan]
         [--seeking-worlds seeking-paraphrased seeking-delayed] [--random-worlds 4] [--world-seed-base 1000] [--seeds 0 1 2 3 4]
-        [--runs-dir DIR] [--no-record] [--total-timesteps N] [--eval-episodes K]
+        [--runs-dir DIR] [--no-record] [--total-timesteps N] [--eval-episodes K] [--without-quickstart-world]
 
 ``--runs-dir`` keeps the runs (a rerun reuses every finished one); the default is a temporary directory.
 ``--total-timesteps`` and ``--eval-episodes`` shrink the runs (the DQN's steps, and so the fitted controls' logged
@@ -228,6 +228,8 @@ def main() -> None:
                              "scorer), each its own row beside the config's")
     parser.add_argument("--world-seed-base", type=int, default=WORLD_SEED_BASE,
                         help="B: the first seed of the drawn worlds (designs were decided on seeds below 100)")
+    parser.add_argument("--without-quickstart-world", action="store_true",
+                        help="leave out the quickstart's world (its table is already recorded: a run of other worlds)")
     parser.add_argument("--seeking-worlds", nargs="*", default=["seeking-paraphrased", "seeking-delayed"],
                         help="AVIS and HAMMR worlds besides the quickstart's (presets or files)")
     parser.add_argument("--total-timesteps", type=int, default=None,
@@ -250,7 +252,7 @@ def main() -> None:
                 table(environment, None, args.seeds, runs, not args.no_record, budget=budget, q_networks=extra)
                 continue
             named = args.worlds if environment == "hydra" else args.seeking_worlds
-            for world in [None, *named]:
+            for world in [*([] if args.without_quickstart_world else [None]), *named]:
                 table(environment, world, args.seeds, runs, not args.no_record, budget=budget, q_networks=extra)
             kind = "hydra" if environment == "hydra" else "seeking"
             for seed in range(args.world_seed_base, args.world_seed_base + args.random_worlds):

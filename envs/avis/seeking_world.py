@@ -38,7 +38,6 @@ kind's question is refused. Nothing in the file is run.
 from __future__ import annotations
 
 import re
-import string
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
@@ -47,7 +46,10 @@ from typing import Any
 import numpy as np
 
 from clova_train.core.errors import DataError
-from clova_train.envs.common.world import COLOURS, SHAPES, task_split
+from clova_train.envs.common.wordings import (
+    check_unambiguous, read_phrasings, task_wording, wording_pattern, wordings_for_split,
+)
+from clova_train.envs.common.world import COLOURS, SHAPES
 from clova_train.core.checks import is_number
 from clova_train.envs.common.world_file import (
     guess_right_one_in, question_weights, read_world_file, refuse_unknown, section, shipped, shown, world_mapping,
@@ -69,22 +71,7 @@ MAX_CALL_COST = 100.0  # per call of one tool or agent (answer_reward is 10 by d
 AGENT_KEY = re.compile(r"^agent:[A-Za-z0-9_-]{1,64}$")
 
 
-MAX_WORDINGS = 20  # per kind
-TEST_ONLY_FROM = 3  # a kind with this many wordings or more keeps its last one for test tasks (phrasings_for)
-MAX_WORDING_CHARS = 300
-GROUP_PATTERNS = {"c": r"(?P<c>\w+)", "s": r"(?P<s>\w+?)"}  # {s} lazily, so that "{s}s" reads a plural
-
-
-def _fields(template: str) -> list[tuple[str, str | None, str | None, str | None]]:
-    """``string.Formatter``'s reading of a wording: (literal text, field, format spec, conversion) pieces."""
-    return list(string.Formatter().parse(template))
-
-
-def _pattern(template: str) -> re.Pattern[str]:
-    """A checked wording as a regular expression: its literal text escaped, a group per placeholder."""
-    parts = [re.escape(text) + (GROUP_PATTERNS[name] if name is not None else "")
-             for text, name, _, _ in _fields(template)]
-    return re.compile(f"^{''.join(parts)}$")
+FIELDS = {kind: ("c", "s") if kind in COLOURED else ("s",) for kind in SEEKING_KINDS}  # each wording's placeholders
 
 
 @dataclass(frozen=True)
@@ -120,7 +107,7 @@ class SeekingWorld:
 
     @cached_property
     def _patterns(self) -> list[tuple[str, re.Pattern[str]]]:
-        return [(kind, _pattern(t)) for kind in SEEKING_KINDS for t in self.phrasings[kind]]
+        return [(kind, wording_pattern(t)) for kind in SEEKING_KINDS for t in self.phrasings[kind]]
 
     def parse(self, question: str) -> tuple[str, dict[str, str]] | None:
         """(kind, {"c": colour, "s": shape}) of a question in any of this world's wordings, or None."""
@@ -144,18 +131,14 @@ class SeekingWorld:
         return kinds[int(rng.choice(len(kinds), p=weights / weights.sum()))]
 
     def phrasings_for(self, kind: str, split: str) -> tuple[str, ...]:
-        """The wordings a ``kind`` question of a ``split`` task is asked in: a test task any of the kind's wordings;
-        a training or validation task not the last one of a kind with :data:`TEST_ONLY_FROM` or more (a wording
-        seen only at test)."""
-        wordings = self.phrasings[kind]
-        return wordings if split == "test" or len(wordings) < TEST_ONLY_FROM else wordings[:-1]
+        """The wordings a ``kind`` question of a ``split`` task is asked in (:func:`wordings_for_split`: a wording
+        seen only at test where the kind has :data:`~clova_train.envs.common.wordings.TEST_ONLY_FROM` or more)."""
+        return wordings_for_split(self.phrasings[kind], split)
 
     def phrase(self, kind: str, task_id: int, **groups: str) -> str:
         """Task ``task_id``'s wording of a ``kind`` question (drawn by the task id among :meth:`phrasings_for` its
         split when the kind has several)."""
-        wordings = self.phrasings_for(kind, task_split(task_id))
-        pick = int(np.random.default_rng([task_id, 9]).integers(len(wordings))) if len(wordings) > 1 else 0
-        return wordings[pick].format(**groups)
+        return task_wording(self.phrasings[kind], task_id).format(**groups)
 
     def identity(self) -> dict[str, Any]:
         """Everything that changes the offline LLM's replies and the tools' answers (part of the call cache's key)."""
@@ -176,29 +159,6 @@ class SeekingWorld:
                 "phrasings": {k: list(v) for k, v in self.phrasings.items()}, "tools": tools}
 
 
-def _wording_problem(kind: str, template: Any) -> str:
-    """Why ``template`` cannot be a wording of ``kind`` ("" when it can)."""
-    if not isinstance(template, str) or not template.strip():
-        return "must be non-empty text"
-    if len(template) > MAX_WORDING_CHARS or any(not ch.isprintable() for ch in template):
-        return f"must be one line of printable text of at most {MAX_WORDING_CHARS} characters"
-    try:
-        fields = _fields(template)
-    except ValueError as err:
-        return f"is not a valid template ({err})"
-    if any(spec or conversion for _, name, spec, conversion in fields if name is not None):
-        return "placeholders take no format spec or conversion: write {c} and {s} only"
-    names = [name for _, name, _, _ in fields if name is not None]
-    allowed = ("c", "s") if kind in COLOURED else ("s",)
-    if any(n not in allowed for n in names):
-        bad = next(n for n in names if n not in allowed)
-        return f"uses {{{bad}}}: a {kind} question takes only " + " and ".join(f"{{{a}}}" for a in allowed)
-    missing = [a for a in allowed if names.count(a) != 1]
-    if missing:
-        return f"must use {{{missing[0]}}} exactly once"
-    return ""
-
-
 def world_from_dict(raw: Any, where: str) -> SeekingWorld:
     """A world from its file form (module docstring), every value checked; ``where`` names the source."""
     world_mapping(raw, ("name", "questions", "phrasings", "tools"), where)
@@ -207,21 +167,12 @@ def world_from_dict(raw: Any, where: str) -> SeekingWorld:
     questions = question_weights(raw, SEEKING_KINDS, default.questions, where)
     given = section(raw, "phrasings", where)
     refuse_unknown(given, SEEKING_KINDS, f"{where}: phrasings")
-    phrasings = dict(default.phrasings)
-    for kind, wordings in given.items():
-        wordings = [wordings] if isinstance(wordings, str) else wordings
-        if not isinstance(wordings, list) or not 1 <= len(wordings) <= MAX_WORDINGS:
-            raise DataError(f"{where}: phrasings.{kind} must be a list of 1 to {MAX_WORDINGS} wordings")
-        for i, template in enumerate(wordings):
-            problem = _wording_problem(kind, template)
-            if problem:
-                raise DataError(f"{where}: phrasings.{kind}[{i}] = {template!r}: {problem}")
-        phrasings[kind] = tuple(t.strip() for t in wordings)
+    phrasings = read_phrasings(given, FIELDS, default.phrasings, where)
     tools = section(raw, "tools", where)
     refuse_unknown(tools, ("guess_right_one_in", "call_costs", "requires"), f"{where}: tools")
     world = SeekingWorld(name, questions, phrasings, guess_right_one_in(tools, default.guess_right_one_in, where),
                          _call_costs(tools, where), _requires(tools, where))
-    _check_unambiguous(world, where)
+    check_unambiguous(world.phrasings, FIELDS, world.parse, where)
     return world
 
 
@@ -255,21 +206,6 @@ def _requires(tools: dict[str, Any], where: str) -> dict[str, str]:
                 raise DataError(f"{where}: tools.requires: a cycle ({' needs '.join(chain)}): none of these tools "
                                 "could ever answer")
     return dict(requires)
-
-
-def _check_unambiguous(world: SeekingWorld, where: str) -> None:
-    """Every wording, filled with any colour and shape, must read as its own kind with the same colour and shape."""
-    for kind in SEEKING_KINDS:
-        for i, template in enumerate(world.phrasings[kind]):
-            for c in COLOURS:
-                for s in SHAPES:
-                    groups = {"c": c, "s": s} if kind in COLOURED else {"s": s}
-                    question = template.format(**groups)
-                    parsed = world.parse(question)
-                    if parsed != (kind, groups):
-                        read = "no question of this world" if parsed is None else f"a question of kind {parsed[0]!r}"
-                        raise DataError(f"{where}: phrasings.{kind}[{i}] = {template!r}: {question!r} reads as "
-                                        f"{read}; each wording must read as its own kind only")
 
 
 def presets() -> list[str]:

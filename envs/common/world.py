@@ -12,9 +12,10 @@ question of one of four types:
 Task ids fall in three splits (:func:`task_split`): ``train`` (``task_id % 5 != 0``, what training draws),
 ``val`` (held out, ``(task_id // 5) % 2 == 0``: what a run chooses on: its evaluation callback, ``best_model.zip``,
 thresholds) and ``test`` (the other held-out ids: reported once). ``eval``, the name of the held-out split before
-there were two, is read as ``test`` (:func:`split_name`). The questions of this world have one wording per type, so
-there is no wording to hold out here (the information-seeking worlds hold some out:
-:meth:`clova_train.envs.avis.seeking_world.SeekingWorld.phrasings_for`).
+there were two, is read as ``test`` (:func:`split_name`). Each question type is asked in its canonical wording
+(:data:`QUESTION_TEMPLATES`) unless a world gives it several (``phrasings``): a type with three or more keeps its last
+wording for test tasks (:mod:`clova_train.envs.common.wordings`), and the wording is drawn apart from the scene and
+the groups, so a task differs between worlds only in its question text.
 
 :class:`SceneTools` answers the sandbox's tool calls from the scene's annotations (an oracle for ``find``,
 ``exists``, ``verify_property``, ``compute_depth``; ``simple_query`` and ``llm_query`` are weak guessers,
@@ -26,6 +27,7 @@ from __future__ import annotations
 
 import re
 import zlib
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
@@ -39,12 +41,21 @@ from clova_train.synthetic.shapes import COLOURS as RGB
 COLOURS = ("red", "green", "blue", "yellow")
 SHAPES = ("circle", "square", "triangle")
 QUESTION_TYPES = ("count", "exists", "colour", "compare")
+QUESTION_TEMPLATES = {  # the canonical wording of each question type
+    "count": "How many {c} {s}s are there?",
+    "exists": "Is there a {c} {s}?",
+    "colour": "What colour is the leftmost {s}?",
+    "compare": "Are there more {c} {s}s than {c2} {s2}s?",
+}
+QUESTION_FIELDS = {"count": ("c", "s"), "exists": ("c", "s"), "colour": ("s",), "compare": ("c", "s", "c2", "s2")}
 SIZE = 64
 HELD_OUT_MODULUS = 5
 SPLITS = ("train", "val", "test")
 SPLIT_ALIASES = {"eval": "test"}  # the held-out split's name before it was cut in two (validation and test)
 ACCEPTED_SPLITS = (*SPLITS, *SPLIT_ALIASES)
 Split = Literal["train", "val", "test", "eval"]  # what an environment config's ``split`` takes
+TEST_ONLY_FROM = 3  # a question kind with this many wordings or more keeps its last one for test tasks
+WORDING_SEED = 9  # a task's wording is drawn by numpy's generator seeded [task_id, WORDING_SEED]
 
 
 @dataclass(frozen=True)
@@ -114,13 +125,30 @@ def draw_task_id(rng: np.random.Generator, split: str) -> int:
             return candidate
 
 
+def wordings_for_split(wordings: Sequence[str], split: str) -> tuple[str, ...]:
+    """The wordings a question of a ``split`` task is asked in: a test task any; a training or validation task not
+    the last one of a kind with :data:`TEST_ONLY_FROM` or more."""
+    wordings = tuple(wordings)
+    return wordings if split == "test" or len(wordings) < TEST_ONLY_FROM else wordings[:-1]
+
+
+def task_wording(wordings: Sequence[str], task_id: int) -> str:
+    """Task ``task_id``'s wording among ``wordings`` (those of its split, drawn by the task id alone)."""
+    allowed = wordings_for_split(wordings, task_split(task_id))
+    if len(allowed) == 1:
+        return allowed[0]
+    return allowed[int(np.random.default_rng([task_id, WORDING_SEED]).integers(len(allowed)))]
+
+
 def _count(objects: tuple[SceneObject, ...], colour: str, shape: str) -> int:
     return sum(o.colour == colour and o.shape == shape for o in objects)
 
 
-def make_task(task_id: int, kinds: dict[str, float] | None = None) -> Task:
+def make_task(task_id: int, kinds: dict[str, float] | None = None,
+              phrasings: Mapping[str, Sequence[str]] | None = None) -> Task:
     """The task with this id (same id, same task, on every machine), its question drawn from ``kinds`` (question
-    type -> weight; default: the four types alike)."""
+    type -> weight; default: the four types alike) and worded in one of ``phrasings``' wordings of its type (default:
+    the canonical one; the choice depends on the task's split, :mod:`clova_train.envs.common.wordings`)."""
     rng = np.random.default_rng(task_id)
     objects = []
     for _ in range(int(rng.integers(3, 8))):
@@ -144,22 +172,23 @@ def make_task(task_id: int, kinds: dict[str, float] | None = None) -> Task:
 
     if kind == "count":
         c, s = group()
-        question, answer, groups, steps = f"How many {c} {s}s are there?", str(_count(objects_t, c, s)), ((c, s),), 1
+        answer, groups, steps, fields = str(_count(objects_t, c, s)), ((c, s),), 1, {"c": c, "s": s}
     elif kind == "exists":
         c, s = group()
         answer = "yes" if _count(objects_t, c, s) else "no"
-        question, groups, steps = f"Is there a {c} {s}?", ((c, s),), 1
+        groups, steps, fields = ((c, s),), 1, {"c": c, "s": s}
     elif kind == "colour":
         s = present[int(rng.integers(len(present)))][1]
         leftmost = min((o for o in objects_t if o.shape == s), key=lambda o: o.box[0])
-        question, answer, groups, steps = f"What colour is the leftmost {s}?", leftmost.colour, (("", s),), 1
+        answer, groups, steps, fields = leftmost.colour, (("", s),), 1, {"s": s}
     else:
         (c1, s1), (c2, s2) = group(), group()
         while (c2, s2) == (c1, s1):
             c2, s2 = str(rng.choice(COLOURS)), str(rng.choice(SHAPES))
         answer = "yes" if _count(objects_t, c1, s1) > _count(objects_t, c2, s2) else "no"
-        question, groups, steps = f"Are there more {c1} {s1}s than {c2} {s2}s?", ((c1, s1), (c2, s2)), 2
-    return Task(task_id, f"scene-{task_id}", objects_t, kind, question, answer, groups, steps)
+        groups, steps, fields = ((c1, s1), (c2, s2)), 2, {"c": c1, "s": s1, "c2": c2, "s2": s2}
+    template = task_wording((phrasings or {}).get(kind) or (QUESTION_TEMPLATES[kind],), task_id)
+    return Task(task_id, f"scene-{task_id}", objects_t, kind, template.format(**fields), answer, groups, steps)
 
 
 def draw_scene(task: Task, scale: int = 1, background: tuple[int, int, int] = (128, 128, 128)) -> Image.Image:

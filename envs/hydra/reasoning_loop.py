@@ -85,8 +85,9 @@ class ReasoningLoopConfig:
         num_samples: N, instruction samples per planner call (actions 0..N-1 pick one, N rejects all).
         max_iterations: steps before the episode is truncated.
         world: the offline world (``scripted`` LLM and scene tools): a shipped preset (``shapes``,
-            ``shapes-replan``) or a YAML/JSON world file (``clova_train.envs.hydra.reasoning_world`` documents it:
-            question kinds, how the planner misleads, tool behaviour, default rewards).
+            ``shapes-replan``, ``shapes-paraphrased``) or a YAML/JSON world file
+            (``clova_train.envs.hydra.reasoning_world`` documents it: question kinds and their wordings, how the
+            planner misleads, tool behaviour, default rewards).
         r1: Eq. 3's R^1 (paper: 100); null: the world's (paper value unless the world file sets one).
         alpha: Eq. 3's alpha (paper: 100); null: the world's.
         error_penalty: subtracted on a step whose code failed or broke a sandbox rule (default 10); null: the
@@ -267,7 +268,8 @@ class ReasoningLoopEnv(gym.Env):
         elif self.benchmark_tasks is not None:
             self.task = self._benchmark_task(seed, options)
         else:
-            self.task = make_task(task_id_option(options, self.np_random, self.config.split), self.world.questions)
+            self.task = make_task(task_id_option(options, self.np_random, self.config.split), self.world.questions,
+                                  self.world.phrasings)
         self.image_size = image_dimensions(self.task) if isinstance(self.task, BenchmarkTask) else (SIZE, SIZE)
         self.tools = self.tools_factory(self.task)
         self.iteration, self.attempt, self.rejects = 0, 0, 0

@@ -1,11 +1,17 @@
 """An offline world of the HYDRA reasoning loop, described by a file: which questions, how the planner misleads,
 how the tools behave, and default rewards.
 
-``hydra.world`` names a shipped preset (``envs/worlds/<name>.yaml``: ``shapes``, the default, and ``shapes-replan``)
-or a YAML/JSON file of this form (every key optional; the defaults are the ``shapes`` world)::
+``hydra.world`` names a shipped preset (``envs/worlds/<name>.yaml``: ``shapes``, the default, ``shapes-replan`` and
+``shapes-paraphrased``) or a YAML/JSON file of this form (every key optional; the defaults are the ``shapes``
+world)::
 
     name: my-world
     questions: {count: 1, exists: 1, colour: 1, compare: 1}   # question kinds drawn, with weights
+    phrasings:               # per kind, the wordings users ask in ({c}: a colour, {s}: a shape; a comparison's second
+      count:                 # group {c2} {s2}); one is drawn per task. The first is the canonical wording; a kind
+        - "How many {c} {s}s are there?"         # with three or more keeps its last for test tasks only
+        - "Count the {c} {s}s: how many are there?"
+        - "What is the number of {c} {s}s in the picture?"
     planner:
       confidence: [0.30, 0.95]   # the N confidences: distinct 2-decimal values drawn from this range
       has_good: [0.95]           # chance that a list holds a good instruction, by attempt (0: first list of a step,
@@ -21,21 +27,29 @@ or a YAML/JSON file of this form (every key optional; the defaults are the ``sha
       guess_right_one_in: 3      # simple_query / llm_query guess: the gold answer once in k questions
     rewards: {r1: 100, alpha: 100, error_penalty: 10, reject_penalty: 0}   # used where the env config leaves null
 
+The scripted planner understands every wording of the world, as an LLM would (its samples for a question do not
+depend on the wording's meaning, only on its text as the seed of its draws). The controller reads the question's
+text in its observation, so a wording seen only at test asks whether it learned the question or its words.
+
 The scenes, the instruction wordings and the code each kind of instruction runs are the world's fixed vocabulary
 (:mod:`clova_train.envs.common.world`, :mod:`clova_train.envs.hydra.scripted`); everything that decides what a
-controller has to learn is here. Loading checks every value and names the file and key at fault; nothing in the
+controller has to learn is here. Loading checks every value and names the file and key at fault (a wording with
+another placeholder than its kind's, or one that reads as another kind's question, is refused); nothing in the
 file is run.
 """
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
 from clova_train.core.checks import is_integer, is_number
 from clova_train.core.errors import DataError
-from clova_train.envs.common.world import QUESTION_TYPES
+from clova_train.envs.common.wordings import check_unambiguous, read_phrasings, wording_pattern
+from clova_train.envs.common.world import QUESTION_FIELDS, QUESTION_TEMPLATES, QUESTION_TYPES
 from clova_train.envs.common.world_file import (
     guess_right_one_in, question_weights, read_world_file, refuse_unknown, section, shipped, shown, world_mapping,
     world_name,
@@ -63,6 +77,26 @@ class ReasoningWorld:
     malformed: float = 0.05
     guess_right_one_in: int = 3
     rewards: dict[str, float] = field(default_factory=dict)
+    phrasings: dict[str, tuple[str, ...]] = field(default_factory=lambda: {k: (t,) for k, t in
+                                                                          QUESTION_TEMPLATES.items()})
+
+    @cached_property
+    def _patterns(self) -> list[tuple[str, re.Pattern[str]]]:
+        # Found anywhere in the text, as the canonical patterns always were (a task file's question may hold one).
+        return [(kind, wording_pattern(t, anchored=False)) for kind in QUESTION_TYPES for t in self.phrasings[kind]]
+
+    def parse_question(self, question: str) -> tuple[str, dict[str, str]] | None:
+        """(question type, its groups: ``c``, ``s`` and a comparison's ``c2``, ``s2``) of a question in any of the
+        world's wordings, or None."""
+        for kind, pattern in self._patterns:
+            match = pattern.search(question)
+            if match:
+                return kind, {k: v for k, v in match.groupdict().items() if v}
+        return None
+
+    def has_default_phrasings(self) -> bool:
+        """Whether every question type has only its canonical wording."""
+        return all(self.phrasings[k] == (t,) for k, t in QUESTION_TEMPLATES.items())
 
     def sample_count_problems(self, num_samples: int, where: str) -> list[str]:
         """What cannot hold with ``num_samples`` samples per list (``where`` names the world): a good-sample rank
@@ -85,11 +119,15 @@ class ReasoningWorld:
     def identity(self) -> dict[str, Any]:
         """Everything that changes the planner's replies (part of the LLM call cache's key)."""
         return {"name": self.name, "questions": self.questions, "confidence": list(self.confidence),
-                "has_good": list(self.has_good), "good_rank": self.good_rank, "malformed": self.malformed}
+                "has_good": list(self.has_good), "good_rank": self.good_rank, "malformed": self.malformed,
+                **({} if self.has_default_phrasings() else
+                   {"phrasings": {k: list(v) for k, v in self.phrasings.items()}})}
 
     def as_dict(self) -> dict[str, Any]:
         """The world in its file form (``load_world`` of it gives it back)."""
         return {"name": self.name, "questions": dict(self.questions),
+                **({} if self.has_default_phrasings() else
+                   {"phrasings": {k: list(v) for k, v in self.phrasings.items()}}),
                 "planner": {"confidence": list(self.confidence), "has_good": list(self.has_good),
                             "good_rank": dict(self.good_rank), "malformed": self.malformed},
                 "tools": {"guess_right_one_in": self.guess_right_one_in}, "rewards": dict(self.rewards)}
@@ -103,10 +141,13 @@ def _probability(value: Any, where: str) -> float:
 
 def world_from_dict(raw: Any, where: str) -> ReasoningWorld:
     """A world from its file form (module docstring), every value checked; ``where`` names the source."""
-    world_mapping(raw, ("name", "questions", "planner", "tools", "rewards"), where)
+    world_mapping(raw, ("name", "questions", "phrasings", "planner", "tools", "rewards"), where)
     default = ReasoningWorld()
     name = world_name(raw, where)
     questions = question_weights(raw, QUESTION_TYPES, default.questions, where)
+    given = section(raw, "phrasings", where)
+    refuse_unknown(given, QUESTION_TYPES, f"{where}: phrasings")
+    phrasings = read_phrasings(given, QUESTION_FIELDS, default.phrasings, where)
     planner = section(raw, "planner", where)
     refuse_unknown(planner, ("confidence", "has_good", "good_rank", "malformed"), f"{where}: planner")
     confidence = planner.get("confidence", list(default.confidence))
@@ -136,9 +177,11 @@ def world_from_dict(raw: Any, where: str) -> ReasoningWorld:
         low = 0 if key in ("error_penalty", "reject_penalty") else -MAX_REWARD
         if not is_number(value) or not low <= value <= MAX_REWARD:
             raise DataError(f"{where}: rewards.{key} = {shown(value)}: must be a number from {low:g} to {MAX_REWARD:g}")
-    return ReasoningWorld(name, questions,
-                          (float(confidence[0]), float(confidence[1])), tuple(has_good), good_rank, malformed,
-                          int(guess), {k: float(v) for k, v in rewards.items()})
+    world = ReasoningWorld(name, questions,
+                           (float(confidence[0]), float(confidence[1])), tuple(has_good), good_rank, malformed,
+                           int(guess), {k: float(v) for k, v in rewards.items()}, phrasings)
+    check_unambiguous(world.phrasings, QUESTION_FIELDS, world.parse_question, where)
+    return world
 
 
 def presets() -> list[str]:

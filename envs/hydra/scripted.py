@@ -116,26 +116,10 @@ GOOD_RANK: dict[str, int | str] = _SHAPES.good_rank
 CONFIDENCE_RANGE = _SHAPES.confidence
 HAS_GOOD_PROBABILITY = _SHAPES.has_good[0]
 
-_QUESTION_PATTERNS = (
-    ("count", re.compile(r"How many (?P<c>\w+) (?P<s>\w+?)s are there\?")),
-    ("exists", re.compile(r"Is there a (?P<c>\w+) (?P<s>\w+)\?")),
-    ("colour", re.compile(r"What colour is the leftmost (?P<s>\w+)\?")),
-    ("compare", re.compile(r"Are there more (?P<c>\w+) (?P<s>\w+?)s than (?P<c2>\w+) (?P<s2>\w+?)s\?")),
-)
-
-
 def prompt_field(prompt: str, name: str) -> str:
     """The value of a ``<name>: <value>`` line of a prompt this package wrote ("" when it has none)."""
     match = re.search(rf"^{name}:[ \t]*(.*)$", prompt, flags=re.MULTILINE)
     return match.group(1).strip() if match else ""
-
-
-def parse_question(question: str) -> tuple[str, dict[str, str]] | None:
-    for kind, pattern in _QUESTION_PATTERNS:
-        match = pattern.search(question)
-        if match:
-            return kind, {k: v for k, v in match.groupdict().items() if v}
-    return None
 
 
 def _template_regex(template: str) -> re.Pattern[str]:
@@ -214,7 +198,7 @@ class ScriptedReasoningLLM(ChatBackend):
         rng = np.random.default_rng(zlib.crc32(prompt.encode()))
         question = prompt_field(prompt, "Question")
         n = int(prompt_field(prompt, "Samples wanted") or 5)
-        parsed = parse_question(question)
+        parsed = self.world.parse_question(question)
         if parsed is None:
             return "1. [0.5] Look at the whole image and guess the answer directly."
         qtype, groups = parsed
@@ -260,7 +244,7 @@ class ScriptedReasoningLLM(ChatBackend):
         if found is None:
             return "```python\nprint('I do not know how to do that.')\n```"
         match, step, kind = found
-        parsed = parse_question(question)
+        parsed = self.world.parse_question(question)
         groups = dict(parsed[1]) if parsed else {}
         groups.update({k: v for k, v in match.groupdict().items() if v})
         if not step:

@@ -31,6 +31,7 @@ def test_shipped_worlds_load_and_the_default_is_the_built_in_one() -> None:
             shapes.guess_right_one_in) == (default.questions, default.confidence, default.has_good,
                                            default.good_rank, default.malformed, default.guess_right_one_in)
     assert load_world("shapes-replan").has_good == (0.25, 1.0)
+    assert "phrasings" not in shapes.identity() and "phrasings" not in shapes.as_dict()  # cache keys as before
     # the file form round-trips
     assert world_from_dict(shapes.as_dict(), "again").identity() == shapes.identity()
 
@@ -53,6 +54,16 @@ def test_shipped_worlds_load_and_the_default_is_the_built_in_one() -> None:
     ({"questions": {"count": 10**4000 // 10}}, "questions.count = 1000000"),
     ({"questions": {"count": 10**308, "exists": 10**308}}, "questions.exists = 10000000000000000000... (309 digits)"),
     ({"planner": [1, 2]}, "planner must be a mapping"),
+    ({"phrasings": {"weather": ["Is it raining?"]}}, "phrasings: unknown key 'weather'"),
+    ({"phrasings": {"count": []}}, "phrasings.count must be a list of 1 to 20 wordings"),
+    ({"phrasings": {"colour": ["What colour is the leftmost {c} {s}?"]}}, "uses {c}: a colour question takes only {s}"),
+    ({"phrasings": {"compare": ["Are there more {c} {s}s than {c2}s?"]}}, "must use {s2} exactly once"),
+    ({"phrasings": {"count": ["How many {c} {s}s are there?", "{c} {s}s: how many, {c}?"]}},
+     "phrasings.count[1] = '{c} {s}s: how many, {c}?': must use {c} exactly once"),
+    ({"phrasings": {"exists": ["Is there a {c} {s}?", "How many {c} {s}s are there?"]}},
+     "phrasings.exists[1] = 'How many {c} {s}s are there?': 'How many red circles are there?' reads as a question of "
+     "kind 'count'; each wording must read as its own kind only"),
+    ({"phrasings": {"exists": ["Is there a {c:>4} {s}?"]}}, "take no format spec or conversion"),
     ("[1, 2]", "must hold a mapping"),
     ("name: a\nname: b\n", "name"),  # a key written twice (the safe reader refuses it)
 ])
@@ -200,3 +211,35 @@ def test_a_world_file_trains_from_the_cli(tmp_path: Path) -> None:
     evaluation = json.loads((run / "evaluation.json").read_text())
     assert any(name.startswith("question rule fitted on logs (600 steps") for name in evaluation)
     assert json.loads((run / "config.json").read_text())["hydra"]["world"] == str(path)
+
+
+def test_a_world_can_hold_a_wording_out_for_test_tasks_only() -> None:
+    """``shapes-paraphrased``: three wordings per kind, the last asked only in test tasks; a task differs from the
+    default world's only in its question text, and the planner reads every wording as the canonical one."""
+    from clova_train.envs.common.world import QUESTION_TEMPLATES, task_split
+
+    world = load_world("shapes-paraphrased")
+    assert all(len(w) == 3 and w[0] == QUESTION_TEMPLATES[k] for k, w in world.phrasings.items())
+    assert world_from_dict(world.as_dict(), "again").identity() == world.identity()
+    llm = ScriptedReasoningLLM(world)
+    held_out_by_split = {"train": 0, "val": 0, "test": 0}
+    for task_id in range(0, 3000, 3):
+        task, plain = make_task(task_id, world.questions, world.phrasings), make_task(task_id)
+        assert (task.objects, task.question_type, task.answer, task.groups) == \
+            (plain.objects, plain.question_type, plain.answer, plain.groups)
+        kind, groups = world.parse_question(task.question)
+        assert kind == task.question_type and world.parse_question(plain.question) == (kind, groups)
+        held_out_by_split[task_split(task_id)] += task.question == world.phrasings[kind][-1].format(**groups)
+        if task_id % 30 == 0:  # the planner lists instructions for the question's groups, not a blind guess
+            reply = llm.chat([{"role": "user", "content": f"Question: {task.question}\nSamples wanted: 5"}])
+            assert len(reply.splitlines()) >= 4  # (a question it cannot read gets one line: a blind guess)
+            assert groups["s"] in reply or kind == "compare"
+    assert held_out_by_split["train"] == held_out_by_split["val"] == 0 < held_out_by_split["test"]
+
+
+def test_a_world_with_two_wordings_holds_none_out(tmp_path: Path) -> None:
+    path = write_world(tmp_path, {"phrasings": {"exists": ["Is there a {c} {s}?", "Does the picture show a {c} {s}?"]}})
+    world = load_world(str(path))
+    asked = {make_task(i, world.questions, world.phrasings).question.split(" ")[0] for i in range(400)
+             if make_task(i).question_type == "exists"}
+    assert asked == {"Is", "Does"}  # both wordings in every split
