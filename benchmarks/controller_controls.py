@@ -77,6 +77,9 @@ OWN = "trained controller"
 WORLD_SEED_BASE = 1000  # drawn worlds' first seed: far from the seeds (< 100) the generators were designed on
 EVALUATIONS = "evaluations.npz"  # the run's validation log (clova_train.controller.callbacks)
 EVALUATIONS_PER_RUN = 5  # validation evaluations over a run's training steps (for the steps to reach a control)
+WORDING = "held_out_wording_accuracy"  # a row's accuracy on test tasks asked in a wording training never used
+WORDING_TEXT = (" Held-out wordings: the test tasks whose question is in the wording of its kind that no training or "
+                "validation task is asked in (mean [interval] over seeds; their count is in evaluation.json).")
 
 
 def config_steps(environment: str, budget: tuple[str, ...]) -> int:
@@ -145,6 +148,17 @@ def training_cost(name: str, values: list[float], best: float, run_dirs: list[Pa
     return ", ".join("never" if steps is None else f"{steps:,}" for steps in reached)
 
 
+def held_out_cells(evaluations: list[dict[str, dict]], name: str) -> str:
+    """The two cells of a world whose test tasks include questions in a wording training never used: ``name``'s
+    accuracy on those tasks and the DQN's paired difference there ("-" where a seed's row lacks it)."""
+    values = [e[name].get(WORDING) for e in evaluations]
+    if any(v is None for v in values):
+        return "- | - | "
+    ours = [e[OWN][WORDING] for e in evaluations]
+    difference = "-" if name == OWN else seed_interval([a - b for a, b in zip(ours, values)], signed=True)
+    return f"{seed_interval(values)} | {difference} | "
+
+
 def table(environment: str, world: str | None, seeds: list[int], runs: Path, record: bool,
           drawn: int | None = None, budget: tuple[str, ...] = (), q_networks: tuple[str, ...] = ()) -> None:
     """One environment and world over ``seeds``: print (and with ``record`` append) its table; ``drawn``: the seed of
@@ -170,6 +184,7 @@ def table(environment: str, world: str | None, seeds: list[int], runs: Path, rec
     best = float(np.mean(controls)) if control else None
     logged = [logged_steps(run_dir) for run_dir in trained[OWN]]
     every = max(1, config_steps(environment, budget) // EVALUATIONS_PER_RUN)
+    wording = all(WORDING in e[OWN] for e in evaluations)  # some test tasks asked in a held-out wording
     rows = []
     for name in names:
         values = [e[name]["accuracy"] for e in evaluations]
@@ -178,7 +193,7 @@ def table(environment: str, world: str | None, seeds: list[int], runs: Path, rec
             seed_interval([a - b for a, b in zip(values, controls)], signed=True)
         cost = "-" if best is None else training_cost(name, values, best, trained.get(name), logged)
         rows.append(f"| {name} | {seed_interval(values)} | {difference} | {versus} | {cost} | "
-                    f"{', '.join(f'{v:.3f}' for v in values)} |")
+                    f"{held_out_cells(evaluations, name) if wording else ''}{', '.join(f'{v:.3f}' for v in values)} |")
     label = f"{environment}, {'the quickstart' if world is None else 'world ' + Path(world).stem}"
     if environment in BENCHMARKS:
         label = (f"{SECTIONS[environment]} on task files: trained on the GQA-format set, evaluated on the "
@@ -206,12 +221,13 @@ def table(environment: str, world: str | None, seeds: list[int], runs: Path, rec
             f"control: paired per seed; {best_text}. Steps to the best control: per seed, the training steps at "
             f"which the DQN's validation accuracy (every {every:,} steps) first "
             f"reached the best control's mean held-out accuracy, or a fitted control's {logged[0]:,} logged steps if "
-            f"its held-out accuracy did (never: not reached). Command: `python benchmarks/controller_controls.py "
+            f"its held-out accuracy did (never: not reached).{WORDING_TEXT if wording else ''} Command: "
+            f"`python benchmarks/controller_controls.py "
             f"--environments {environment}{option}"
             f"{' --q-networks ' + ' '.join(q_networks) if q_networks else ''} --seeds {' '.join(map(str, seeds))}"
             f"{''.join(' --' + o.split('.')[-1].replace('_', '-').replace('=', ' ') for o in budget)}`",
             ["policy", "accuracy", "DQN - policy", "policy - best control", "steps to the best control",
-             "per seed"], rows, record)
+             *(["accuracy on held-out wordings", "DQN - policy there"] if wording else []), "per seed"], rows, record)
 
 
 def main() -> None:

@@ -51,10 +51,14 @@ def make_env_fn(config: EnvConfig, split: str | None = None) -> Callable[[], Any
 def run_episodes(env: Any, policy: Policy, episodes: int, seed: int) -> dict[str, Any]:
     """Mean accuracy (the benchmark's metric where the environment scores with one, see
     :func:`~clova_train.envs.common.episode.episode_score`), steps, rejects (HYDRA) or infeasible actions (AVIS,
-    HAMMR), LLM calls and return of ``policy``, plus per-episode ``returns``/``lengths``/``correct``."""
-    correct, scores, steps, rejects, returns, llm_calls = [], [], [], [], [], []
+    HAMMR), LLM calls and return of ``policy``, plus per-episode ``returns``/``lengths``/``correct``; where some
+    tasks were asked in a wording only test tasks get (an environment with ``asks_held_out_wording``), the accuracy
+    on those tasks and their count (``held_out_wording_accuracy``, ``held_out_wording_episodes``)."""
+    correct, scores, steps, rejects, returns, llm_calls, held_out = [], [], [], [], [], [], []
+    asks_held_out = getattr(env, "asks_held_out_wording", None)
     for episode in range(episodes):
         obs, _ = env.reset(seed=seed + episode)
+        held_out.append(bool(asks_held_out()) if callable(asks_held_out) else False)
         total, done, n, info, calls, infeasible = 0.0, False, 0, {}, 0, 0
         while not done:
             obs, reward, terminated, truncated, info = env.step(policy(obs, env))
@@ -67,9 +71,13 @@ def run_episodes(env: Any, policy: Policy, episodes: int, seed: int) -> dict[str
         rejects.append(info.get("rejects", infeasible))
         returns.append(total)
         llm_calls.append(calls)
+    wording = {}
+    if any(held_out):
+        wording = {"held_out_wording_accuracy": float(np.mean([s for s, h in zip(scores, held_out) if h])),
+                   "held_out_wording_episodes": int(sum(held_out))}
     return {"accuracy": float(np.mean(scores)), "steps": float(np.mean(steps)),
             "rejects": float(np.mean(rejects)), "return": float(np.mean(returns)),
-            "llm_calls": float(np.mean(llm_calls)), "episodes": episodes,
+            "llm_calls": float(np.mean(llm_calls)), "episodes": episodes, **wording,
             "returns": returns, "lengths": steps, "correct": correct}
 
 
@@ -237,10 +245,16 @@ def compare(env_config: EnvConfig, model: Any, episodes: int, seed: int, random_
 
 def format_table(results: dict[str, dict[str, Any]]) -> str:
     """A markdown table of :func:`compare`'s rows, each with the split its tasks came from (``?``: not recorded, a
-    table written before splits were named)."""
+    table written before splits were named); where some tasks were asked in a wording only test tasks get, a column
+    of the accuracy on those."""
+    wording = any("held_out_wording_accuracy" in r for r in results.values())
     lines = ["| policy | tasks | accuracy | steps / episode | rejects or infeasible / episode | LLM calls / episode "
-             "| return |", "| --- | --- | --- | --- | --- | --- | --- |"]
+             "| return |" + (" accuracy on held-out wordings |" if wording else ""),
+             "| --- | --- | --- | --- | --- | --- | --- |" + (" --- |" if wording else "")]
     for name, r in results.items():
+        held_out = r.get("held_out_wording_accuracy")
+        extra = "" if not wording else \
+            f" {held_out:.3f} ({r['held_out_wording_episodes']} tasks) |" if held_out is not None else " - |"
         lines.append(f"| {name} | {r.get('tasks', '?')} | {r['accuracy']:.3f} | {r['steps']:.2f} | {r['rejects']:.2f} | "
-                     f"{r.get('llm_calls', float('nan')):.1f} | {r['return']:.1f} |")
+                     f"{r.get('llm_calls', float('nan')):.1f} | {r['return']:.1f} |{extra}")
     return "\n".join(lines)

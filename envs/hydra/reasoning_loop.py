@@ -364,6 +364,12 @@ class ReasoningLoopEnv(gym.Env):
         return getattr(self.llm, "calls", 0)
 
     # ------------------------------------------------------------------ helpers
+    def asks_held_out_wording(self) -> bool:
+        """Whether the current task's question is in a wording that only test tasks are asked in (a world whose
+        question kind has three wordings or more; :mod:`clova_train.envs.common.wordings`)."""
+        task = self.task
+        return isinstance(task, Task) and self.world.held_out_wording(task.question_type, task.question)
+
     def planner_probabilities(self) -> np.ndarray:
         """The current samples' planner probabilities (for the HYDRA-without-RL baseline)."""
         return np.asarray([p for _, p in self.samples], dtype=np.float32)

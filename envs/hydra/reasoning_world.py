@@ -49,7 +49,7 @@ from typing import Any
 from clova_train.core.checks import is_integer, is_number
 from clova_train.core.errors import DataError
 from clova_train.envs.common.wordings import check_unambiguous, read_phrasings, wording_pattern
-from clova_train.envs.common.world import QUESTION_FIELDS, QUESTION_TEMPLATES, QUESTION_TYPES
+from clova_train.envs.common.world import QUESTION_FIELDS, QUESTION_TEMPLATES, QUESTION_TYPES, TEST_ONLY_FROM
 from clova_train.envs.common.world_file import (
     guess_right_one_in, question_weights, read_world_file, refuse_unknown, section, shipped, shown, world_mapping,
     world_name,
@@ -93,6 +93,11 @@ class ReasoningWorld:
             if match:
                 return kind, {k: v for k, v in match.groupdict().items() if v}
         return None
+
+    def held_out_wording(self, question_type: str, question: str) -> bool:
+        """Whether ``question`` (of ``question_type``) is asked in the type's wording that only test tasks get."""
+        wordings = self.phrasings.get(question_type, ())
+        return len(wordings) >= TEST_ONLY_FROM and wording_pattern(wordings[-1]).match(question.strip()) is not None
 
     def has_default_phrasings(self) -> bool:
         """Whether every question type has only its canonical wording."""

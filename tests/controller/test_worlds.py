@@ -243,3 +243,25 @@ def test_a_world_with_two_wordings_holds_none_out(tmp_path: Path) -> None:
     asked = {make_task(i, world.questions, world.phrasings).question.split(" ")[0] for i in range(400)
              if make_task(i).question_type == "exists"}
     assert asked == {"Is", "Does"}  # both wordings in every split
+
+
+def test_the_evaluation_reports_the_accuracy_on_held_out_wordings() -> None:
+    from clova_train.controller.evaluation import format_table, planner_top_policy, run_episodes
+
+    results = {}
+    for split in ("train", "test"):
+        env = ReasoningLoopEnv(ReasoningLoopConfig(world="shapes-paraphrased", split=split))
+        try:
+            results[split] = run_episodes(env, planner_top_policy, 30, seed=0)
+        finally:
+            env.close()
+    assert "held_out_wording_accuracy" not in results["train"]  # training tasks never get the held-out wording
+    test = results["test"]
+    assert 0 < test["held_out_wording_episodes"] < 30 and 0 <= test["held_out_wording_accuracy"] <= 1
+    table = format_table({"planner top-probability": {**test, "tasks": "test"}})
+    assert "accuracy on held-out wordings" in table and f"({test['held_out_wording_episodes']} tasks)" in table
+    env = ReasoningLoopEnv(ReasoningLoopConfig(split="test"))  # the default world: no wording held out
+    try:
+        assert "held_out_wording_accuracy" not in run_episodes(env, planner_top_policy, 5, seed=0)
+    finally:
+        env.close()
