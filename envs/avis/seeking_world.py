@@ -46,10 +46,8 @@ from typing import Any
 import numpy as np
 
 from clova_train.core.errors import DataError
-from clova_train.envs.common.wordings import (
-    check_unambiguous, read_phrasings, task_wording, wording_pattern, wordings_for_split,
-)
-from clova_train.envs.common.world import COLOURS, SHAPES
+from clova_train.envs.common.wordings import check_unambiguous, read_phrasings, wording_pattern
+from clova_train.envs.common.world import COLOURS, SHAPES, task_wording, wordings_for_split
 from clova_train.core.checks import is_number
 from clova_train.envs.common.world_file import (
     guess_right_one_in, question_weights, read_world_file, refuse_unknown, section, shipped, shown, world_mapping,
@@ -132,7 +130,7 @@ class SeekingWorld:
 
     def phrasings_for(self, kind: str, split: str) -> tuple[str, ...]:
         """The wordings a ``kind`` question of a ``split`` task is asked in (:func:`wordings_for_split`: a wording
-        seen only at test where the kind has :data:`~clova_train.envs.common.wordings.TEST_ONLY_FROM` or more)."""
+        seen only at test where the kind has :data:`~clova_train.envs.common.world.TEST_ONLY_FROM` or more)."""
         return wordings_for_split(self.phrasings[kind], split)
 
     def phrase(self, kind: str, task_id: int, **groups: str) -> str:

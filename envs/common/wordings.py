@@ -2,13 +2,13 @@
 question kind, and the wording a task is asked in.
 
 A world file may give each question kind several wordings (``{c}``: a colour, ``{s}``: a shape; HYDRA's comparison
-also ``{c2}`` and ``{s2}``). The first is the kind's canonical wording. A kind with :data:`TEST_ONLY_FROM` wordings or
-more keeps its last one for test tasks (a wording seen only at test): training and validation tasks are asked in the
-others, test tasks in any of them. Which one a task gets is drawn from its id alone, apart from everything else the
-task draws, so adding wordings changes a task's question text and nothing else (:func:`task_wording`, with the task
-splits in :mod:`clova_train.envs.common.world`). Used by the HYDRA reasoning world
-(:mod:`clova_train.envs.hydra.reasoning_world`) and the AVIS / HAMMR information-seeking world
-(:mod:`clova_train.envs.avis.seeking_world`).
+also ``{c2}`` and ``{s2}``). The first is the kind's canonical wording. A kind with
+:data:`~clova_train.envs.common.world.TEST_ONLY_FROM` wordings or more keeps its last one for test tasks (a wording
+seen only at test): training and validation tasks are asked in the others, test tasks in any of them. Which one a
+task gets is drawn from its id alone, apart from everything else the task draws, so adding wordings changes a task's
+question text and nothing else (:func:`~clova_train.envs.common.world.task_wording`, beside the task splits). Used by
+the HYDRA reasoning world (:mod:`clova_train.envs.hydra.reasoning_world`) and the AVIS / HAMMR information-seeking
+world (:mod:`clova_train.envs.avis.seeking_world`).
 """
 
 from __future__ import annotations
@@ -20,9 +20,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from clova_train.core.errors import DataError
-from clova_train.envs.common.world import (  # noqa: F401 (the split rule's names, read here with the rest)
-    COLOURS, SHAPES, TEST_ONLY_FROM, WORDING_SEED, task_wording, wordings_for_split,
-)
+from clova_train.envs.common.world import COLOURS, SHAPES
 
 MAX_WORDINGS = 20  # per kind
 MAX_WORDING_CHARS = 300

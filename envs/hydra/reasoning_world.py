@@ -103,6 +103,11 @@ class ReasoningWorld:
         """Whether every question type has only its canonical wording."""
         return all(self.phrasings[k] == (t,) for k, t in QUESTION_TEMPLATES.items())
 
+    def _phrasings_entry(self) -> dict[str, Any]:
+        # Left out when canonical, so the identity (the LLM cache's key) and the file form of every world written
+        # before worlds had wordings stay as they were.
+        return {} if self.has_default_phrasings() else {"phrasings": {k: list(v) for k, v in self.phrasings.items()}}
+
     def sample_count_problems(self, num_samples: int, where: str) -> list[str]:
         """What cannot hold with ``num_samples`` samples per list (``where`` names the world): a good-sample rank
         outside the list, or a confidence range with fewer distinct 2-decimal values than samples."""
@@ -125,14 +130,12 @@ class ReasoningWorld:
         """Everything that changes the planner's replies (part of the LLM call cache's key)."""
         return {"name": self.name, "questions": self.questions, "confidence": list(self.confidence),
                 "has_good": list(self.has_good), "good_rank": self.good_rank, "malformed": self.malformed,
-                **({} if self.has_default_phrasings() else
-                   {"phrasings": {k: list(v) for k, v in self.phrasings.items()}})}
+                **self._phrasings_entry()}
 
     def as_dict(self) -> dict[str, Any]:
         """The world in its file form (``load_world`` of it gives it back)."""
         return {"name": self.name, "questions": dict(self.questions),
-                **({} if self.has_default_phrasings() else
-                   {"phrasings": {k: list(v) for k, v in self.phrasings.items()}}),
+                **self._phrasings_entry(),
                 "planner": {"confidence": list(self.confidence), "has_good": list(self.has_good),
                             "good_rank": dict(self.good_rank), "malformed": self.malformed},
                 "tools": {"guess_right_one_in": self.guess_right_one_in}, "rewards": dict(self.rewards)}
