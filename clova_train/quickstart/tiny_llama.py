@@ -7,10 +7,14 @@ from __future__ import annotations
 import random
 from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 
 from clova_train.tools.tiny_common import pretraining_steps
+
+if TYPE_CHECKING:
+    from clova_train.datamodules.tool_llm.tool_conversations import Templates
 
 
 TINY_LLAMA_CONFIG: dict = {
@@ -198,11 +202,39 @@ def make_tiny_llama(
     return directory
 
 
+# Chit-chat of the pretraining prompts: questions no data split asks (the splits' exchanges are
+# ``tool_conversations.CHAT``); the pretraining corpus holds prompts only, so the answers are never read.
+PRETRAINING_CHAT: tuple[tuple[str, str], ...] = (
+    ("Say something nice.", ""), ("Which month comes after May?", ""), ("Do you like music?", ""),
+    ("How tall is a giraffe?", ""), ("Name a fruit.", ""), ("What is the opposite of cold?", ""),
+)
+
+
+def pretraining_templates() -> Templates:
+    """The request templates of the pretraining prompts, in a wording no data split uses.
+
+    The data module splits requests by template (``datamodules.tool_llm.template_split``: each seed holds some out
+    for validation and test), so a model pretrained on prompts written from every template would have read the
+    held-out requests. Pretraining requests instead name the tool outright (``Use <tool> on the red circle``), chains
+    name their condition (``Use <condition> and a red circle``), chit-chat asks :data:`PRETRAINING_CHAT`: the model
+    learns the prompt's format and its tools, and none of the request wordings any split is written from.
+    """
+    from clova_train.datamodules.tool_llm.tool_conversations import ALL_TOOLS, COMMANDS, Request, Templates
+
+    commands = {tool: [Request(f"Use {tool} on the {{obj}}",
+                               "the {obj}" if any(r.arguments for r in COMMANDS.get(tool, ())) else "")]
+                for tool in ALL_TOOLS}
+    return Templates(commands, ["Use {condition} and a {obj}"], list(PRETRAINING_CHAT))
+
+
 def tool_corpus(seed: int = 0) -> tuple[list[str], list[str]]:
     """Synthetic GPT4Tools text over all 31 tools: (prompt + response texts, prompts only).
 
-    The first trains the tiny tokenizer, the second pretrains the tiny model (so fine-tuning, not
-    pretraining, is what teaches it to answer in the ReAct format).
+    The first trains the tiny tokenizer: requests written from every template of the data (a real model's
+    tokenizer covers the words of any request; token merges carry no request-to-tool mapping). The second
+    pretrains the tiny model: prompts only, their requests from :func:`pretraining_templates`, so that neither the
+    held-out request wordings nor any answer is pretrained on (fine-tuning, not pretraining, is what teaches it to
+    answer in the ReAct format).
     """
     from clova_train.datamodules.tool_llm.tool_conversations import (
         ALL_TOOLS, generate_dataset, records_from_conversation,
@@ -210,10 +242,15 @@ def tool_corpus(seed: int = 0) -> tuple[list[str], list[str]]:
     from clova_train.tooluse.prompt_template import PromptTemplate
 
     template = PromptTemplate()
-    conversations, negatives = generate_dataset(list(ALL_TOOLS), 3, 20, 8, seed)
-    records = [r for c in conversations for r in records_from_conversation(c)] + negatives
-    prompts = [template.prompt(r["instruction"], r["input"]) for r in records]
-    return [p + r["output"] for p, r in zip(prompts, records)], prompts
+
+    def records(templates: Templates | None) -> list[dict[str, str]]:
+        extra = {} if templates is None else {"templates": templates}
+        conversations, negatives = generate_dataset(list(ALL_TOOLS), 3, 20, 8, seed, **extra)
+        return [r for c in conversations for r in records_from_conversation(c)] + negatives
+
+    texts = [template.prompt(r["instruction"], r["input"]) + r["output"] for r in records(None)]
+    prompts = [template.prompt(r["instruction"], r["input"]) for r in records(pretraining_templates())]
+    return texts, prompts
 
 
 def build_quickstart_llama(directory: str | Path, seed: int = 0,

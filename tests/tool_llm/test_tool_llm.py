@@ -398,6 +398,27 @@ def test_quickstart_llama_keeps_names_whole_and_loads(tmp_path: Path) -> None:
     assert model.config.tie_word_embeddings and model.lm_head.weight.data_ptr() == model.model.embed_tokens.weight.data_ptr()
 
 
+def test_quickstart_llama_pretrains_on_no_request_wording_of_any_split() -> None:
+    """The tiny Llama's pretraining prompts ask in a wording none of the data's request templates (train, validation
+    or test of any seed) or chit-chat questions uses, so held-out requests were never pretrained on."""
+    import re
+
+    from clova_train.datamodules.tool_llm.template_split import _pattern, record_template
+    from clova_train.datamodules.tool_llm.tool_conversations import CHAIN_COMMANDS, CHAT, COMMANDS
+    from clova_train.quickstart.tiny_llama import tool_corpus
+
+    texts, prompts = tool_corpus(0)
+    requests = [re.findall(r"^New input: (.*)$", prompt, re.MULTILINE)[-1] for prompt in prompts]
+    templates = [r.text for rs in COMMANDS.values() for r in rs] + CHAIN_COMMANDS + [q for q, _ in CHAT]
+    patterns = [_pattern(t) for t in templates]
+    assert len(set(requests)) > 50
+    for request in requests:
+        assert not any(p.fullmatch(request) for p in patterns), request
+    # every prompt still has a request, tools, steps and chit-chat; the tokenizer's texts are the data's own wordings
+    assert any("Action:" in p for p in prompts) and "Name a fruit." in requests
+    assert sum(record_template({"instruction": t})[0] is not None for t in texts) == len(texts)
+
+
 def test_skill_documents_answer_from_their_own_text() -> None:
     """Each lookup document's answers are written earlier in it; copy documents repeat their sequence."""
     import random
