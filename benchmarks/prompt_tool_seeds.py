@@ -13,10 +13,12 @@ serving code (``PromptToolServer``). The shipped measurements:
   the colours it knows, all, and each answer), without prompts, with the pool, with the random-prompt pool (every
   prompt replaced by a random one of its norm: the same retrieval, nothing learned);
 * LOC / SEG: the share of the held-out images of the concept found (LOC: its box at mean IoU above ``gate_iou``;
-  SEG: every mask covered at IoU >= ``gate_iou``) without prompts, with the pool served by the paper's rule (the
-  concept's prompts under which it scores above ``score_threshold``, ensembled) and with the random-prompt pool under
-  the same rule; over all images, those the unmodified tool finds (what the pool can lose) and those it misses; and
-  how many images the served pool prompts;
+  SEG: every mask covered at IoU >= ``gate_iou``) without prompts, with the pool as served and with the random-prompt
+  pool under the same rule; over all images, those the unmodified tool finds (what the pool can lose) and those it
+  misses; and how many images the served pool prompts. SEG is served by the paper's rule (the concept's prompts
+  under which it scores above ``score_threshold``, ensembled); LOC at the ``detection_margin`` its calibration
+  chose on validation scenes rendered with seeds the run never used (``clova_train.tools.loc.margin``: until the
+  unmodified detector has found 149), and also under the paper's rule alone;
 * REPLACE: the distance of a repainted region's mean colour from the concept's colour (RGB, lower is better) over
   24 new green squares repainted as the concept (repaint seeds ``s``..), with the words, the exported token, the
   untuned token, the ungated pool (every tuned token) and a random token of the exported token's norm.

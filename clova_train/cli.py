@@ -273,6 +273,9 @@ def run_serve(args: Sequence[str]) -> int | None:
     parser.add_argument("--answer-margin", type=float, default=None, metavar="M",
                         help="BLIP VQA exports: serve at this answer_margin (0..1) instead of the one the export "
                              "carries")
+    parser.add_argument("--detection-margin", type=float, default=None, metavar="M",
+                        help="OWL-ViT LOC exports: serve at this detection_margin (0..1) instead of the one the export "
+                             "carries")
     parser.add_argument("--base-model", default=None, help="directory of the frozen base model, overriding the export's")
     parser.add_argument("--max-batch-size", type=int, default=4, help="chat: requests generated together")
     parser.add_argument("--batch-timeout", type=float, default=0.02, help="chat: seconds to wait for a batch to fill")
@@ -312,7 +315,8 @@ def run_serve(args: Sequence[str]) -> int | None:
         raise ClovaTrainError(f"serve: {err}") from None
     if parsed.top_k is not None and parsed.top_k < 1:
         raise ClovaTrainError(f"--top-k must be >= 1, got {parsed.top_k}")
-    margins = {"classify_margin": parsed.classify_margin, "answer_margin": parsed.answer_margin}
+    margins = {"classify_margin": parsed.classify_margin, "answer_margin": parsed.answer_margin,
+               "detection_margin": parsed.detection_margin}
     for name, value in margins.items():
         if value is not None and not 0.0 <= value <= 1.0:
             raise ClovaTrainError(f"--{name.replace('_', '-')} must be within 0 and 1, got {value}")

@@ -184,7 +184,8 @@ class PromptToolAPI(ls.LitAPI):
         max_image_pixels: largest image decoded (width x height, read from the header before any pixel).
         max_request_pixels: most pixels of all a request's images together (read from their headers).
         image_root: the folder whose image files clients may name (``None``: no server file is read for a client).
-        margins: served margins overriding the ones the export carries (``classify_margin``, ``answer_margin``).
+        margins: served margins overriding the ones the export carries (``classify_margin``, ``answer_margin``,
+            ``detection_margin``).
     """
 
     def __init__(
@@ -599,7 +600,8 @@ def build_apis(
     image_root: Optional[Path] = None, margins: Optional[dict[str, Optional[float]]] = None,
 ) -> list[ls.LitAPI]:
     """One LitAPI per export; a clear error for a missing export or two exports on one endpoint, or for a served
-    margin (``margins``: ``classify_margin`` / ``answer_margin`` overrides) that no served export takes."""
+    margin (``margins``: ``classify_margin`` / ``answer_margin`` / ``detection_margin`` overrides) that no served
+    export takes."""
     from clova_train.tools.prompt_server import margins_taken, read_tool_description
 
     wanted = {name: value for name, value in (margins or {}).items() if value is not None}
@@ -627,7 +629,7 @@ def build_apis(
     unused = sorted(set(wanted) - used)
     if unused:
         raise ExportError(f"--{unused[0].replace('_', '-')}: no served export's tool takes {unused[0]} (CLIP exports "
-                          "take classify_margin, BLIP VQA exports answer_margin)")
+                          "take classify_margin, BLIP VQA exports answer_margin, OWL-ViT LOC exports detection_margin)")
     return list(apis.values())
 
 
@@ -670,7 +672,8 @@ def serve_http(
     name (default: the export path as given); ``image_root``: the folder whose image files clients may name (``None``:
     clients send images, no server file is read for them); ``connections``: how many connections are held and how
     long a request may take to arrive (see :mod:`clova_train.serving.connections`); ``margins``: served margins
-    (``classify_margin``, ``answer_margin``) overriding the ones the exports carry, for the exports that take them."""
+    (``classify_margin``, ``answer_margin``, ``detection_margin``) overriding the ones the exports carry, for the
+    exports that take them."""
     if image_root is not None and not Path(image_root).is_dir():
         raise ExportError(f"--image-root {image_root} is not a folder")
     apis = build_apis(exports, top_k, base_model, max_batch_size, batch_timeout, Path(output_dir),

@@ -104,7 +104,7 @@ def with_served_margins(description: dict[str, Any], directory: Path, margins: d
 
 def margins_taken(directory: Path, margins: dict[str, float | None]) -> dict[str, float]:
     """The given (not ``None``) served margins that the tool of the export ``directory`` takes (``serve``'s
-    ``--classify-margin`` / ``--answer-margin`` apply to the exports whose tool has that setting)."""
+    ``--classify-margin`` / ``--answer-margin`` / ``--detection-margin`` apply to the exports whose tool has that setting)."""
     import inspect
 
     from clova_train.tools.base import tool_class
@@ -159,6 +159,7 @@ class PromptToolServer:
         base_model: str | os.PathLike[str] | None = None,
         classify_margin: float | None = None,
         answer_margin: float | None = None,
+        detection_margin: float | None = None,
     ) -> PromptToolServer:
         """Load a directory written by ``clova-train export`` (or a finished run directory).
 
@@ -167,12 +168,13 @@ class PromptToolServer:
         directory) overrides both; its weights must still be the ones the prompts were trained on.
 
         The pool is served at the operating point ``tool.json`` carries (the margin its calibration chose and wrote
-        there: ``clova_train.tools.operating_point``); ``classify_margin`` (CLIP) or ``answer_margin`` (BLIP VQA)
-        overrides it.
+        there: ``clova_train.tools.operating_point``); ``classify_margin`` (CLIP), ``answer_margin`` (BLIP VQA) or
+        ``detection_margin`` (OWL-ViT LOC) overrides it.
         """
         directory = Path(directory)
         description = with_served_margins(cls.check_export(directory, base_model), directory,
-                                          {"classify_margin": classify_margin, "answer_margin": answer_margin})
+                                          {"classify_margin": classify_margin, "answer_margin": answer_margin,
+                                           "detection_margin": detection_margin})
         try:
             tool = PromptTool.from_description(description).to(device)
         except ModelError as err:

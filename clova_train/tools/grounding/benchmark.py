@@ -7,6 +7,7 @@ from __future__ import annotations
 import argparse
 import functools
 from collections.abc import Callable
+from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -80,10 +81,14 @@ class GroundingPromptTuning(PromptTuningBenchmark):
         return prompt.detach()[0].cpu()
 
 
-SERVED, RANDOM = "pool, served", "random-prompt pool, same rule"
-"""The columns besides "no prompt": the pool under the paper's serving rule (the concept's stored prompts under which
-the concept scores above ``score_threshold`` are ensembled; none kept, the unmodified tool answers), and the pool of
-random prompts of the same norms under the same rule."""
+SERVED, RANDOM, PAPER = "pool, served", "random-prompt pool, same rule", "pool, paper's rule"
+"""The columns besides "no prompt": the pool as the export serves it (the paper's rule: the concept's stored prompts
+under which the concept scores above ``score_threshold`` are ensembled, none kept, the unmodified tool answers; and,
+for a tool with a serving margin, that margin), the pool of random prompts of the same norms under the same rule, and
+(for a tool with a margin) the pool under the paper's rule alone."""
+
+PaperRule = Callable[[Any], AbstractContextManager[None]]
+"""``tool -> context`` in which the tool serves by the paper's rule alone (its margin off)."""
 
 ServedOutput = Callable[[Any, Any, GroundedImage, str], dict[str, Any]]
 """``(tool, lookup, image, concept) -> the tool's served output for one image`` (a dict with ``"prompted"``)."""
@@ -94,14 +99,15 @@ def share(found: torch.Tensor, where: torch.Tensor) -> float:
     return float(found[where].double().mean()) if bool(where.any()) else float("nan")
 
 
-def measure_grounding_seed(served: ServedOutput, server: PromptToolServer, export: Path,
-                           seed: int) -> dict[str, dict[str, float]]:
+def measure_grounding_seed(served: ServedOutput, server: PromptToolServer, export: Path, seed: int,
+                           paper_rule: PaperRule | None = None) -> dict[str, dict[str, float]]:
     """Per held-out image of the concept: found (the tool's evaluation metric) without prompts, with the pool served
     and with the random-prompt pool under the same rule; groups: all images, those the unmodified tool finds (what
     serving the pool can lose) and those it misses (what the pool can gain); and the operating point: the share of
     images the served pool prompts (its output differs from the unmodified tool's on those only; other concepts
     have no prompts and are never prompted), the share whose found/missed result changes, and the share of the
-    unmodified tool's found images that the served pool loses."""
+    unmodified tool's found images that the served pool loses. With ``paper_rule``, the pool is also scored under
+    the paper's rule alone (:data:`PAPER`)."""
     from clova_train.core.pool import control_pool
     from clova_train.tools.grounding.demo import eval_images
     from clova_train.tools.prompt_server import PromptToolServer
@@ -114,6 +120,9 @@ def measure_grounding_seed(served: ServedOutput, server: PromptToolServer, expor
         measured, random = server.tool.evaluate(server, batch), server.tool.evaluate(control, batch)
         prompted = torch.tensor([bool(served(server.tool, server, image, concept)["prompted"]) for image in images])
     found = {"no prompt": measured[plain_key].bool(), SERVED: measured[pool_key].bool(), RANDOM: random[pool_key].bool()}
+    if paper_rule is not None:
+        with paper_rule(server.tool), torch.no_grad():
+            found[PAPER] = server.tool.evaluate(server, batch)[pool_key].bool()
     known = found["no prompt"]
     groups = {"all": torch.ones_like(known), "found without prompts": known, "missed without prompts": ~known}
     scores = {name: {column: share(hits, where) for column, hits in found.items()} for name, where in groups.items()}

@@ -22,24 +22,16 @@ from PIL import Image, ImageDraw
 from scipy.ndimage import binary_erosion
 
 from clova_train.core.pool import control_pool
-from clova_train.core.safe_files import read_yaml
 from clova_train.tools.base import NoPrompt
-from clova_train.tools.grounding.coco import GroundingAnnotations, GroundingSplit
 from clova_train.tools.grounding.instances import GroundedImage
+from clova_train.tools.grounding.validation import run_split
 from clova_train.tools.seg.tool import mask_iou
 from clova_train.tools.prompt_server import PromptToolServer
 
 
 def eval_images(export_dir: Path) -> tuple[str, list[GroundedImage]]:
     """(concept, evaluation images) of the run that wrote ``export_dir`` (from its config.yaml)."""
-    config = read_yaml(export_dir / "config.yaml", "run config")["data"]
-    args = config.get("init_args", config)
-    if args.get("annotations") is None and args.get("root"):  # the synthetic datamodule writes this file
-        args["annotations"] = str(Path(args["root"]) / "annotations.json")
-    annotations = GroundingAnnotations(args["annotations"], args.get("image_root"))
-    split = GroundingSplit(annotations, args["concept"], max_images=args.get("max_images", 200),
-                           num_val_images=args.get("num_val_images", 10), num_eval_images=args.get("num_eval_images", 0),
-                           split_seed=args.get("split_seed", 0))
+    annotations, split = run_split(export_dir)
     if not split.eval_ids:
         raise SystemExit("the run kept no evaluation images (num_eval_images: 0); nothing held out to show")
     return split.concept, [annotations.grounded_image(i) for i in split.eval_ids]

@@ -21,6 +21,14 @@ Pool feature: the image's class embedding (the vision model's pooled, post-layer
 prompt). Serving (paper): the concept's stored prompts are the candidates; each runs on the query image and
 only those under which the concept scores above ``score_threshold`` are kept, then ensembled with cosine
 weights; if none is kept the detector runs unmodified.
+
+Serving rule (``detection_margin``): applying a prompt can cost images the unmodified detector already found (its box
+moves or its score drops under the threshold; random prompts cost the same). With ``detection_margin`` set, the
+unmodified detector also runs on every image the pool prompts, and the prompted detections are served only where
+their confidence (the best score among the concept's detections, 0 when there are none) beats the unmodified one's by
+more than the margin; else the unmodified detections are. ``None`` is the paper's rule (the prompted detections
+whenever a prompt is kept). The margin is chosen on validation images by the rule every tool shares
+(:mod:`clova_train.tools.loc.margin`, :mod:`clova_train.tools.operating_point`).
 """
 
 from __future__ import annotations
@@ -47,6 +55,7 @@ from clova_train.tools.pretrained import load_pretrained, processed_pixels, weig
 
 DEFAULT_MODEL = "google/owlvit-base-patch32"
 SERVED_QUERIES_KEPT = 512  # query lists whose text embeddings detect() keeps
+CANDIDATE_ROWS = 64  # (image, stored prompt) pairs whose forwards serving runs together
 
 
 @dataclass
@@ -77,6 +86,16 @@ class LocChunk:
     val: DetectionViews | None
 
 
+def detection_confidence(detections: dict[str, Any]) -> float:
+    """The confidence of one image's detections of a concept: the best box score, 0 when there is no box."""
+    return max(detections["scores"], default=0.0)
+
+
+def served_prompted(prompted_confidence: float, plain_confidence: float, margin: float) -> bool:
+    """``detection_margin``'s rule: the prompted detections are served when surer by more than ``margin``."""
+    return prompted_confidence - plain_confidence > margin
+
+
 class OwlVitLoc(PromptTool):
     """A frozen OWL-ViT detector whose vision encoder also attends to a learned prompt (LOC tool).
 
@@ -92,6 +111,10 @@ class OwlVitLoc(PromptTool):
         nms_iou: served boxes overlapping a higher-scoring box of the concept by more than this IoU are
             dropped (torchvision's non-maximum suppression; OWL-ViT predicts one box per patch, so one object
             is found by several neighbouring patches); 1 keeps every box. The gate does not use it.
+        detection_margin: the serving rule (module docstring): ``None``, the prompted detections whenever the pool
+            keeps a prompt (paper); a number in [0, 1], they are served only where their best score beats the
+            unmodified detector's by more than it (1: never). Chosen on validation images by
+            :mod:`clova_train.tools.loc.margin`, which writes it into the export.
     """
 
     name: ClassVar[str] = "owlvit_loc"
@@ -99,7 +122,9 @@ class OwlVitLoc(PromptTool):
         "CLOVA's LOC ensemble: of the concept's stored prompts (the max_candidates most similar to the image, when set), "
         "only those under which the frozen detector finds the concept in the image (a box scoring above "
         "score_threshold) are kept, and the cosine-weighted ensemble below runs over them; with none kept, the "
-        "unmodified detector answers. The filter needs the detector: `clova-train serve` applies it.")
+        "unmodified detector answers. The filter needs the detector: `clova-train serve` applies it. With "
+        "detection_margin set, the prompted detections are served only where their best score beats the unmodified "
+        "detector's by more than the margin.")
     default_lr: ClassVar[float] = 5e-4
     default_steps: ClassVar[int] = 100
     evaluation_metrics: ClassVar[tuple[str, ...]] = ("detected_no_prompt", "detected_pool")
@@ -114,6 +139,7 @@ class OwlVitLoc(PromptTool):
         gate_iou: float = 0.6,
         max_candidates: int | None = None,
         nms_iou: float = 0.5,
+        detection_margin: float | None = None,
     ) -> None:
         super().__init__()
         from transformers import OwlViTForObjectDetection, OwlViTProcessor
@@ -128,7 +154,12 @@ class OwlVitLoc(PromptTool):
             raise ModelError(f"max_candidates must be >= 1 or null, got {max_candidates}")
         if not 0 < nms_iou <= 1:
             raise ModelError(f"nms_iou must be in (0, 1], got {nms_iou}")
+        if detection_margin is not None and (isinstance(detection_margin, bool)
+                                             or not isinstance(detection_margin, (int, float))
+                                             or not 0.0 <= detection_margin <= 1.0):
+            raise ModelError(f"detection_margin must be null or a number in [0, 1], got {detection_margin!r}")
         self.nms_iou = nms_iou
+        self.detection_margin = None if detection_margin is None else float(detection_margin)
         self.model_name, self.num_prompt_tokens, self.num_negatives = model_name, num_prompt_tokens, num_negatives
         self.score_threshold, self.gate_iou, self.max_candidates = score_threshold, gate_iou, max_candidates
         model, self.processor = load_pretrained(OwlViTForObjectDetection, OwlViTProcessor, model_name, "OWL-ViT")
@@ -150,7 +181,8 @@ class OwlVitLoc(PromptTool):
     def init_args(self) -> dict[str, Any]:
         return {"model_name": self.model_name, "num_prompt_tokens": self.num_prompt_tokens,
                 "num_negatives": self.num_negatives, "score_threshold": self.score_threshold,
-                "gate_iou": self.gate_iou, "max_candidates": self.max_candidates, "nms_iou": self.nms_iou}
+                "gate_iou": self.gate_iou, "max_candidates": self.max_candidates, "nms_iou": self.nms_iou,
+                "detection_margin": self.detection_margin}
 
     def init_scale(self) -> float:
         """Prompts start small (uniform in +-0.02) next to layer-normalised tokens: close to the unmodified tool."""
@@ -324,48 +356,99 @@ class OwlVitLoc(PromptTool):
         return torch.cat([logits.float().sigmoid().flatten(1), boxes.flatten(1)], 1)
 
     # ------------------------------------------------------------------ serving
-    def prompt_for_image(self, lookup: PromptLookup, concept: str, embedded: torch.Tensor, feature: torch.Tensor,
-                         queries: torch.Tensor, query_mask: torch.Tensor) -> torch.Tensor | None:
-        """The paper's LOC ensemble for one image: keep the concept's stored prompts under which it is detected
-        (score above the threshold), ensemble those by cosine; ``None`` when there are none."""
+    def prompts_for_images(self, lookup: PromptLookup, concept: str, embedded: torch.Tensor, features: torch.Tensor,
+                           queries: torch.Tensor, query_mask: torch.Tensor) -> list[torch.Tensor | None]:
+        """The paper's LOC ensemble for each of ``n`` images (``embedded`` ``[n, T, D]``, ``features`` ``[n, D]``,
+        ``queries`` ``[1, Q, Dt]``): keep the concept's stored prompts under which it is detected in the image (score
+        above the threshold), ensemble those by cosine; ``None`` for an image where none is kept. The candidate
+        forwards of all the images run together, :data:`CANDIDATE_ROWS` at a time."""
         stored = lookup.candidates(concept)
         if stored is None:
-            return None
-        features, prompts = stored
-        if self.max_candidates is not None and len(prompts) > self.max_candidates:
-            top = F.cosine_similarity(features, feature.cpu()[None].float(), dim=-1).topk(self.max_candidates).indices
-            features, prompts = features[top], prompts[top]
-        m = len(prompts)
-        logits, _ = self.detect_tokens(embedded.expand(m, -1, -1), prompts.to(embedded), queries.expand(m, -1, -1),
-                                       query_mask.expand(m, -1))
-        confident = logits[..., 0].float().sigmoid().amax(-1) > self.score_threshold
-        if not bool(confident.any()):
-            return None
-        keep = confident.cpu()
-        return ensemble_prompt(feature.cpu().float(), features[keep], prompts[keep]).to(embedded)
+            return [None] * len(embedded)
+        features_stored, prompts = stored
+        chosen = []  # per image: indices of its candidates
+        for feature in features:
+            if self.max_candidates is not None and len(prompts) > self.max_candidates:
+                similarity = F.cosine_similarity(features_stored, feature.cpu()[None].float(), dim=-1)
+                chosen.append(similarity.topk(self.max_candidates).indices)
+            else:
+                chosen.append(torch.arange(len(prompts)))
+        rows = [(i, int(j)) for i, indices in enumerate(chosen) for j in indices]
+        confident = []
+        for start in range(0, len(rows), CANDIDATE_ROWS):
+            part = rows[start:start + CANDIDATE_ROWS]
+            images = torch.tensor([i for i, _ in part])
+            candidates = prompts[torch.tensor([j for _, j in part])].to(embedded)
+            logits, _ = self.detect_tokens(embedded[images.to(embedded.device)], candidates,
+                                           queries.expand(len(part), -1, -1), query_mask.expand(len(part), -1))
+            confident.append((logits[..., 0].float().sigmoid().amax(-1) > self.score_threshold).cpu())
+        kept = torch.cat(confident) if confident else torch.zeros(0, dtype=torch.bool)
+        results: list[torch.Tensor | None] = []
+        offset = 0
+        for feature, indices in zip(features, chosen):
+            keep = kept[offset:offset + len(indices)]
+            offset += len(indices)
+            if not bool(keep.any()):
+                results.append(None)
+                continue
+            indices = indices[keep]
+            results.append(ensemble_prompt(feature.cpu().float(), features_stored[indices], prompts[indices]).to(embedded))
+        return results
 
     def detect(self, lookup: PromptLookup, images: Sequence[torch.Tensor], concept: str,
                other_queries: Sequence[str] = ()) -> list[dict[str, Any]]:
         """Boxes of ``concept`` in each image (``[3, H, W]`` uint8), with the pool's prompt for it.
 
         Returns, per image, ``{"boxes": [[x0, y0, x1, y1], ...] (pixels), "scores": [...], "prompted": bool}``,
-        boxes after non-maximum suppression, best first;
+        boxes after non-maximum suppression, best first; ``prompted``: the prompted detections were served (the pool
+        kept a prompt and, with ``detection_margin`` set, they beat the unmodified ones by more than it).
         ``other_queries`` compete with the concept for each box (a box is the concept's when it is its best query).
         """
+        served = []
+        for plain, prompted in self.both_detections(lookup, images, concept, other_queries,
+                                                    plain_needed=self.detection_margin is not None):
+            if prompted is not None and (self.detection_margin is None or served_prompted(
+                    detection_confidence(prompted), detection_confidence(plain), self.detection_margin)):
+                served.append({**prompted, "prompted": True})
+            else:
+                served.append({**plain, "prompted": False})
+        return served
+
+    def both_detections(self, lookup: PromptLookup, images: Sequence[torch.Tensor], concept: str,
+                        other_queries: Sequence[str] = (), plain_needed: bool = True
+                        ) -> list[tuple[dict[str, Any] | None, dict[str, Any] | None]]:
+        """Per image, the unmodified detections and the prompted ones (``None`` when the pool keeps no prompt for the
+        image), each ``{"boxes", "scores"}`` as :meth:`detect` gives them. ``plain_needed`` False skips the
+        unmodified forward on images the pool prompts (``None`` in their place). The images run together."""
         if not images or not isinstance(concept, str) or not concept.strip():
             raise DataError("detect needs at least one image and a concept name")
         queries, mask = self._query_embeddings([concept, *other_queries])
-        results = []
-        for image in images:
-            pixel_values = self.pixel_values([image])
-            embedded = self.embed_tokens(pixel_values)
-            feature = self.image_features(embedded)[0]
-            prompt = self.prompt_for_image(lookup, concept, embedded, feature, queries, mask)
-            logits, boxes = self.detect_tokens(embedded, None if prompt is None else prompt[None], queries, mask)
-            found, scores = self._detections(logits[0], boxes[0], mask[0], (int(image.shape[1]), int(image.shape[2])), 0)
+        sizes = [(int(image.shape[1]), int(image.shape[2])) for image in images]
+        embedded = self.embed_tokens(self.pixel_values(list(images)))
+        prompts = self.prompts_for_images(lookup, concept, embedded, self.image_features(embedded), queries, mask)
+        prompted_rows = [i for i, prompt in enumerate(prompts) if prompt is not None]
+        plain_rows = [i for i, prompt in enumerate(prompts) if prompt is None or plain_needed]
+        prompted = self._served_boxes(embedded, prompted_rows, torch.stack([prompts[i] for i in prompted_rows])
+                                      if prompted_rows else None, queries, mask, sizes)
+        plain = self._served_boxes(embedded, plain_rows, None, queries, mask, sizes)
+        return [(plain.get(i), prompted.get(i)) for i in range(len(images))]
+
+    def _served_boxes(self, embedded: torch.Tensor, rows: list[int], prompts: torch.Tensor | None,
+                      queries: torch.Tensor, mask: torch.Tensor, sizes: list[tuple[int, int]]
+                      ) -> dict[int, dict[str, Any]]:
+        """``{row: {"boxes", "scores"}}`` of the images ``rows`` of ``embedded``, with ``prompts`` (one per row) or
+        none; boxes after non-maximum suppression, best first."""
+        if not rows:
+            return {}
+        index = torch.tensor(rows, device=embedded.device)
+        logits, boxes = self.detect_tokens(embedded[index], prompts, queries.expand(len(rows), -1, -1),
+                                           mask.expand(len(rows), -1))
+        served = {}
+        for k, row in enumerate(rows):
+            found, scores = self._detections(logits[k], boxes[k], mask[0], sizes[row], 0)
             order = nms(found, scores, self.nms_iou) if self.nms_iou < 1 else scores.argsort(descending=True)
-            results.append({"boxes": found[order].tolist(), "scores": scores[order].tolist(), "prompted": prompt is not None})
-        return results
+            served[row] = {"boxes": found[order].tolist(), "scores": scores[order].tolist()}
+        return served
 
     def _query_embeddings(self, names: list[str]) -> tuple[torch.Tensor, torch.Tensor]:
         """(queries ``[1, Q, D]``, mask ``[1, Q]``) of ``names``, remembered for the last
@@ -390,10 +473,14 @@ class OwlVitLoc(PromptTool):
         values: dict[str, list[float]] = {"detected_no_prompt": [], "detected_pool": []}
         for key, source in (("detected_no_prompt", NoPrompt()), ("detected_pool", lookup)):
             for image, concept in batch:
-                found = self.detect(source, [image.image], concept)[0]
-                iou = best_box_iou(torch.tensor(found["boxes"]).reshape(-1, 4), image.boxes[image.objects_of(concept)])
-                values[key].append(float(bool(found["boxes"]) and float(iou.mean()) > self.gate_iou))
+                values[key].append(float(self.found(self.detect(source, [image.image], concept)[0], image, concept)))
         return {k: torch.tensor(v) for k, v in values.items()}
+
+    def found(self, detections: dict[str, Any], image: GroundedImage, concept: str) -> bool:
+        """Whether ``detections`` (:meth:`detect`'s output for ``image``) find ``concept``: some box, and the
+        concept's ground-truth boxes matched at mean best IoU above ``gate_iou`` (the evaluation metric)."""
+        iou = best_box_iou(torch.tensor(detections["boxes"]).reshape(-1, 4), image.boxes[image.objects_of(concept)])
+        return bool(detections["boxes"]) and float(iou.mean()) > self.gate_iou
 
     def serve_request(self, lookup: PromptLookup, request: dict[str, Any]) -> dict[str, Any]:
         """``{"image": path, "concept": name, "other_queries": [names]}`` -> ``{"boxes", "scores", "prompted"}``."""
