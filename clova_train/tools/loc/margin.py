@@ -34,7 +34,7 @@ import torch
 
 from clova_train.core.errors import ClovaTrainError, DataError
 from clova_train.tools.grounding.instances import GroundedImage
-from clova_train.tools.loc.tool import detection_confidence
+from clova_train.tools.loc.tool import detection_confidence, served_prompted
 from clova_train.tools.operating_point import (
     CONFIDENCE, MARGINS, TOLERANCE, choose_operating_point, images_needed, operating_point_record,
     write_operating_point,
@@ -59,7 +59,7 @@ class DetectionForwards:
 
     def served_found(self, margin: float) -> torch.Tensor:
         """Found by the detections served at ``margin`` (:func:`~clova_train.tools.loc.tool.served_prompted`)."""
-        prompted = self.prompted_confidence - self.plain_confidence > margin
+        prompted = served_prompted(self.prompted_confidence, self.plain_confidence, margin)  # elementwise on tensors
         return torch.where(prompted, self.prompted_found, self.plain_found)
 
     def __len__(self) -> int:
