@@ -27,6 +27,7 @@ import torch
 from scipy import stats
 
 from clova_train.core.atomic import write_json_atomic
+from clova_train.core.errors import ModelError
 from clova_train.core.run_manifest import TOOL_FILE
 
 NEVER = 1.0  # confidences differ by less than 1: at this margin the prompted forward never takes an item
@@ -34,6 +35,17 @@ MARGINS = (*(round(0.025 * k, 3) for k in range(21)), NEVER)  # 0.0, 0.025, ...,
 TOLERANCE = 0.02
 CONFIDENCE = 0.95
 RECORD_KEY = "operating_point"  # tool.json: how the served margin was chosen
+
+
+def check_margin(name: str, value: Any, optional: bool = False) -> float | None:
+    """``value`` as the float margin a tool is served at; ``ModelError`` naming ``name`` unless it is a number in
+    [0, 1] (or, when ``optional``, ``None``: no margin, prompts applied as trained)."""
+    if value is None and optional:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0.0 <= value <= 1.0:
+        allowed = "null or a number in [0, 1]" if optional else "a number in [0, 1]"
+        raise ModelError(f"{name} must be {allowed}, got {value!r}")
+    return float(value)
 
 
 def label_confidence(groups: int, confidence: float = CONFIDENCE) -> float:

@@ -43,6 +43,7 @@ from clova_train.core.errors import DataError, ModelError
 from clova_train.tools.base import PromptLookup, PromptTool
 from clova_train.tools.clip.margin import classify_forwards, served_scores
 from clova_train.tools.contracts import GateResult, Rejection, TrainingInstance
+from clova_train.tools.operating_point import check_margin
 from clova_train.tools.pretrained import LOCAL_DIR_PREFIX
 
 WEIGHT_FILE = "open_clip_model.safetensors"
@@ -210,10 +211,7 @@ class PromptedClip(PromptTool):
         classify_margin: float = 0.0,
     ) -> None:
         super().__init__()
-        if not isinstance(classify_margin, (int, float)) or isinstance(classify_margin, bool) \
-                or not 0.0 <= classify_margin <= 1.0:
-            raise ModelError(f"classify_margin must be a number in [0, 1], got {classify_margin!r}")
-        self.classify_margin = float(classify_margin)
+        self.classify_margin = check_margin("classify_margin", classify_margin)
         if gate_decision not in ("both", "serving", "prompted"):
             raise ModelError(f"gate_decision must be 'both', 'serving' or 'prompted', got {gate_decision!r}")
         if gate_criterion not in ("all_correct", "fewer_errors"):

@@ -51,6 +51,7 @@ from clova_train.tools.loc.detection_losses import BoxTargets, detection_losses
 from clova_train.tools.grounding.instances import (
     GroundedImage, GroundingInstance, best_box_iou, gate_results, instance_rng, prompts_of_views, queries_for,
 )
+from clova_train.tools.operating_point import check_margin
 from clova_train.tools.pretrained import load_pretrained, processed_pixels, weights_fingerprint
 
 DEFAULT_MODEL = "google/owlvit-base-patch32"
@@ -154,12 +155,8 @@ class OwlVitLoc(PromptTool):
             raise ModelError(f"max_candidates must be >= 1 or null, got {max_candidates}")
         if not 0 < nms_iou <= 1:
             raise ModelError(f"nms_iou must be in (0, 1], got {nms_iou}")
-        if detection_margin is not None and (isinstance(detection_margin, bool)
-                                             or not isinstance(detection_margin, (int, float))
-                                             or not 0.0 <= detection_margin <= 1.0):
-            raise ModelError(f"detection_margin must be null or a number in [0, 1], got {detection_margin!r}")
         self.nms_iou = nms_iou
-        self.detection_margin = None if detection_margin is None else float(detection_margin)
+        self.detection_margin = check_margin("detection_margin", detection_margin, optional=True)
         self.model_name, self.num_prompt_tokens, self.num_negatives = model_name, num_prompt_tokens, num_negatives
         self.score_threshold, self.gate_iou, self.max_candidates = score_threshold, gate_iou, max_candidates
         model, self.processor = load_pretrained(OwlViTForObjectDetection, OwlViTProcessor, model_name, "OWL-ViT")

@@ -44,6 +44,7 @@ from torch import nn
 from clova_train.core.errors import DataError, ModelError
 from clova_train.tools.base import NoPrompt, PromptLookup, PromptTool
 from clova_train.tools.contracts import GateResult, Rejection, TrainingInstance
+from clova_train.tools.operating_point import check_margin
 from clova_train.tools.pretrained import load_pretrained, processed_pixels, weights_fingerprint
 
 DEFAULT_MODEL = "Salesforce/blip-vqa-capfilt-large"
@@ -130,10 +131,7 @@ class BlipVqa(PromptTool):
         answer_margin: float | None = None,
     ) -> None:
         super().__init__()
-        if answer_margin is not None and (not isinstance(answer_margin, (int, float)) or isinstance(answer_margin, bool)
-                                          or not 0.0 <= answer_margin <= 1.0):
-            raise ModelError(f"answer_margin must be null or a number in [0, 1], got {answer_margin!r}")
-        self.answer_margin = None if answer_margin is None else float(answer_margin)
+        self.answer_margin = check_margin("answer_margin", answer_margin, optional=True)
         from transformers import BlipForQuestionAnswering, BlipProcessor
 
         if num_prompt_tokens < 1:
